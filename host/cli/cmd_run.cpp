@@ -1,0 +1,159 @@
+// `bluevm run PROGRAM`: runs a Blue-IR program (.bir, or .blue assembled on the fly) on the GPU,
+// or on the reference interpreter with --ref, and prints each instance's output.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "compiler/asm.h"
+#include "host/cli/commands.h"
+#include "host/machine.h"
+#include "vm/interp.h"
+#include "vm/output.h"
+#include "vm/verify.h"
+
+namespace blue::cli {
+
+namespace {
+
+struct RunArgs {
+    std::string program, out, input, device;
+    uint32_t instances = 1;
+    uint64_t max_cycles = 1000000;
+    uint32_t chain_cycles = 64;
+    bool stats = false, ref = false;
+};
+
+std::string dirOf(const std::string& path) {
+    size_t slash = path.rfind('/');
+    return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// Input file: one message per non-empty line, words as integers or floats (with a '.').
+Result<std::vector<std::vector<uint32_t>>> readInputFile(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return BLUE_ERROR("%s: cannot open input file", path.c_str());
+    std::vector<std::vector<uint32_t>> messages;
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+        std::istringstream ss(line);
+        std::vector<uint32_t> msg;
+        std::string tok;
+        while (ss >> tok) {
+            char* end = nullptr;
+            uint32_t word;
+            if (tok.find_first_of(".eE") != std::string::npos) {
+                float f = std::strtof(tok.c_str(), &end);
+                std::memcpy(&word, &f, 4);
+            } else {
+                word = uint32_t(std::strtoll(tok.c_str(), &end, 0));
+            }
+            if (!end || *end) return BLUE_ERROR("%s:%d: '%s' is not a number", path.c_str(), number, tok.c_str());
+            msg.push_back(word);
+        }
+        if (!msg.empty()) messages.push_back(std::move(msg));
+    }
+    return messages;
+}
+
+Result<Module> loadProgram(const std::string& path) {
+    if (path.size() > 5 && path.compare(path.size() - 5, 5, ".blue") == 0) return assembleFile(path);
+    return loadModuleFile(path);
+}
+
+int finish(const Module& m, const RunReport& report, const std::vector<std::string>& text,
+           const RunArgs& args, const std::string& stats_json) {
+    std::string listing = formatInstanceOutput(text);
+    if (args.out.empty()) {
+        std::fwrite(listing.data(), 1, listing.size(), stdout);
+    } else {
+        std::ofstream f(args.out, std::ios::binary | std::ios::trunc);
+        if (!(f << listing)) return fail("cannot write " + args.out);
+    }
+    std::fflush(stdout);
+    if (args.stats) std::fprintf(stderr, "%s\n", stats_json.c_str());
+    int code = 0;
+    if (std::string faults = describeFaults(m, report.instances); !faults.empty()) {
+        std::fprintf(stderr, "bluevm: the program faulted:\n%s", faults.c_str());
+        code = 3;
+    }
+    if (!report.status) {
+        std::fprintf(stderr, "bluevm: %s\n", report.status.message().c_str());
+        code = 3;
+    }
+    return code;
+}
+
+int runReference(const Module& m, const WeightSource& w, const RunArgs& args,
+                 const std::vector<std::vector<uint32_t>>& inputs) {
+    RefMachine machine(m, w, MachineOptions{args.instances, args.max_cycles});
+    for (const auto& msg : inputs) machine.pushInput(msg);
+    machine.closeInput();
+    RunReport report = machine.run();
+    std::vector<std::string> text(args.instances);
+    appendOutputText(m, report.output, &text);
+    std::string json = strFormat("{\"engine\":\"reference\",\"cycles\":%llu,\"steps\":%llu,"
+                                 "\"block_runs\":%llu,\"instances\":%u}",
+                                 (unsigned long long)report.cycles, (unsigned long long)report.steps,
+                                 (unsigned long long)report.block_runs, args.instances);
+    return finish(m, report, text, args, json);
+}
+
+int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,
+           const std::vector<std::vector<uint32_t>>& inputs) {
+    auto dev = Device::create(DeviceOptions{args.device, false});
+    if (!dev) return fail(dev.message());
+    auto pipelines = Pipelines::create(*dev.value());
+    if (!pipelines) return fail(pipelines.message());
+    GpuOptions opt;
+    opt.instances = args.instances;
+    opt.max_cycles = args.max_cycles;
+    opt.chain_cycles = args.chain_cycles;
+    auto machine = GpuMachine::create(*dev.value(), *pipelines.value(), m, w, opt);
+    if (!machine) return fail(machine.message());
+    for (const auto& msg : inputs) {
+        if (Status s = machine.value()->pushInput(msg); !s) return fail(s.message());
+    }
+    machine.value()->closeInput();
+    std::vector<std::string> text(args.instances);
+    auto report = machine.value()->run(
+        [&](std::span<const OutputRecord> recs) { appendOutputText(m, recs, &text); }, false);
+    if (!report) return fail(report.message());
+    return finish(m, report.value(), text, args, machine.value()->stats().json());
+}
+
+}  // namespace
+
+Command addRunCommand(CLI::App& app) {
+    auto args = std::make_shared<RunArgs>();
+    CLI::App* sub = app.add_subcommand("run", "Run a Blue-IR program (.bir or .blue)");
+    sub->add_option("program", args->program, "the program")->required();
+    sub->add_option("--instances,-n", args->instances, "instances to run")->check(CLI::Range(1u, 1u << 24));
+    sub->add_option("--device", args->device, "Vulkan device: index or part of its name");
+    sub->add_option("--max-cycles", args->max_cycles, "stop a program that runs longer (watchdog)")->check(CLI::PositiveNumber);
+    sub->add_option("--chain-cycles", args->chain_cycles, "cycles recorded per chain")->check(CLI::Range(2u, 4096u));
+    sub->add_option("--out", args->out, "write the output to FILE instead of stdout");
+    sub->add_option("--input", args->input, "input messages: one per line, numbers");
+    sub->add_flag("--stats", args->stats, "print execution counters as one JSON line on stderr");
+    sub->add_flag("--ref", args->ref, "run on the CPU reference interpreter instead of the GPU");
+    return [args] {
+        auto m = loadProgram(args->program);
+        if (!m) return fail(m.message());
+        auto weights = WeightSource::open(m.value(), dirOf(args->program));
+        if (!weights) return fail(weights.message());
+        std::vector<std::vector<uint32_t>> inputs;
+        if (!args->input.empty()) {
+            auto in = readInputFile(args->input);
+            if (!in) return fail(in.message());
+            inputs = std::move(in.value());
+        }
+        if (m->layout.in_slots == 0 && !inputs.empty()) {
+            return fail("--input given, but this program reads no input (in_slots=0)");
+        }
+        return args->ref ? runReference(m.value(), weights.value(), *args, inputs)
+                         : runGpu(m.value(), weights.value(), *args, inputs);
+    };
+}
+
+}  // namespace blue::cli

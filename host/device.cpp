@@ -1,0 +1,324 @@
+// Vulkan instance and device setup (see device.h).
+#include "host/device.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "host/vk_check.h"
+
+namespace blue {
+
+namespace {
+
+constexpr const char* kValidationLayer = "VK_LAYER_KHRONOS_validation";
+
+Status initVolk() {
+    static VkResult result = volkInitialize();
+    if (result != VK_SUCCESS) {
+        return Status::error(
+            "no Vulkan loader found (libvulkan.so.1); install libvulkan1 and a driver, e.g. "
+            "`apt-get install libvulkan1 mesa-vulkan-drivers` for the CPU driver lavapipe");
+    }
+    return Status::ok();
+}
+
+bool envFlag(const char* name) {
+    const char* v = std::getenv(name);
+    return v && std::strcmp(v, "0") != 0 && *v != '\0';
+}
+
+bool layerAvailable(const char* name) {
+    uint32_t n = 0;
+    vkEnumerateInstanceLayerProperties(&n, nullptr);
+    std::vector<VkLayerProperties> layers(n);
+    vkEnumerateInstanceLayerProperties(&n, layers.data());
+    for (const auto& l : layers) {
+        if (std::strcmp(l.layerName, name) == 0) return true;
+    }
+    return false;
+}
+
+Result<VkInstance> createInstance(bool validation) {
+    BLUE_TRY(initVolk());
+    if (volkGetInstanceVersion() < VK_API_VERSION_1_2) {
+        return Status::error("the Vulkan loader is older than 1.2; BlueVM needs Vulkan 1.2");
+    }
+    VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+    app.pApplicationName = "BlueVM";
+    app.apiVersion = VK_API_VERSION_1_2;
+    std::vector<const char*> layers, extensions;
+    if (validation) {
+        if (!layerAvailable(kValidationLayer)) {
+            return Status::error(
+                "validation was requested but VK_LAYER_KHRONOS_validation is not installed "
+                "(apt-get install vulkan-validationlayers)");
+        }
+        layers.push_back(kValidationLayer);
+        extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+    }
+    VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+    ci.pApplicationInfo = &app;
+    ci.enabledLayerCount = uint32_t(layers.size());
+    ci.ppEnabledLayerNames = layers.data();
+    ci.enabledExtensionCount = uint32_t(extensions.size());
+    ci.ppEnabledExtensionNames = extensions.data();
+    VkInstance instance = VK_NULL_HANDLE;
+    VkResult r = vkCreateInstance(&ci, nullptr, &instance);
+    if (r == VK_ERROR_INCOMPATIBLE_DRIVER) {
+        return Status::error("no Vulkan driver found; install one, e.g. `apt-get install "
+                             "mesa-vulkan-drivers` for the CPU driver lavapipe");
+    }
+    BLUE_VK_TRY(r);
+    volkLoadInstance(instance);
+    return instance;
+}
+
+const char* typeName(VkPhysicalDeviceType t) {
+    switch (t) {
+        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete GPU";
+        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated GPU";
+        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual GPU";
+        case VK_PHYSICAL_DEVICE_TYPE_CPU: return "CPU";
+        default: return "other";
+    }
+}
+
+int typeRank(VkPhysicalDeviceType t) {
+    switch (t) {
+        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
+        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
+        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+        case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
+        default: return 4;
+    }
+}
+
+DeviceInfo describe(VkPhysicalDevice pd, uint32_t index) {
+    VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+    VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, &driver};
+    VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &m3};
+    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &sub};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+    VkPhysicalDeviceMemoryProperties mem;
+    vkGetPhysicalDeviceMemoryProperties(pd, &mem);
+
+    const VkPhysicalDeviceProperties& p = p2.properties;
+    DeviceInfo info;
+    info.index = index;
+    info.name = p.deviceName;
+    info.type = typeName(p.deviceType);
+    info.driver = std::string(driver.driverName) + " " + driver.driverInfo;
+    info.api = strFormat("%u.%u.%u", VK_API_VERSION_MAJOR(p.apiVersion),
+                         VK_API_VERSION_MINOR(p.apiVersion), VK_API_VERSION_PATCH(p.apiVersion));
+    info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
+    info.max_allocation = m3.maxMemoryAllocationSize;
+    for (int i = 0; i < 3; ++i) info.max_workgroup_count[i] = p.limits.maxComputeWorkGroupCount[i];
+    info.max_workgroup_invocations = p.limits.maxComputeWorkGroupInvocations;
+    info.subgroup_size = sub.subgroupSize;
+    info.min_storage_offset_alignment = uint32_t(p.limits.minStorageBufferOffsetAlignment);
+    for (uint32_t h = 0; h < mem.memoryHeapCount; ++h) {
+        if (mem.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) {
+            info.device_local_bytes += mem.memoryHeaps[h].size;
+        }
+    }
+    for (uint32_t t = 0; t < mem.memoryTypeCount; ++t) {
+        VkMemoryPropertyFlags fl = mem.memoryTypes[t].propertyFlags;
+        if ((fl & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && (fl & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+            mem.memoryHeaps[mem.memoryTypes[t].heapIndex].size >= info.device_local_bytes / 2) {
+            info.unified_memory = true;
+        }
+    }
+    bool ballot = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                  (sub.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
+    bool api12 = p.apiVersion >= VK_API_VERSION_1_2;
+    info.features = {
+        {"vulkan 1.2", api12},
+        {"storage buffer array dynamic indexing", f2.features.shaderStorageBufferArrayDynamicIndexing != 0},
+        {"subgroup ballot (compute)", ballot},
+        {"storage buffer array non-uniform indexing", f12.shaderStorageBufferArrayNonUniformIndexing != 0},
+        {"timeline semaphores", f12.timelineSemaphore != 0},
+        {"shader int64", f2.features.shaderInt64 != 0},
+        {"shader float16", f12.shaderFloat16 != 0},
+        {"8-bit storage", f12.storageBuffer8BitAccess != 0},
+    };
+    for (size_t i = 0; i < 3; ++i) {
+        if (!info.features[i].second) {
+            info.missing += (info.missing.empty() ? "" : ", ") + info.features[i].first;
+        }
+    }
+    return info;
+}
+
+std::vector<VkPhysicalDevice> physicalDevices(VkInstance instance) {
+    uint32_t n = 0;
+    vkEnumeratePhysicalDevices(instance, &n, nullptr);
+    std::vector<VkPhysicalDevice> list(n);
+    vkEnumeratePhysicalDevices(instance, &n, list.data());
+    return list;
+}
+
+bool containsIgnoringCase(const std::string& hay, const std::string& needle) {
+    auto it = std::search(hay.begin(), hay.end(), needle.begin(), needle.end(), [](char a, char b) {
+        return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+    });
+    return it != hay.end();
+}
+
+// Picks a device by the selection string or by type preference.
+Result<uint32_t> pickDevice(const std::vector<DeviceInfo>& infos,
+                            const std::vector<VkPhysicalDeviceType>& types, std::string select) {
+    if (infos.empty()) {
+        return Status::error("no Vulkan device found; install a driver, e.g. `apt-get install "
+                             "mesa-vulkan-drivers` for the CPU driver lavapipe");
+    }
+    if (select.empty()) {
+        if (const char* env = std::getenv("BLUE_DEVICE")) select = env;
+    }
+    if (!select.empty()) {
+        bool numeric = std::all_of(select.begin(), select.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+        for (const DeviceInfo& d : infos) {
+            bool match = numeric ? std::to_string(d.index) == select : containsIgnoringCase(d.name, select);
+            if (!match) continue;
+            if (!d.missing.empty()) {
+                return BLUE_ERROR("device %u (%s) lacks what BlueVM needs: %s", d.index,
+                                  d.name.c_str(), d.missing.c_str());
+            }
+            return d.index;
+        }
+        std::string names;
+        for (const DeviceInfo& d : infos) names += strFormat("\n  %u: %s", d.index, d.name.c_str());
+        return BLUE_ERROR("no Vulkan device matches '%s'; devices:%s", select.c_str(), names.c_str());
+    }
+    int best = -1;
+    for (const DeviceInfo& d : infos) {
+        if (!d.missing.empty()) continue;
+        if (best < 0 || typeRank(types[d.index]) < typeRank(types[best])) best = int(d.index);
+    }
+    if (best < 0) {
+        return BLUE_ERROR("no Vulkan device has what BlueVM needs (device 0 lacks: %s)",
+                          infos[0].missing.c_str());
+    }
+    return uint32_t(best);
+}
+
+}  // namespace
+
+Result<std::vector<DeviceInfo>> listDevices() {
+    Result<VkInstance> instance = createInstance(false);
+    if (!instance) return instance.status();
+    std::vector<DeviceInfo> infos;
+    auto list = physicalDevices(instance.value());
+    for (uint32_t i = 0; i < list.size(); ++i) infos.push_back(describe(list[i], i));
+    vkDestroyInstance(instance.value(), nullptr);
+    return infos;
+}
+
+VKAPI_ATTR VkBool32 VKAPI_CALL Device::debugCallback(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                     VkDebugUtilsMessageTypeFlagsEXT,
+                                                     const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                                     void* user) {
+    auto* self = static_cast<Device*>(user);
+    if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
+        self->validation_errors_.fetch_add(1);
+        std::lock_guard<std::mutex> lock(self->message_mutex_);
+        self->last_message_ = data->pMessage;
+        std::fprintf(stderr, "bluevm: [validation error] %s\n", data->pMessage);
+    } else if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+        std::fprintf(stderr, "bluevm: [validation warning] %s\n", data->pMessage);
+    }
+    return VK_FALSE;
+}
+
+std::string Device::lastValidationMessage() const {
+    std::lock_guard<std::mutex> lock(message_mutex_);
+    return last_message_;
+}
+
+Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
+    bool validation = options.validation || envFlag("BLUE_VALIDATION");
+    Result<VkInstance> instance = createInstance(validation);
+    if (!instance) return instance.status();
+    std::unique_ptr<Device> dev(new Device());
+    dev->instance_ = instance.value();
+    if (validation) {
+        VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+        mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT |
+                             VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT;
+        mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                         VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                         VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+        mi.pfnUserCallback = &Device::debugCallback;
+        mi.pUserData = dev.get();
+        BLUE_VK_TRY(vkCreateDebugUtilsMessengerEXT(dev->instance_, &mi, nullptr, &dev->messenger_));
+    }
+    auto list = physicalDevices(dev->instance_);
+    std::vector<DeviceInfo> infos;
+    std::vector<VkPhysicalDeviceType> types;
+    for (uint32_t i = 0; i < list.size(); ++i) {
+        infos.push_back(describe(list[i], i));
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(list[i], &p);
+        types.push_back(p.deviceType);
+    }
+    Result<uint32_t> pick = pickDevice(infos, types, options.select);
+    if (!pick) return pick.status();
+    dev->physical_ = list[pick.value()];
+    dev->info_ = infos[pick.value()];
+    vkGetPhysicalDeviceProperties(dev->physical_, &dev->props_);
+    vkGetPhysicalDeviceMemoryProperties(dev->physical_, &dev->memory_);
+
+    uint32_t nq = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(dev->physical_, &nq, nullptr);
+    std::vector<VkQueueFamilyProperties> families(nq);
+    vkGetPhysicalDeviceQueueFamilyProperties(dev->physical_, &nq, families.data());
+    dev->queue_family_ = UINT32_MAX;
+    for (uint32_t i = 0; i < nq && dev->queue_family_ == UINT32_MAX; ++i) {
+        if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) dev->queue_family_ = i;
+    }
+    if (dev->queue_family_ == UINT32_MAX) {
+        return BLUE_ERROR("device %s has no compute queue", dev->info_.name.c_str());
+    }
+    float priority = 1.0f;
+    VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+    qi.queueFamilyIndex = dev->queue_family_;
+    qi.queueCount = 1;
+    qi.pQueuePriorities = &priority;
+
+    VkPhysicalDeviceVulkan12Features have12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 have{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &have12};
+    vkGetPhysicalDeviceFeatures2(dev->physical_, &have);
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    f12.timelineSemaphore = have12.timelineSemaphore;
+    f12.shaderFloat16 = have12.shaderFloat16;
+    f12.storageBuffer8BitAccess = have12.storageBuffer8BitAccess;
+    f12.shaderInt8 = have12.shaderInt8;
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
+    f2.features.shaderStorageBufferArrayDynamicIndexing = VK_TRUE;
+    f2.features.shaderInt64 = have.features.shaderInt64;
+    f2.features.robustBufferAccess = have.features.robustBufferAccess;
+
+    VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f2};
+    di.queueCreateInfoCount = 1;
+    di.pQueueCreateInfos = &qi;
+    BLUE_VK_TRY(vkCreateDevice(dev->physical_, &di, nullptr, &dev->device_));
+    volkLoadDevice(dev->device_);
+    vkGetDeviceQueue(dev->device_, dev->queue_family_, 0, &dev->queue_);
+    return dev;
+}
+
+Device::~Device() {
+    if (device_) {
+        vkDeviceWaitIdle(device_);
+        vkDestroyDevice(device_, nullptr);
+    }
+    if (messenger_) vkDestroyDebugUtilsMessengerEXT(instance_, messenger_, nullptr);
+    if (instance_) vkDestroyInstance(instance_, nullptr);
+}
+
+}  // namespace blue

@@ -1,0 +1,92 @@
+// The Vulkan device BlueVM runs on: instance creation (through volk), device selection, the
+// features BlueVM needs, and the Khronos validation layer, whose errors are counted so tests can
+// fail on any of them.
+#pragma once
+
+#include <volk.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "vm/status.h"
+
+namespace blue {
+
+struct DeviceOptions {
+    // Device to use: an index from `bluevm devices`, or a case-insensitive part of its name.
+    // Empty: the BLUE_DEVICE environment variable, else discrete > integrated > virtual > CPU.
+    std::string select;
+    // Enable VK_LAYER_KHRONOS_validation (also when the BLUE_VALIDATION environment variable is 1).
+    bool validation = false;
+};
+
+// What `bluevm devices` prints about one physical device.
+struct DeviceInfo {
+    uint32_t index = 0;
+    std::string name, type, driver, api;
+    uint64_t device_local_bytes = 0;
+    uint64_t max_storage_buffer_range = 0;
+    uint64_t max_allocation = 0;
+    uint32_t max_workgroup_count[3] = {0, 0, 0};
+    uint32_t max_workgroup_invocations = 0;
+    uint32_t subgroup_size = 0;
+    uint32_t min_storage_offset_alignment = 0;
+    bool unified_memory = false;  // device-local memory the host can map
+    std::vector<std::pair<std::string, bool>> features;  // name, supported
+    std::string missing;  // required features it lacks (empty: usable)
+};
+
+// Lists every Vulkan physical device (creates and destroys a temporary instance).
+Result<std::vector<DeviceInfo>> listDevices();
+
+class Device {
+public:
+    ~Device();
+    Device(const Device&) = delete;
+    Device& operator=(const Device&) = delete;
+
+    // Creates the instance and the logical device. Fails with a clear message when there is no
+    // Vulkan loader or driver, no usable device, or the selection matches nothing.
+    static Result<std::unique_ptr<Device>> create(const DeviceOptions& options);
+
+    VkInstance instance() const { return instance_; }
+    VkPhysicalDevice physical() const { return physical_; }
+    VkDevice device() const { return device_; }
+    VkQueue queue() const { return queue_; }
+    uint32_t queueFamily() const { return queue_family_; }
+    const VkPhysicalDeviceProperties& props() const { return props_; }
+    const VkPhysicalDeviceMemoryProperties& memory() const { return memory_; }
+    const DeviceInfo& info() const { return info_; }
+    // Largest range one storage-buffer binding may cover.
+    uint64_t maxBindingBytes() const { return info_.max_storage_buffer_range; }
+    uint64_t maxAllocationBytes() const { return info_.max_allocation; }
+
+    // Validation-layer errors seen since creation (0 when validation is off).
+    uint32_t validationErrors() const { return validation_errors_.load(); }
+    bool validationEnabled() const { return messenger_ != VK_NULL_HANDLE; }
+    std::string lastValidationMessage() const;
+
+private:
+    Device() = default;
+    static VKAPI_ATTR VkBool32 VKAPI_CALL debugCallback(
+        VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT type,
+        const VkDebugUtilsMessengerCallbackDataEXT* data, void* user);
+
+    VkInstance instance_ = VK_NULL_HANDLE;
+    VkDebugUtilsMessengerEXT messenger_ = VK_NULL_HANDLE;
+    VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+    VkDevice device_ = VK_NULL_HANDLE;
+    VkQueue queue_ = VK_NULL_HANDLE;
+    uint32_t queue_family_ = 0;
+    VkPhysicalDeviceProperties props_{};
+    VkPhysicalDeviceMemoryProperties memory_{};
+    DeviceInfo info_;
+    std::atomic<uint32_t> validation_errors_{0};
+    mutable std::mutex message_mutex_;
+    std::string last_message_;
+};
+
+}  // namespace blue

@@ -1,0 +1,459 @@
+// GpuMachine: loading, chain recording and the leapfrogging run loop (see machine.h).
+#include "host/machine.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "host/machine_plan.h"
+#include "host/vk_check.h"
+#include "vm/abi.h"
+
+namespace blue {
+
+struct GpuMachine::Impl {
+    Device& dev;
+    Pipelines& pipelines;
+    const Module& m;
+    GpuOptions opt;
+    ControlLayout layout;
+    PagePlan pages;
+    std::vector<DispatchDesc> dispatches;
+
+    Buffer control, io;
+    std::vector<Buffer> page_buffers;
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    VkDescriptorSet set = VK_NULL_HANDLE;
+    VkCommandPool cmd_pool = VK_NULL_HANDLE;
+    std::vector<VkCommandBuffer> chains;
+    std::vector<VkFence> fences;
+    uint64_t dispatches_per_chain = 0;
+
+    // Host side of the I/O rings.
+    std::deque<std::vector<uint32_t>> pending;
+    uint64_t published = 0;
+    bool input_closed = false;
+    uint64_t out_tail = 0;
+
+    Impl(Device& d, Pipelines& p, const Module& mod, const GpuOptions& o)
+        : dev(d), pipelines(p), m(mod), opt(o) {}
+    ~Impl();
+
+    uint32_t* ioWords() const { return static_cast<uint32_t*>(io.mapped); }
+    Status allocate();
+    Status initControl();
+    Status uploadWeights(const WeightSource& weights);
+    Status createDescriptors();
+    Status recordChain(uint32_t c);
+    void publishInput(uint32_t chain);
+    void drainOutput(uint32_t chain, const OutputSink& sink, bool keep, RunReport* report,
+                     GpuStats* stats);
+    Status readInstances(RunReport* report, GpuStats* stats);
+};
+
+GpuMachine::Impl::~Impl() {
+    VkDevice d = dev.device();
+    vkDeviceWaitIdle(d);
+    for (VkFence f : fences) vkDestroyFence(d, f, nullptr);
+    if (cmd_pool) vkDestroyCommandPool(d, cmd_pool, nullptr);
+    if (pool) vkDestroyDescriptorPool(d, pool, nullptr);
+    for (Buffer& b : page_buffers) destroyBuffer(dev, b);
+    destroyBuffer(dev, control);
+    destroyBuffer(dev, io);
+}
+
+Status GpuMachine::Impl::allocate() {
+    Result<Buffer> c = createBuffer(dev, layout.control_words * 4,
+                                    VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT,
+                                    MemKind::DEVICE, "the control buffer");
+    if (!c) return c.status();
+    control = c.value();
+    Result<Buffer> i = createBuffer(dev, layout.io_words * 4, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                                    MemKind::SHARED, "the I/O rings");
+    if (!i) return i.status();
+    io = i.value();
+    if (!io.mapped) return Status::error("the I/O buffer is not host-mappable");
+    std::memset(io.mapped, 0, layout.io_words * 4);
+    for (size_t p = 0; p < pages.page_bytes.size(); ++p) {
+        std::string what = strFormat("tensor page %zu", p);
+        Result<Buffer> b = createBuffer(dev, pages.page_bytes[p], VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                                        MemKind::DEVICE, what.c_str());
+        if (!b) return b.status();
+        page_buffers.push_back(b.value());
+    }
+    return Status::ok();
+}
+
+Status GpuMachine::Impl::initControl() {
+    std::vector<uint32_t> w(layout.control_words, 0);
+    std::copy(layout.header.begin(), layout.header.end(), w.begin());
+    const uint32_t n = opt.instances;
+    for (uint32_t i = 0; i < n; ++i) {
+        uint32_t s = layout.at(BLUE_O_STATE) + i * BLUE_STATE_WORDS;
+        w[s + BLUE_S_PC] = m.layout.entry;
+        w[s + BLUE_S_STATUS] = BLUE_ST_RUNNING;
+    }
+    std::copy(m.code.begin(), m.code.end(), w.begin() + layout.at(BLUE_O_CODE));
+    std::copy(m.consts.begin(), m.consts.end(), w.begin() + layout.at(BLUE_O_CONST));
+    for (uint32_t b = 0; b < m.blocks.size(); ++b) {
+        w[layout.at(BLUE_O_BLOCKS) + b * BLUE_BLOCK_WORDS + BLUE_B_NARGS] = m.blocks[b].nargs;
+    }
+    for (size_t d = 0; d < dispatches.size(); ++d) {
+        uint32_t at = layout.at(BLUE_O_DISPATCH) + uint32_t(d) * BLUE_DISPATCH_WORDS;
+        w[at + BLUE_D_BLOCK] = dispatches[d].block;
+        w[at + BLUE_D_MODE] = dispatches[d].mode;
+        w[at + BLUE_D_X] = dispatches[d].fx;
+        w[at + BLUE_D_TILE] = dispatches[d].tile;
+    }
+    uint32_t seq = layout.at(BLUE_O_INDIRECT) + uint32_t(dispatches.size()) * 3;
+    w[seq] = (n + BLUE_SEQ_WG - 1) / BLUE_SEQ_WG;
+    w[seq + 1] = 1;
+    w[seq + 2] = 1;
+    for (uint32_t t = 0; t < m.tensors.size(); ++t) {
+        uint32_t at = layout.at(BLUE_O_TENSORS) + t * BLUE_TREF_WORDS;
+        const TensorPlace& p = pages.places[t];
+        w[at] = p.page | m.tensors[t].cls << 16;
+        w[at + 1] = uint32_t(p.offset);
+        w[at + 2] = uint32_t(p.slice);
+        w[at + 3] = uint32_t(m.tensors[t].elements());
+    }
+    w[BLUE_C_BUMP] = m.layout.heap_static;
+    w[BLUE_C_LIVE] = n;
+    return uploadToBuffer(dev, control, 0, w.data(), w.size() * 4);
+}
+
+Status GpuMachine::Impl::uploadWeights(const WeightSource& weights) {
+    for (size_t p = 0; p < page_buffers.size(); ++p) {
+        std::vector<uint8_t> zeros;
+        if (page_buffers[p].mapped) {
+            std::memset(page_buffers[p].mapped, 0, page_buffers[p].size);
+        } else {
+            zeros.assign(page_buffers[p].size, 0);
+            BLUE_TRY(uploadToBuffer(dev, page_buffers[p], 0, zeros.data(), zeros.size()));
+        }
+    }
+    for (uint32_t t = 0; t < m.tensors.size(); ++t) {
+        std::span<const uint8_t> bytes = weights.tensorBytes(t);
+        if (bytes.empty()) continue;
+        const TensorPlace& p = pages.places[t];
+        BLUE_TRY(uploadToBuffer(dev, page_buffers[p.page], p.offset, bytes.data(), bytes.size()));
+    }
+    return Status::ok();
+}
+
+Status GpuMachine::Impl::createDescriptors() {
+    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 2 + BLUE_MAX_PAGES};
+    VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+    pi.maxSets = 1;
+    pi.poolSizeCount = 1;
+    pi.pPoolSizes = &size;
+    BLUE_VK_TRY(vkCreateDescriptorPool(dev.device(), &pi, nullptr, &pool));
+    VkDescriptorSetLayout sl = pipelines.setLayout();
+    VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+    ai.descriptorPool = pool;
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &sl;
+    BLUE_VK_TRY(vkAllocateDescriptorSets(dev.device(), &ai, &set));
+    VkDescriptorBufferInfo ctl_info{control.buffer, 0, VK_WHOLE_SIZE};
+    VkDescriptorBufferInfo io_info{io.buffer, 0, VK_WHOLE_SIZE};
+    std::vector<VkDescriptorBufferInfo> page_info(BLUE_MAX_PAGES);
+    for (uint32_t p = 0; p < BLUE_MAX_PAGES; ++p) {
+        // Unused slots point at the I/O buffer; kernels never index them.
+        const Buffer& b = p < page_buffers.size() ? page_buffers[p] : io;
+        page_info[p] = {b.buffer, 0, VK_WHOLE_SIZE};
+    }
+    VkWriteDescriptorSet writes[3] = {};
+    const uint32_t bindings[3] = {BLUE_BIND_CONTROL, BLUE_BIND_PAGES, BLUE_BIND_IO};
+    const VkDescriptorBufferInfo* infos[3] = {&ctl_info, page_info.data(), &io_info};
+    for (int i = 0; i < 3; ++i) {
+        writes[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+        writes[i].dstSet = set;
+        writes[i].dstBinding = bindings[i];
+        writes[i].descriptorCount = bindings[i] == BLUE_BIND_PAGES ? BLUE_MAX_PAGES : 1;
+        writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        writes[i].pBufferInfo = infos[i];
+    }
+    vkUpdateDescriptorSets(dev.device(), 3, writes, 0, nullptr);
+    return Status::ok();
+}
+
+namespace {
+
+void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags src_access,
+             VkPipelineStageFlags dst, VkAccessFlags dst_access) {
+    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    mb.srcAccessMask = src_access;
+    mb.dstAccessMask = dst_access;
+    vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
+}
+
+// Between dispatches: every shader write is visible to later shader reads and indirect reads.
+void computeBarrier(VkCommandBuffer cb) {
+    barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT,
+            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_INDIRECT_COMMAND_READ_BIT);
+}
+
+}  // namespace
+
+Status GpuMachine::Impl::recordChain(uint32_t c) {
+    VkCommandBuffer cb = chains[c];
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    BLUE_VK_TRY(vkBeginCommandBuffer(cb, &bi));
+    // Host -> GPU: this chain's staging quarter into the control counters.
+    VkBufferCopy in{VkDeviceSize(c) * BLUE_IO_STAGE_WORDS * 4, BLUE_C_IN_PUBLISHED * 4, 3 * 4};
+    vkCmdCopyBuffer(cb, io.buffer, control.buffer, 1, &in);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT,
+            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_INDIRECT_COMMAND_READ_BIT);
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipelines.layout(), 0, 1, &set, 0,
+                            nullptr);
+    Result<VkPipeline> seq = pipelines.get("sequencer");
+    if (!seq) return seq.status();
+    Result<VkPipeline> plan = pipelines.get("plan");
+    if (!plan) return plan.status();
+    std::vector<VkPipeline> ops;
+    for (const DispatchDesc& d : dispatches) {
+        Result<VkPipeline> p = pipelines.get(d.pipeline);
+        if (!p) return p.status();
+        ops.push_back(p.value());
+    }
+    const VkDeviceSize indirect = VkDeviceSize(layout.at(BLUE_O_INDIRECT)) * 4;
+    const VkDeviceSize seq_args = indirect + dispatches.size() * 12;
+    dispatches_per_chain = 0;
+    for (uint32_t k = 0; k < opt.chain_cycles; ++k) {
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, seq.value());
+        vkCmdDispatchIndirect(cb, control.buffer, seq_args);
+        computeBarrier(cb);
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, plan.value());
+        vkCmdDispatch(cb, 1, 1, 1);
+        computeBarrier(cb);
+        dispatches_per_chain += 2;
+        VkPipeline bound = plan.value();
+        for (size_t d = 0; d < dispatches.size(); ++d) {
+            if (ops[d] != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, ops[d]);
+            bound = ops[d];
+            vkCmdPushConstants(cb, pipelines.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                               BLUE_PUSH_WORDS * 4, dispatches[d].push.data());
+            vkCmdDispatchIndirect(cb, control.buffer, indirect + d * 12);
+            computeBarrier(cb);
+            ++dispatches_per_chain;
+        }
+    }
+    // GPU -> host: counters into this chain's snapshot; everything visible to the host.
+    barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    VkBufferCopy out{BLUE_C_CYCLE * 4, VkDeviceSize(BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS) * 4,
+                     BLUE_SNAP_COUNTERS * 4};
+    vkCmdCopyBuffer(cb, control.buffer, io.buffer, 1, &out);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+            VK_ACCESS_HOST_READ_BIT);
+    BLUE_VK_TRY(vkEndCommandBuffer(cb));
+    return Status::ok();
+}
+
+void GpuMachine::Impl::publishInput(uint32_t chain) {
+    uint32_t* w = ioWords();
+    const uint32_t slots = m.layout.in_slots;
+    const uint32_t slot_words = m.layout.in_slot_words;
+    const uint32_t state = layout.at(BLUE_H_IO_SLOTSTATE);
+    for (uint32_t s = 0; s < slots && !pending.empty(); ++s) {
+        if (w[state + s] != BLUE_IO_SLOT_FREE) continue;
+        const std::vector<uint32_t>& msg = pending.front();
+        uint32_t base = layout.at(BLUE_H_IO_SLOTS) + s * slot_words;
+        w[base] = uint32_t(msg.size());
+        std::copy(msg.begin(), msg.end(), w + base + 1);
+        w[state + s] = BLUE_IO_SLOT_FULL;
+        w[layout.at(BLUE_H_IO_ORDER) + published % slots] = s;
+        ++published;
+        pending.pop_front();
+    }
+    uint32_t* stage = w + chain * BLUE_IO_STAGE_WORDS;
+    stage[0] = uint32_t(published);
+    stage[1] = input_closed && pending.empty() ? 1u : 0u;
+    stage[2] = uint32_t(out_tail);
+}
+
+void GpuMachine::Impl::drainOutput(uint32_t chain, const OutputSink& sink, bool keep,
+                                   RunReport* report, GpuStats* stats) {
+    const uint32_t* w = ioWords();
+    const uint32_t* snap = w + BLUE_IO_SNAP_BASE + chain * BLUE_IO_SNAP_WORDS;
+    uint32_t head = snap[BLUE_C_OUT_HEAD - BLUE_C_CYCLE];
+    const uint32_t cap = opt.out_records;
+    const uint32_t ring = layout.at(BLUE_H_IO_OUT);
+    std::vector<OutputRecord> batch;
+    for (uint32_t t = uint32_t(out_tail); t != head; ++t) {
+        uint32_t rec = ring + (t % cap) * 2;
+        batch.push_back({w[rec] & BLUE_OUT_INST_MASK, w[rec] >> 24, w[rec + 1]});
+    }
+    out_tail = head;
+    stats->output_records += batch.size();
+    if (sink && !batch.empty()) sink(batch);
+    if (keep) report->output.insert(report->output.end(), batch.begin(), batch.end());
+}
+
+Status GpuMachine::Impl::readInstances(RunReport* report, GpuStats* stats) {
+    std::vector<uint32_t> state(size_t(opt.instances) * BLUE_STATE_WORDS);
+    BLUE_TRY(downloadFromBuffer(dev, control, VkDeviceSize(layout.at(BLUE_O_STATE)) * 4,
+                                state.data(), state.size() * 4));
+    report->instances.clear();
+    stats->steps = 0;
+    for (uint32_t i = 0; i < opt.instances; ++i) {
+        const uint32_t* s = state.data() + size_t(i) * BLUE_STATE_WORDS;
+        report->instances.push_back({s[BLUE_S_PC], s[BLUE_S_STATUS], s[BLUE_S_FAULT]});
+        stats->steps += uint64_t(s[BLUE_S_STEPS_HI]) << 32 | s[BLUE_S_STEPS_LO];
+    }
+    return Status::ok();
+}
+
+GpuMachine::GpuMachine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuMachine::~GpuMachine() = default;
+
+Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& pipelines,
+                                                       const Module& m, const WeightSource& weights,
+                                                       const GpuOptions& options) {
+    if (options.instances == 0 || options.instances > BLUE_MAX_INSTANCES) {
+        return BLUE_ERROR("--instances must be between 1 and %u", BLUE_MAX_INSTANCES);
+    }
+    if (options.chains == 0 || options.chains > BLUE_MAX_CHAINS || options.chain_cycles == 0) {
+        return BLUE_ERROR("chains must be 1..%u and chain cycles at least 1", BLUE_MAX_CHAINS);
+    }
+    auto impl = std::make_unique<Impl>(dev, pipelines, m, options);
+    uint64_t page_limit = std::min<uint64_t>({dev.maxBindingBytes(), dev.maxAllocationBytes(),
+                                              0xFFFFFF00ull});
+    Result<PagePlan> pages = planPages(m, options.instances, page_limit);
+    if (!pages) return pages.status();
+    impl->pages = std::move(pages.value());
+    auto dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0]);
+    if (!dispatches) return dispatches.status();
+    impl->dispatches = std::move(dispatches.value());
+    auto layout = planControl(m, options, uint32_t(impl->dispatches.size()), dev.maxBindingBytes());
+    if (!layout) return layout.status();
+    impl->layout = layout.value();
+    BLUE_TRY(impl->allocate());
+    BLUE_TRY(impl->initControl());
+    BLUE_TRY(impl->uploadWeights(weights));
+    BLUE_TRY(impl->createDescriptors());
+
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.queueFamilyIndex = dev.queueFamily();
+    BLUE_VK_TRY(vkCreateCommandPool(dev.device(), &pi, nullptr, &impl->cmd_pool));
+    impl->chains.resize(options.chains);
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = impl->cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = options.chains;
+    BLUE_VK_TRY(vkAllocateCommandBuffers(dev.device(), &ai, impl->chains.data()));
+    for (uint32_t c = 0; c < options.chains; ++c) {
+        BLUE_TRY(impl->recordChain(c));
+        VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+        VkFence f;
+        BLUE_VK_TRY(vkCreateFence(dev.device(), &fi, nullptr, &f));
+        impl->fences.push_back(f);
+    }
+    pipelines.saveCache();
+    std::unique_ptr<GpuMachine> machine(new GpuMachine(std::move(impl)));
+    machine->stats_.instances = options.instances;
+    machine->stats_.chain_cycles = options.chain_cycles;
+    return machine;
+}
+
+Status GpuMachine::pushInput(std::vector<uint32_t> message) {
+    const Layout& l = impl_->m.layout;
+    if (l.in_slots == 0) return Status::error("this program reads no input (its layout has in_slots=0)");
+    if (message.size() + 1 > l.in_slot_words) {
+        return BLUE_ERROR("input message of %zu words is longer than an input slot (%u words)",
+                          message.size(), l.in_slot_words - 1);
+    }
+    impl_->pending.push_back(std::move(message));
+    return Status::ok();
+}
+
+void GpuMachine::closeInput() { impl_->input_closed = true; }
+
+Result<RunReport> GpuMachine::run(const OutputSink& sink, bool keep_output) {
+    Impl& im = *impl_;
+    VkDevice d = im.dev.device();
+    const uint32_t nchains = uint32_t(im.chains.size());
+    RunReport report;
+    std::vector<bool> in_flight(nchains, false);
+    auto t0 = std::chrono::steady_clock::now();
+    auto submit = [&](uint32_t c) -> Status {
+        bool any = false;
+        for (bool f : in_flight) any |= f;
+        if (stats_.submits > 0 && !any) ++stats_.round_trips;
+        for (uint32_t o = 0; o < nchains; ++o) {
+            if (in_flight[o] && vkGetFenceStatus(d, im.fences[o]) == VK_SUCCESS) ++stats_.queue_drains;
+        }
+        im.publishInput(c);
+        BLUE_VK_TRY(vkResetFences(d, 1, &im.fences[c]));
+        VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+        si.commandBufferCount = 1;
+        si.pCommandBuffers = &im.chains[c];
+        BLUE_VK_TRY(vkQueueSubmit(im.dev.queue(), 1, &si, im.fences[c]));
+        in_flight[c] = true;
+        ++stats_.submits;
+        stats_.cycles_submitted += im.opt.chain_cycles;
+        stats_.dispatches_recorded += im.dispatches_per_chain;
+        return Status::ok();
+    };
+    for (uint32_t c = 0; c < nchains; ++c) BLUE_TRY(submit(c));
+    bool done = false;
+    uint32_t c = 0;
+    const uint32_t* io = im.ioWords();
+    while (!done) {
+        BLUE_VK_TRY(vkWaitForFences(d, 1, &im.fences[c], VK_TRUE, UINT64_MAX));
+        ++stats_.host_waits;
+        in_flight[c] = false;
+        im.drainOutput(c, sink, keep_output, &report, &stats_);
+        const uint32_t* snap = io + BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS;
+        stats_.cycles = snap[0];
+        uint32_t live = snap[BLUE_C_LIVE - BLUE_C_CYCLE];
+        done = live == 0 || snap[0] >= im.layout.at(BLUE_H_MAX_CYCLES);
+        if (!done) BLUE_TRY(submit(c));
+        c = (c + 1) % nchains;
+    }
+    for (uint32_t k = 0; k < nchains; ++k, c = (c + 1) % nchains) {
+        if (!in_flight[c]) continue;
+        BLUE_VK_TRY(vkWaitForFences(d, 1, &im.fences[c], VK_TRUE, UINT64_MAX));
+        ++stats_.host_waits;
+        in_flight[c] = false;
+        im.drainOutput(c, sink, keep_output, &report, &stats_);
+        stats_.cycles = io[BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS];
+    }
+    stats_.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const uint32_t* last = io + BLUE_IO_SNAP_BASE + ((c + nchains - 1) % nchains) * BLUE_IO_SNAP_WORDS;
+    stats_.block_runs = last[BLUE_C_BLOCK_RUNS - BLUE_C_CYCLE];
+    BLUE_TRY(im.readInstances(&report, &stats_));
+    report.cycles = stats_.cycles;
+    report.steps = stats_.steps;
+    report.block_runs = stats_.block_runs;
+    bool live = false;
+    for (const InstanceReport& r : report.instances) {
+        live |= r.status == BLUE_ST_RUNNING || r.status == BLUE_ST_PARKED;
+    }
+    if (live) report.status = Status::error(describeUnfinished(report.instances, stats_.cycles));
+    return report;
+}
+
+Status GpuMachine::readTensor(uint32_t index, std::vector<uint8_t>* out) {
+    const TensorPlace& p = impl_->pages.places.at(index);
+    out->resize(p.bytes);
+    return downloadFromBuffer(impl_->dev, impl_->page_buffers[p.page], p.offset, out->data(), p.bytes);
+}
+
+std::string GpuStats::json() const {
+    return strFormat(
+        "{\"submits\":%llu,\"cycles\":%llu,\"cycles_submitted\":%llu,\"chain_cycles\":%u,"
+        "\"dispatches_recorded\":%llu,\"host_waits\":%llu,\"round_trips\":%llu,"
+        "\"queue_drains\":%llu,\"steps\":%llu,\"block_runs\":%llu,\"output_records\":%llu,"
+        "\"instances\":%u,\"wall_ms\":%.3f}",
+        (unsigned long long)submits, (unsigned long long)cycles,
+        (unsigned long long)cycles_submitted, chain_cycles, (unsigned long long)dispatches_recorded,
+        (unsigned long long)host_waits, (unsigned long long)round_trips,
+        (unsigned long long)queue_drains, (unsigned long long)steps, (unsigned long long)block_runs,
+        (unsigned long long)output_records, instances, wall_ms);
+}
+
+}  // namespace blue

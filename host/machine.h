@@ -1,0 +1,89 @@
+// GpuMachine: runs a verified Blue-IR module on a Vulkan device.
+//
+// The host loads (control buffer, tensors in pages, weights), records `chains` command buffers
+// once, each holding `chain_cycles` cycles of [sequencer -> plan -> every block's dispatches,
+// each vkCmdDispatchIndirect], and then only submits: while chain A runs, chain B is already
+// queued; when A completes the host drains the output records A produced, refills A's staging
+// quarter (new input messages, output-ring acknowledgement) and resubmits A. The host never reads
+// a register, a token or a flag to decide what the GPU does; it only learns when every instance
+// has stopped, to stop submitting. --stats counts all of this.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "host/buffer.h"
+#include "host/device.h"
+#include "host/pipelines.h"
+#include "vm/interp.h"
+#include "vm/module.h"
+#include "vm/weights.h"
+
+namespace blue {
+
+struct GpuOptions {
+    uint32_t instances = 1;
+    uint64_t max_cycles = 1000000;
+    uint32_t chain_cycles = 64;       // K: cycles recorded in each chain
+    uint32_t chains = 2;              // chains leapfrogging (1..BLUE_MAX_CHAINS)
+    uint32_t out_records = 1u << 16;  // output ring capacity
+};
+
+struct GpuStats {
+    uint64_t submits = 0;              // vkQueueSubmit calls for chains
+    uint64_t cycles = 0;               // cycles in which an instance was live
+    uint64_t cycles_submitted = 0;     // chain_cycles x submits
+    uint64_t dispatches_recorded = 0;  // dispatch commands in all recorded chains
+    uint64_t host_waits = 0;           // fence waits
+    uint64_t round_trips = 0;          // submits that waited for a GPU result with the queue empty
+    uint64_t queue_drains = 0;         // submits that found the GPU already idle
+    uint64_t steps = 0;                // control instructions executed
+    uint64_t block_runs = 0;           // (cycle, block) pairs with work
+    uint64_t output_records = 0;
+    uint32_t instances = 0;
+    uint32_t chain_cycles = 0;
+    double wall_ms = 0;  // from first submit to the last result
+
+    // One JSON object on one line.
+    std::string json() const;
+};
+
+using OutputSink = std::function<void(std::span<const OutputRecord>)>;
+
+class GpuMachine {
+public:
+    ~GpuMachine();
+    GpuMachine(const GpuMachine&) = delete;
+    GpuMachine& operator=(const GpuMachine&) = delete;
+
+    // Plans memory, allocates buffers, uploads code and weights, records the chains. `m` and
+    // `weights` must outlive the machine. Fails with a clear message when the module needs more
+    // than the device allows (a tensor larger than a binding, too many pages, out of memory).
+    static Result<std::unique_ptr<GpuMachine>> create(Device& dev, Pipelines& pipelines,
+                                                      const Module& m, const WeightSource& weights,
+                                                      const GpuOptions& options);
+
+    // Queues an input message (at most layout.in_slot_words - 1 words).
+    Status pushInput(std::vector<uint32_t> message);
+    void closeInput();
+
+    // Runs until no instance is live. Output records go to `sink` as each chain completes (and
+    // into the report when `keep_output`). The report's status carries the watchdog error.
+    Result<RunReport> run(const OutputSink& sink = {}, bool keep_output = true);
+
+    const GpuStats& stats() const { return stats_; }
+    // Reads a tensor's whole storage back (tests).
+    Status readTensor(uint32_t index, std::vector<uint8_t>* out);
+
+private:
+    struct Impl;
+    explicit GpuMachine(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+    GpuStats stats_;
+};
+
+}  // namespace blue

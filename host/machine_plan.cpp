@@ -1,0 +1,207 @@
+// Load-time planning for GpuMachine (see machine_plan.h).
+#include "host/machine_plan.h"
+
+#include <cctype>
+
+#include "host/machine.h"
+#include "host/pipelines.h"
+#include "vm/abi.h"
+#include "vm/isa.h"
+#include "vm/tensor_ops.h"
+#include "vm/verify.h"
+
+namespace blue {
+
+namespace {
+
+constexpr uint64_t kTensorAlign = 256;
+
+std::string lower(std::string_view s) {
+    std::string r(s);
+    for (char& c : r) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return r;
+}
+
+}  // namespace
+
+Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
+                                  uint64_t max_binding_bytes) {
+    const Layout& l = m.layout;
+    const uint64_t n = options.instances;
+    ControlLayout c;
+    auto& h = c.header;
+    h[BLUE_H_NINST] = options.instances;
+    h[BLUE_H_NREGS] = l.regs;
+    h[BLUE_H_LOCAL_WORDS] = l.local_words;
+    h[BLUE_H_STACK_DEPTH] = l.stack_depth;
+    h[BLUE_H_MAILBOX_CAP] = l.mailbox_cap;
+    h[BLUE_H_HEAP_WORDS] = l.heap_words;
+    h[BLUE_H_MAX_STEPS] = l.max_steps;
+    h[BLUE_H_NBLOCKS] = uint32_t(m.blocks.size());
+    h[BLUE_H_MAX_ROWS] = l.max_rows;
+    h[BLUE_H_CODE_WORDS] = uint32_t(m.code.size());
+    h[BLUE_H_CONST_WORDS] = uint32_t(m.consts.size());
+    h[BLUE_H_IN_SLOTS] = l.in_slots;
+    h[BLUE_H_IN_SLOT_WORDS] = l.in_slot_words;
+    h[BLUE_H_NDISPATCH] = ndispatch;
+    h[BLUE_H_OUT_CAP] = options.out_records;
+    h[BLUE_H_MAX_CYCLES] = uint32_t(std::min<uint64_t>(options.max_cycles, 0xFFFFFFFFu));
+    h[BLUE_H_NTENSORS] = uint32_t(m.tensors.size());
+
+    // Control regions, in order; sizes in words.
+    const std::pair<uint32_t, uint64_t> regions[] = {
+        {BLUE_O_STATE, n * BLUE_STATE_WORDS},
+        {BLUE_O_REGS, n * l.regs},
+        {BLUE_O_STACK, n * l.stack_depth},
+        {BLUE_O_LOCAL, n * l.local_words},
+        {BLUE_O_MAILBOX, n * (2 + 2 * uint64_t(l.mailbox_cap))},
+        {BLUE_O_HEAP, l.heap_words},
+        {BLUE_O_BARGS, n * BLUE_MAX_BLOCK_ARGS},
+        {BLUE_O_CODE, m.code.size()},
+        {BLUE_O_CONST, m.consts.size()},
+        {BLUE_O_BLOCKS, uint64_t(m.blocks.size()) * BLUE_BLOCK_WORDS},
+        {BLUE_O_LISTS, uint64_t(m.blocks.size()) * 3 * n},
+        {BLUE_O_ROWMAP, uint64_t(m.blocks.size()) * l.max_rows * 2},
+        {BLUE_O_DISPATCH, uint64_t(ndispatch) * BLUE_DISPATCH_WORDS},
+        {BLUE_O_INDIRECT, uint64_t(ndispatch + 1) * 3},
+        {BLUE_O_TENSORS, uint64_t(m.tensors.size()) * BLUE_TREF_WORDS},
+    };
+    uint64_t at = BLUE_HEADER_WORDS;
+    for (const auto& [index, words] : regions) {
+        h[index] = uint32_t(at);
+        at += words;
+        if (at * 4 > max_binding_bytes || at > 0xFFFFFFFFull) {
+            return BLUE_ERROR("the control buffer for %u instances needs more than the device's "
+                              "largest storage binding (%llu MiB); use fewer instances or smaller "
+                              "per-instance memory",
+                              options.instances, (unsigned long long)(max_binding_bytes >> 20));
+        }
+    }
+    c.control_words = at;
+
+    // I/O regions.
+    const uint64_t slots = l.in_slots;
+    const std::pair<uint32_t, uint64_t> io_regions[] = {
+        {BLUE_H_IO_ORDER, slots},
+        {BLUE_H_IO_SLOTSTATE, slots},
+        {BLUE_H_IO_SLOTS, slots * l.in_slot_words},
+        {BLUE_H_IO_OUT, uint64_t(options.out_records) * 2},
+    };
+    at = BLUE_IO_DYNAMIC;
+    for (const auto& [index, words] : io_regions) {
+        h[index] = uint32_t(at);
+        at += words;
+    }
+    if (at * 4 > max_binding_bytes) {
+        return BLUE_ERROR("the I/O rings (%u input slots of %u words, %u output records) exceed "
+                          "the device's largest storage binding",
+                          l.in_slots, l.in_slot_words, options.out_records);
+    }
+    c.io_words = at;
+    return c;
+}
+
+Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit) {
+    PagePlan plan;
+    plan.places.resize(m.tensors.size());
+    // WEIGHT tensors first so they share pages with each other, then activations.
+    for (int pass = 0; pass < 2; ++pass) {
+        for (uint32_t i = 0; i < m.tensors.size(); ++i) {
+            const TensorDecl& t = m.tensors[i];
+            if ((t.cls == BLUE_TC_WEIGHT) != (pass == 0)) continue;
+            TensorPlace& p = plan.places[i];
+            p.slice = tensorSliceBytes(t);
+            uint64_t count = t.cls == BLUE_TC_ROWS       ? m.layout.max_rows
+                             : t.cls == BLUE_TC_INSTANCE ? instances
+                                                         : 1;
+            p.bytes = p.slice * count;
+            if (p.bytes > page_limit) {
+                return BLUE_ERROR("tensor '%s' needs %.1f MiB, more than the device's largest "
+                                  "storage binding (%.1f MiB)",
+                                  t.name.c_str(), double(p.bytes) / (1 << 20),
+                                  double(page_limit) / (1 << 20));
+            }
+            if (plan.page_bytes.empty() ||
+                ((plan.page_bytes.back() + kTensorAlign - 1) & ~(kTensorAlign - 1)) + p.bytes >
+                    page_limit) {
+                if (plan.page_bytes.size() == BLUE_MAX_PAGES) {
+                    return BLUE_ERROR("the module's tensors need more than %u pages of %.1f MiB",
+                                      BLUE_MAX_PAGES, double(page_limit) / (1 << 20));
+                }
+                plan.page_bytes.push_back(0);
+            }
+            uint64_t& used = plan.page_bytes.back();
+            used = (used + kTensorAlign - 1) & ~(kTensorAlign - 1);
+            p.page = uint32_t(plan.page_bytes.size() - 1);
+            p.offset = used;
+            used += p.bytes;
+        }
+    }
+    return plan;
+}
+
+std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>& args) {
+    const OpInfo& info = *opInfo(op);
+    std::string base = lower(info.name);
+    if (info.format.size() > 1 && info.format[1] == 't' && args[1] < m.tensors.size()) {
+        std::string typed = base + "_" + lower(dtypeName(m.tensors[args[1]].dtype));
+        if (Pipelines::exists(typed)) return typed;
+    }
+    return base;
+}
+
+Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
+                                                 uint32_t max_groups_x) {
+    std::vector<DispatchDesc> out;
+    for (uint32_t b = 0; b < m.blocks.size(); ++b) {
+        std::vector<TensorInstr> instrs;
+        BLUE_TRY(decodeBlock(m, m.blocks[b], &instrs));
+        for (const TensorInstr& ti : instrs) {
+            const OpInfo& info = opInfo(ti.op);
+            DispatchDesc d;
+            d.block = b;
+            d.pipeline = kernelName(m, uint32_t(ti.op), ti.args);
+            if (!Pipelines::exists(d.pipeline)) {
+                return BLUE_ERROR("block '%s': no GPU kernel for %s with these operand types",
+                                  m.blocks[b].name.c_str(), std::string(info.name).c_str());
+            }
+            const TensorDecl& dst = m.tensors[ti.args[0]];
+            d.mode = dst.cls == BLUE_TC_ROWS ? 0 : 1;
+            d.push[BLUE_PC_BLOCK] = b;
+            d.push[BLUE_PC_MODE] = d.mode;
+            uint32_t w = BLUE_PC_OPERANDS;
+            for (size_t i = 0; i < ti.args.size(); ++i) {
+                if (info.format[i] != 't') {
+                    d.push[w++] = ti.args[i];
+                    continue;
+                }
+                const TensorDecl& t = m.tensors[ti.args[i]];
+                const TensorPlace& p = pages.places[ti.args[i]];
+                d.push[w++] = p.page | t.cls << 16;
+                d.push[w++] = uint32_t(p.offset);
+                d.push[w++] = uint32_t(p.slice);
+                d.push[w++] = uint32_t(t.elements());
+            }
+            uint64_t n = dst.elements();
+            switch (info.grid) {
+                case Grid::ELEM: d.fx = uint32_t((n + BLUE_ELEM_WG - 1) / BLUE_ELEM_WG); break;
+                case Grid::MATMUL:
+                    d.fx = uint32_t((n + BLUE_MATMUL_ROWS - 1) / BLUE_MATMUL_ROWS);
+                    d.tile = BLUE_MATMUL_TILE;
+                    break;
+                default: d.fx = 1; break;
+            }
+            if (d.fx > max_groups_x) {
+                return BLUE_ERROR("block '%s': %s on tensor '%s' needs %u workgroups, the device "
+                                  "allows %u",
+                                  m.blocks[b].name.c_str(), std::string(info.name).c_str(),
+                                  dst.name.c_str(), d.fx, max_groups_x);
+            }
+            d.push[BLUE_PC_TILE] = d.tile;
+            out.push_back(d);
+        }
+    }
+    return out;
+}
+
+}  // namespace blue

@@ -1,0 +1,65 @@
+// Load-time planning for GpuMachine: where everything lives in the control and I/O buffers,
+// which page each tensor goes to, and the dispatch (pipeline, push constants, grid) of every
+// tensor instruction. Pure functions of the module, options and device limits, so they are
+// tested without a GPU.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "shaders/blue_config.h"
+#include "vm/module.h"
+#include "vm/status.h"
+
+namespace blue {
+
+struct GpuOptions;
+
+struct ControlLayout {
+    std::array<uint32_t, BLUE_HEADER_WORDS> header{};  // the control buffer's first words
+    uint64_t control_words = 0;
+    uint64_t io_words = 0;
+
+    uint32_t at(uint32_t index) const { return header[index]; }
+};
+
+// Lays out the control and I/O buffers for `ndispatch` tensor dispatches.
+Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
+                                  uint64_t max_binding_bytes);
+
+struct TensorPlace {
+    uint32_t page = 0;
+    uint64_t offset = 0;  // bytes into the page
+    uint64_t slice = 0;   // bytes of one slice (row, instance or whole tensor)
+    uint64_t bytes = 0;   // total bytes
+};
+
+struct PagePlan {
+    std::vector<uint64_t> page_bytes;  // size of each page
+    std::vector<TensorPlace> places;   // per tensor
+};
+
+// Packs tensors into pages of at most `page_limit` bytes (each tensor inside one page, aligned to
+// 256 bytes). Fails naming the tensor when one is larger than a page or pages run out.
+Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit);
+
+struct DispatchDesc {
+    uint32_t block = 0;
+    std::string pipeline;
+    std::array<uint32_t, BLUE_PUSH_WORDS> push{};
+    uint32_t mode = 0;  // 0 rows, 1 instances
+    uint32_t fx = 1;    // groups along x
+    uint32_t tile = 1;  // items per group along y
+};
+
+// One dispatch per tensor instruction, block by block. Fails naming the instruction when no
+// kernel exists for its operand types or its grid exceeds `max_groups_x`.
+Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
+                                                 uint32_t max_groups_x);
+
+// The kernel name for a tensor instruction: "<op>_<type of operand 1>" when such a kernel is
+// built in, else "<op>".
+std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>& args);
+
+}  // namespace blue

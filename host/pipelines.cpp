@@ -1,0 +1,142 @@
+// Pipeline layout, lazy pipeline creation and the on-disk pipeline cache (see pipelines.h).
+#include "host/pipelines.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "host/vk_check.h"
+#include "shaders/blue_config.h"
+#include "shaders/embedded.h"
+
+namespace blue {
+
+namespace {
+
+const EmbeddedShader* findShader(const std::string& name) {
+    for (size_t i = 0; i < kEmbeddedShaderCount; ++i) {
+        if (name == kEmbeddedShaders[i].name) return &kEmbeddedShaders[i];
+    }
+    return nullptr;
+}
+
+void makeDirs(const std::string& path) {
+    for (size_t i = 1; i <= path.size(); ++i) {
+        if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0755);
+    }
+}
+
+}  // namespace
+
+bool Pipelines::exists(const std::string& name) { return findShader(name) != nullptr; }
+
+std::string Pipelines::cachePath() const {
+    if (const char* off = std::getenv("BLUE_NO_PIPELINE_CACHE"); off && *off && std::strcmp(off, "0")) {
+        return "";
+    }
+    std::string dir;
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+        dir = x;
+    } else if (const char* home = std::getenv("HOME"); home && *home) {
+        dir = std::string(home) + "/.cache";
+    } else {
+        return "";
+    }
+    const uint8_t* uuid = dev_.props().pipelineCacheUUID;
+    std::string id;
+    for (uint32_t i = 0; i < VK_UUID_SIZE; ++i) id += strFormat("%02x", uuid[i]);
+    return dir + "/bluevm/pipelines-" + id + ".bin";
+}
+
+Result<std::unique_ptr<Pipelines>> Pipelines::create(Device& dev) {
+    std::unique_ptr<Pipelines> p(new Pipelines(dev));
+    VkDescriptorSetLayoutBinding bindings[3] = {};
+    const uint32_t numbers[3] = {BLUE_BIND_CONTROL, BLUE_BIND_PAGES, BLUE_BIND_IO};
+    for (int i = 0; i < 3; ++i) {
+        bindings[i].binding = numbers[i];
+        bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        bindings[i].descriptorCount = numbers[i] == BLUE_BIND_PAGES ? BLUE_MAX_PAGES : 1;
+        bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    }
+    VkDescriptorSetLayoutCreateInfo si{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+    si.bindingCount = 3;
+    si.pBindings = bindings;
+    BLUE_VK_TRY(vkCreateDescriptorSetLayout(dev.device(), &si, nullptr, &p->set_layout_));
+    VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, BLUE_PUSH_WORDS * 4};
+    VkPipelineLayoutCreateInfo li{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+    li.setLayoutCount = 1;
+    li.pSetLayouts = &p->set_layout_;
+    li.pushConstantRangeCount = 1;
+    li.pPushConstantRanges = &range;
+    BLUE_VK_TRY(vkCreatePipelineLayout(dev.device(), &li, nullptr, &p->layout_));
+
+    std::vector<char> blob;
+    if (std::string path = p->cachePath(); !path.empty()) {
+        std::ifstream in(path, std::ios::binary);
+        if (in) blob.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    VkPipelineCacheCreateInfo ci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
+    ci.initialDataSize = blob.size();
+    ci.pInitialData = blob.empty() ? nullptr : blob.data();
+    if (vkCreatePipelineCache(dev.device(), &ci, nullptr, &p->cache_) != VK_SUCCESS) {
+        ci.initialDataSize = 0;  // a corrupt cache file: start empty
+        ci.pInitialData = nullptr;
+        BLUE_VK_TRY(vkCreatePipelineCache(dev.device(), &ci, nullptr, &p->cache_));
+    }
+    return p;
+}
+
+Result<VkPipeline> Pipelines::get(const std::string& name) {
+    if (auto it = pipelines_.find(name); it != pipelines_.end()) return it->second;
+    const EmbeddedShader* shader = findShader(name);
+    if (!shader) return BLUE_ERROR("no kernel named '%s' is built into this BlueVM", name.c_str());
+    VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+    mi.codeSize = shader->words * 4;
+    mi.pCode = shader->code;
+    VkShaderModule module;
+    BLUE_VK_TRY(vkCreateShaderModule(dev_.device(), &mi, nullptr, &module));
+    VkComputePipelineCreateInfo pi{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+    pi.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+    pi.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+    pi.stage.module = module;
+    pi.stage.pName = "main";
+    pi.layout = layout_;
+    VkPipeline pipeline = VK_NULL_HANDLE;
+    VkResult r = vkCreateComputePipelines(dev_.device(), cache_, 1, &pi, nullptr, &pipeline);
+    vkDestroyShaderModule(dev_.device(), module, nullptr);
+    BLUE_VK_TRY(r);
+    pipelines_[name] = pipeline;
+    cache_dirty_ = true;
+    return pipeline;
+}
+
+void Pipelines::saveCache() {
+    std::string path = cachePath();
+    if (!cache_dirty_ || path.empty()) return;
+    size_t size = 0;
+    if (vkGetPipelineCacheData(dev_.device(), cache_, &size, nullptr) != VK_SUCCESS) return;
+    std::vector<char> blob(size);
+    if (vkGetPipelineCacheData(dev_.device(), cache_, &size, blob.data()) != VK_SUCCESS) return;
+    makeDirs(path.substr(0, path.rfind('/')));
+    std::string tmp = path + ".tmp";
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (out.write(blob.data(), std::streamsize(size))) {
+        out.close();
+        std::rename(tmp.c_str(), path.c_str());
+    }
+    cache_dirty_ = false;
+}
+
+Pipelines::~Pipelines() {
+    saveCache();
+    for (auto& [name, p] : pipelines_) vkDestroyPipeline(dev_.device(), p, nullptr);
+    if (cache_) vkDestroyPipelineCache(dev_.device(), cache_, nullptr);
+    if (layout_) vkDestroyPipelineLayout(dev_.device(), layout_, nullptr);
+    if (set_layout_) vkDestroyDescriptorSetLayout(dev_.device(), set_layout_, nullptr);
+}
+
+}  // namespace blue

@@ -1,0 +1,120 @@
+// Shared by C++ (host/) and GLSL (shaders/): workgroup sizes, binding numbers, the push-constant
+// layout and the word layout of the control and I/O buffers. Each value is defined once here.
+// Plain #defines only (the common subset of both languages).
+#ifndef BLUE_SHADERS_CONFIG_H
+#define BLUE_SHADERS_CONFIG_H
+
+// ---- bindings (descriptor set 0) ---------------------------------------------------------
+#define BLUE_BIND_CONTROL 0  // control buffer: device-local, u32 words (layout below)
+#define BLUE_BIND_PAGES 1    // array of BLUE_MAX_PAGES data pages (tensors)
+#define BLUE_BIND_IO 2       // I/O buffer: host-visible (rings, staging halves, snapshots)
+#define BLUE_MAX_PAGES 24  // + 2 bindings: within the 32 storage buffers lavapipe allows per stage
+
+// ---- workgroup sizes ---------------------------------------------------------------------
+#define BLUE_SEQ_WG 64        // sequencer: one invocation per instance
+#define BLUE_PLAN_WG 64       // plan: one workgroup
+#define BLUE_ELEM_WG 256      // ELEM grid: elements per workgroup along x
+#define BLUE_ITEM_WG 64       // ITEM grid: invocations per item's workgroup
+#define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
+#define BLUE_MATMUL_ROWS 64   // MATMUL grid: output rows per workgroup (x)
+#define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (y)
+
+// ---- push constants (u32 words) ----------------------------------------------------------
+// Tensor dispatches: a header, then one 4-word reference per tensor operand and one word per
+// scalar operand, in the instruction's operand order.
+#define BLUE_PUSH_WORDS 32
+#define BLUE_PC_BLOCK 0     // block index
+#define BLUE_PC_MODE 1      // 0: items are the block's rows; 1: its instances
+#define BLUE_PC_TILE 2      // items per workgroup along y
+#define BLUE_PC_OPERANDS 4  // first operand word
+// A tensor reference: {page | class << 16, byte offset, slice stride in bytes, slice elements}.
+#define BLUE_TREF_WORDS 4
+
+// ---- control buffer: header words ----------------------------------------------------------
+#define BLUE_H_NINST 0
+#define BLUE_H_NREGS 1
+#define BLUE_H_LOCAL_WORDS 2
+#define BLUE_H_STACK_DEPTH 3
+#define BLUE_H_MAILBOX_CAP 4
+#define BLUE_H_HEAP_WORDS 5
+#define BLUE_H_MAX_STEPS 6
+#define BLUE_H_NBLOCKS 7
+#define BLUE_H_MAX_ROWS 8
+#define BLUE_H_CODE_WORDS 9
+#define BLUE_H_CONST_WORDS 10
+#define BLUE_H_IN_SLOTS 11
+#define BLUE_H_IN_SLOT_WORDS 12
+#define BLUE_H_NDISPATCH 13
+#define BLUE_H_OUT_CAP 14
+#define BLUE_H_MAX_CYCLES 15
+#define BLUE_H_NTENSORS 16
+// region offsets (in words)
+#define BLUE_O_STATE 20    // [ninst][BLUE_STATE_WORDS]
+#define BLUE_O_REGS 21     // [ninst][nregs]
+#define BLUE_O_STACK 22    // [ninst][stack_depth]
+#define BLUE_O_LOCAL 23    // [ninst][local_words]
+#define BLUE_O_MAILBOX 24  // [ninst][2 + 2 * mailbox_cap]: head, tail, then {flag, value} slots
+#define BLUE_O_HEAP 25     // [heap_words]
+#define BLUE_O_BARGS 26    // [ninst][BLUE_MAX_BLOCK_ARGS]
+#define BLUE_O_CODE 27     // [code words]
+#define BLUE_O_CONST 28    // [const words]
+#define BLUE_O_BLOCKS 29   // [nblocks][BLUE_BLOCK_WORDS]
+#define BLUE_O_LISTS 30    // [nblocks][3][ninst]: instance, first row, row count
+#define BLUE_O_ROWMAP 31   // [nblocks][max_rows][2]: instance, local row
+#define BLUE_O_DISPATCH 32 // [ndispatch][BLUE_DISPATCH_WORDS]
+#define BLUE_O_INDIRECT 33 // [ndispatch + 1][3] VkDispatchIndirectCommand; last: the sequencer
+#define BLUE_O_TENSORS 34  // [ntensors][BLUE_TREF_WORDS] for TLD/TST
+// counters written by the GPU
+#define BLUE_C_CYCLE 40      // cycles in which an instance was live
+#define BLUE_C_LIVE 41       // instances live at the start of the last cycle
+#define BLUE_C_LIVE_ACC 42   // live count being accumulated by this cycle's sequencer
+#define BLUE_C_BUMP 43       // bump allocator: next free heap word
+#define BLUE_C_IN_CLAIM 44   // input messages claimed so far
+#define BLUE_C_OUT_HEAD 45   // output records written so far
+#define BLUE_C_BLOCK_RUNS 46 // (cycle, block) pairs that had items
+// counters copied in from the host's staging half at the start of each chain
+#define BLUE_C_IN_PUBLISHED 48
+#define BLUE_C_IN_CLOSED 49
+#define BLUE_C_OUT_TAIL 50
+#define BLUE_HEADER_WORDS 64
+
+#define BLUE_STATE_WORDS 6  // pc, status, fault, sp, steps lo, steps hi
+#define BLUE_S_PC 0
+#define BLUE_S_STATUS 1
+#define BLUE_S_FAULT 2
+#define BLUE_S_SP 3
+#define BLUE_S_STEPS_LO 4
+#define BLUE_S_STEPS_HI 5
+
+#define BLUE_BLOCK_WORDS 8  // acc rows, acc instances, rows, instances, nargs
+#define BLUE_B_ACC_ROWS 0
+#define BLUE_B_ACC_INSTS 1
+#define BLUE_B_ROWS 2
+#define BLUE_B_INSTS 3
+#define BLUE_B_NARGS 4
+
+#define BLUE_DISPATCH_WORDS 4  // block, mode, fixed x, items per group along y
+#define BLUE_D_BLOCK 0
+#define BLUE_D_MODE 1
+#define BLUE_D_X 2
+#define BLUE_D_TILE 3
+
+// ---- I/O buffer (host-visible) -------------------------------------------------------------
+// Words [0, 16): one staging quarter per chain (host -> GPU, copied into the control counters at
+// the chain's start); [16, 48): one snapshot per chain (GPU -> host, copied at its end); from
+// BLUE_IO_DYNAMIC on: the input order ring, slot states, input slots and the output ring, at
+// offsets the host computes and mirrors in the header words below.
+#define BLUE_MAX_CHAINS 4
+#define BLUE_IO_STAGE_WORDS 4     // per chain: published, closed, out tail, (pad)
+#define BLUE_IO_SNAP_BASE 16
+#define BLUE_IO_SNAP_WORDS 8      // per chain: a copy of control words [BLUE_C_CYCLE, +7)
+#define BLUE_SNAP_COUNTERS 7
+#define BLUE_IO_DYNAMIC 64
+#define BLUE_H_IO_ORDER 17   // [in_slots] slot of message c at c % in_slots
+#define BLUE_H_IO_SLOTSTATE 18  // [in_slots] 1 full (host), 0 free (GPU, after INFREE)
+#define BLUE_H_IO_SLOTS 19   // [in_slots][in_slot_words]; word 0 = message length
+#define BLUE_H_IO_OUT 35     // [out_cap][2] records
+#define BLUE_IO_SLOT_FREE 0u
+#define BLUE_IO_SLOT_FULL 1u
+
+#endif  // BLUE_SHADERS_CONFIG_H

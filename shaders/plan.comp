@@ -1,0 +1,51 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// The plan: runs once per cycle between the sequencer and the blocks. It publishes the rows and
+// instances each block collected this cycle, resets the accumulators for the next cycle, writes
+// the indirect arguments of every tensor dispatch (zero groups where nobody asked) and of the
+// next cycle's sequencer (zero groups once no instance is live or the cycle limit is reached).
+// A single invocation: the work is a few hundred words.
+#include "common/bindings.glsl"
+
+layout(local_size_x = 1) in;
+
+void writeIndirect(uint index, uint x, uint y) {
+    uint at = ctl[BLUE_O_INDIRECT] + index * 3u;
+    ctl[at] = x;
+    ctl[at + 1u] = x == 0u ? 0u : y;
+    ctl[at + 2u] = x == 0u ? 0u : 1u;
+}
+
+void main() {
+    uint nblocks = ctl[BLUE_H_NBLOCKS];
+    for (uint b = 0u; b < nblocks; ++b) {
+        uint blk = ctl[BLUE_O_BLOCKS] + b * BLUE_BLOCK_WORDS;
+        uint insts = ctl[blk + BLUE_B_ACC_INSTS];
+        ctl[blk + BLUE_B_ROWS] = ctl[blk + BLUE_B_ACC_ROWS];
+        ctl[blk + BLUE_B_INSTS] = insts;
+        ctl[blk + BLUE_B_ACC_ROWS] = 0u;
+        ctl[blk + BLUE_B_ACC_INSTS] = 0u;
+        if (insts > 0u) ctl[BLUE_C_BLOCK_RUNS] += 1u;
+    }
+    uint ndispatch = ctl[BLUE_H_NDISPATCH];
+    for (uint d = 0u; d < ndispatch; ++d) {
+        uint desc = ctl[BLUE_O_DISPATCH] + d * BLUE_DISPATCH_WORDS;
+        uint blk = ctl[BLUE_O_BLOCKS] + ctl[desc + BLUE_D_BLOCK] * BLUE_BLOCK_WORDS;
+        uint items = ctl[blk + (ctl[desc + BLUE_D_MODE] == 0u ? BLUE_B_ROWS : BLUE_B_INSTS)];
+        uint tile = ctl[desc + BLUE_D_TILE];
+        uint y = (items + tile - 1u) / tile;
+        writeIndirect(d, y == 0u ? 0u : ctl[desc + BLUE_D_X], y);
+    }
+    // The sequencer's own arguments sit after the tensor dispatches'.
+    uint seq = ctl[BLUE_O_INDIRECT] + ndispatch * 3u;
+    bool seq_ran = ctl[seq] != 0u;
+    if (seq_ran) {
+        uint live = ctl[BLUE_C_LIVE_ACC];
+        ctl[BLUE_C_LIVE] = live;
+        ctl[BLUE_C_LIVE_ACC] = 0u;
+        if (live > 0u) ctl[BLUE_C_CYCLE] += 1u;
+    }
+    bool more = ctl[BLUE_C_LIVE] > 0u && ctl[BLUE_C_CYCLE] < ctl[BLUE_H_MAX_CYCLES];
+    uint groups = (ctl[BLUE_H_NINST] + BLUE_SEQ_WG - 1u) / BLUE_SEQ_WG;
+    writeIndirect(ndispatch, more ? groups : 0u, 1u);
+}

@@ -1,0 +1,59 @@
+// Constants shared by C++ and GLSL: the machine's status codes, fault codes, output record kinds,
+// tensor storage classes and limits. Included by the reference interpreter, the host and the
+// shaders, so each value is defined once. Plain #defines only (the common subset of both
+// languages).
+#ifndef BLUE_VM_ABI_H
+#define BLUE_VM_ABI_H
+
+// Instance status (control block word kInstStatus).
+#define BLUE_ST_RUNNING 0u  // runs control code when the sequencer reaches it
+#define BLUE_ST_PARKED 1u   // asked for a block this cycle; resumes next cycle
+#define BLUE_ST_HALTED 2u   // executed HALT
+#define BLUE_ST_FAULT 3u    // stopped by a fault; fault code in kInstFault
+
+// Fault codes (why an instance stopped with BLUE_ST_FAULT). Keep in sync with faultName().
+#define BLUE_FAULT_NONE 0u
+#define BLUE_FAULT_DIV_ZERO 1u
+#define BLUE_FAULT_LOCAL_OOB 2u
+#define BLUE_FAULT_HEAP_OOB 3u
+#define BLUE_FAULT_CONST_OOB 4u
+#define BLUE_FAULT_STACK_OVERFLOW 5u
+#define BLUE_FAULT_STACK_UNDERFLOW 6u
+#define BLUE_FAULT_BAD_INSTANCE 7u
+#define BLUE_FAULT_INPUT_OOB 8u
+#define BLUE_FAULT_TENSOR_OOB 9u
+#define BLUE_FAULT_BLOCK_ROWS 10u
+#define BLUE_FAULT_PC_OOB 11u
+#define BLUE_FAULT_BAD_OPCODE 12u
+#define BLUE_FAULT_COUNT 13u
+
+// Output ring record kinds (record = {instance | kind << 24, value}).
+#define BLUE_OUT_INT 1u
+#define BLUE_OUT_UINT 2u
+#define BLUE_OUT_FLOAT 3u
+#define BLUE_OUT_CHAR 4u
+#define BLUE_OUT_STR 5u
+#define BLUE_OUT_TOKEN 6u
+#define BLUE_OUT_END 7u
+#define BLUE_OUT_INST_MASK 0x00FFFFFFu
+
+// Tensor storage classes.
+#define BLUE_TC_WEIGHT 0u    // read-only, shared by all instances, data from the module or a file
+#define BLUE_TC_ROWS 1u      // one row per block row this cycle (activations); max_rows rows
+#define BLUE_TC_INSTANCE 2u  // one slice per instance (KV caches, per-instance state)
+#define BLUE_TC_GLOBAL 3u    // one read-write tensor shared by all instances
+
+// Limits a module may ask for (the verifier rejects more; devices may allow less).
+#define BLUE_MAX_REGS 256u
+#define BLUE_MAX_BLOCK_ARGS 8u
+#define BLUE_MAX_LOCAL_WORDS (1u << 20)
+#define BLUE_MAX_HEAP_WORDS (1u << 26)
+#define BLUE_MAX_STACK_DEPTH 256u
+#define BLUE_MAX_MAILBOX 64u
+#define BLUE_MAX_ROWS 65535u
+#define BLUE_MAX_INSTANCES (1u << 24)
+#define BLUE_MAX_STEPS (1u << 20)
+#define BLUE_MAX_IN_SLOTS 4096u
+#define BLUE_MAX_IN_SLOT_WORDS (1u << 20)
+
+#endif  // BLUE_VM_ABI_H
