@@ -1,0 +1,74 @@
+// Model hyperparameters read from GGUF metadata, and the check that a file holds every tensor the
+// forward pass needs, with the right shape and a supported type.
+//
+// Architectures: `llama` (Llama 2/3, Mistral, TinyLlama, SmolLM; Mixtral-style MoE when
+// llama.expert_count > 0), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`. Keys and tensor names follow
+// llama.cpp's conventions ("{arch}.embedding_length", "blk.{i}.attn_q.weight", ...). Tensor shapes
+// below are ne order: [row length (innermost), rows, ...].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "compiler/gguf.h"
+#include "vm/status.h"
+
+namespace blue {
+
+enum class ModelArch { Llama, Qwen2, Qwen3, Qwen2Moe, Qwen3Moe };
+
+// How RoPE pairs a head's dimensions: Normal rotates adjacent pairs (x[2i], x[2i+1]) (llama);
+// Neox rotates x[i] with x[i + n_rot/2] (qwen*).
+enum class RopeMode { Normal, Neox };
+
+// Context extension: Linear divides positions by the factor; Yarn as in the YaRN paper.
+enum class RopeScaling { None, Linear, Yarn };
+
+struct ModelConfig {
+    ModelArch arch = ModelArch::Llama;
+    std::string arch_name;     // general.architecture
+    uint32_t n_vocab = 0;      // rows of token_embd.weight
+    uint32_t n_ctx_train = 0;  // {arch}.context_length
+    uint32_t n_embd = 0;
+    uint32_t n_layer = 0;
+    uint32_t n_head = 0;
+    uint32_t n_head_kv = 0;   // divides n_head (GQA groups)
+    uint32_t head_dim = 0;    // width of each Q/K head: attention.key_length, else n_embd / n_head
+    uint32_t head_dim_v = 0;  // width of each V head: attention.value_length, else head_dim
+    uint32_t n_rot = 0;       // dims rotated per head: rope.dimension_count, else head_dim
+    uint32_t n_ff = 0;        // dense FFN width (feed_forward_length; 0 if absent in MoE files)
+    uint32_t n_expert = 0;    // 0: dense FFN in every layer
+    uint32_t n_expert_used = 0;
+    uint32_t n_ff_exp = 0;             // FFN width of one routed expert
+    uint32_t n_ff_shexp = 0;           // qwen2moe shared expert width (0: no shared expert)
+    bool expert_weights_norm = false;  // top-k routing weights renormalised to sum to 1
+    float rms_norm_eps = 0;
+    float rope_freq_base = 10000.0f;
+    RopeScaling rope_scaling = RopeScaling::None;
+    float rope_scaling_factor = 1.0f;
+    uint32_t rope_scaling_orig_ctx = 0;  // context the model was trained with before scaling
+    RopeMode rope_mode = RopeMode::Normal;
+    bool tied_output = false;     // no output.weight: logits use token_embd.weight
+    bool has_qkv_bias = false;    // blk.*.attn_{q,k,v}.bias (qwen2, qwen2moe; optional in llama)
+    bool has_qk_norm = false;     // blk.*.attn_{q,k}_norm.weight, RMSNorm per head (qwen3*)
+    bool has_rope_freqs = false;  // rope_freqs.weight [n_rot/2]: per-pair frequency divisors
+
+    bool isMoe() const { return n_expert > 0; }
+};
+
+std::string_view modelArchName(ModelArch arch);
+std::string_view ropeScalingName(RopeScaling s);
+
+// Reads the hyperparameters of a supported architecture and validates the tensors: every tensor
+// the forward pass needs exists with the expected shape and a supported type, and no tensor is
+// left unused (an unknown tensor would mean weights the forward pass silently ignores). Fails with
+// a message naming the file, the key or tensor, and the expected vs actual shape.
+Result<ModelConfig> modelConfigFromGguf(const GgufFile& file);
+
+// A readable multi-line summary for `bluevm info`: format, architecture and hyperparameters (or why
+// they could not be read), tokenizer, every metadata key, every tensor with type, shape and bytes,
+// and totals. Never fails.
+std::string ggufDescribe(const GgufFile& file);
+
+}  // namespace blue

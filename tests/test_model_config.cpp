@@ -1,0 +1,394 @@
+// Tests of model hyperparameters and the tensor inventory check: the real stories260K model, and
+// small synthetic files of every supported architecture built with the writer, each then broken
+// in one way to check the message.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <map>
+#include <set>
+
+#include "compiler/gguf.h"
+#include "compiler/model_config.h"
+#include "tests/test_paths.h"
+
+namespace blue {
+namespace {
+
+// A tiny model in llama.cpp's naming; fields left at 0 are not written.
+struct Spec {
+    std::string arch = "llama";
+    int64_t n_embd = 32, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 48, n_vocab = 40;
+    int64_t key_length = 0;  // 0: no attention.key_length key (head_dim = n_embd / n_head)
+    int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+    bool bias = false, qk_norm = false, tied = false, moe_tensors = false, shexp = false;
+    bool ff_key = true;                                   // write feed_forward_length
+    std::set<std::string> skip;                           // tensors left out
+    std::map<std::string, std::vector<int64_t>> reshape;  // tensors given other dims
+    std::map<std::string, DType> retype;                  // tensors given another type
+    std::vector<std::string> extra;                       // additional [n_embd] tensors
+    std::function<void(GgufWriter&)> keys;                // more keys, or overrides
+};
+
+std::string blk(int64_t l, const char* s) {
+    return "blk." + std::to_string(l) + "." + s;
+}
+
+Status zeros(uint64_t, uint64_t, std::span<uint8_t>) {
+    return {};
+}
+
+void addTensor(GgufWriter& w, const Spec& s, const std::string& name, std::vector<int64_t> dims) {
+    if (s.skip.count(name)) return;
+    if (auto it = s.reshape.find(name); it != s.reshape.end()) dims = it->second;
+    DType type = DType::F32;
+    if (auto it = s.retype.find(name); it != s.retype.end()) type = it->second;
+    Status st = w.addTensor(name, type, dims, zeros);
+    REQUIRE_MESSAGE(st.isOk(), st.message());
+}
+
+void addLayer(GgufWriter& w, const Spec& s, int64_t l) {
+    const int64_t e = s.n_embd, d = s.key_length ? s.key_length : e / s.n_head;
+    const int64_t q = s.n_head * d, kv = s.n_head_kv * d;
+    addTensor(w, s, blk(l, "attn_norm.weight"), {e});
+    addTensor(w, s, blk(l, "attn_q.weight"), {e, q});
+    addTensor(w, s, blk(l, "attn_k.weight"), {e, kv});
+    addTensor(w, s, blk(l, "attn_v.weight"), {e, kv});
+    addTensor(w, s, blk(l, "attn_output.weight"), {q, e});
+    if (s.bias) {
+        addTensor(w, s, blk(l, "attn_q.bias"), {q});
+        addTensor(w, s, blk(l, "attn_k.bias"), {kv});
+        addTensor(w, s, blk(l, "attn_v.bias"), {kv});
+    }
+    if (s.qk_norm) {
+        addTensor(w, s, blk(l, "attn_q_norm.weight"), {d});
+        addTensor(w, s, blk(l, "attn_k_norm.weight"), {d});
+    }
+    addTensor(w, s, blk(l, "ffn_norm.weight"), {e});
+    if (!s.moe_tensors) {
+        addTensor(w, s, blk(l, "ffn_gate.weight"), {e, s.n_ff});
+        addTensor(w, s, blk(l, "ffn_up.weight"), {e, s.n_ff});
+        addTensor(w, s, blk(l, "ffn_down.weight"), {s.n_ff, e});
+        return;
+    }
+    const int64_t f = s.n_ff_exp ? s.n_ff_exp : s.n_ff, x = s.n_expert;
+    addTensor(w, s, blk(l, "ffn_gate_inp.weight"), {e, x});
+    addTensor(w, s, blk(l, "ffn_gate_exps.weight"), {e, f, x});
+    addTensor(w, s, blk(l, "ffn_up_exps.weight"), {e, f, x});
+    addTensor(w, s, blk(l, "ffn_down_exps.weight"), {f, e, x});
+    if (s.shexp) {
+        addTensor(w, s, blk(l, "ffn_gate_inp_shexp.weight"), {e});
+        addTensor(w, s, blk(l, "ffn_gate_shexp.weight"), {e, s.n_ff_shexp});
+        addTensor(w, s, blk(l, "ffn_up_shexp.weight"), {e, s.n_ff_shexp});
+        addTensor(w, s, blk(l, "ffn_down_shexp.weight"), {s.n_ff_shexp, e});
+    }
+}
+
+GgufFile build(const Spec& s) {
+    GgufWriter w;
+    const std::string a = s.arch;
+    w.setString("general.architecture", a);
+    w.setU32(a + ".context_length", 256);
+    w.setU32(a + ".embedding_length", uint32_t(s.n_embd));
+    w.setU32(a + ".block_count", uint32_t(s.n_layer));
+    w.setU32(a + ".attention.head_count", uint32_t(s.n_head));
+    w.setU32(a + ".attention.head_count_kv", uint32_t(s.n_head_kv));
+    w.setF32(a + ".attention.layer_norm_rms_epsilon", 1e-6f);
+    if (s.ff_key) w.setU32(a + ".feed_forward_length", uint32_t(s.n_ff));
+    if (s.key_length) w.setU32(a + ".attention.key_length", uint32_t(s.key_length));
+    if (s.n_expert) w.setU32(a + ".expert_count", uint32_t(s.n_expert));
+    if (s.n_expert_used) w.setU32(a + ".expert_used_count", uint32_t(s.n_expert_used));
+    if (s.n_ff_exp) w.setU32(a + ".expert_feed_forward_length", uint32_t(s.n_ff_exp));
+    if (s.n_ff_shexp) w.setU32(a + ".expert_shared_feed_forward_length", uint32_t(s.n_ff_shexp));
+    if (s.keys) s.keys(w);
+    addTensor(w, s, "token_embd.weight", {s.n_embd, s.n_vocab});
+    addTensor(w, s, "output_norm.weight", {s.n_embd});
+    if (!s.tied) addTensor(w, s, "output.weight", {s.n_embd, s.n_vocab});
+    for (int64_t l = 0; l < s.n_layer; ++l) addLayer(w, s, l);
+    for (const std::string& name : s.extra) addTensor(w, s, name, {s.n_embd});
+    auto bytes = w.writeToMemory();
+    REQUIRE(bytes.isOk());
+    Result<GgufFile> f = ggufParse(std::move(bytes).value(), "syn.gguf");
+    REQUIRE_MESSAGE(f.isOk(), f.message());
+    return std::move(f).value();
+}
+
+ModelConfig load(const Spec& s) {
+    GgufFile f = build(s);
+    Result<ModelConfig> c = modelConfigFromGguf(f);
+    REQUIRE_MESSAGE(c.isOk(), c.message());
+    return *c;
+}
+
+std::string loadError(const Spec& s) {
+    GgufFile f = build(s);
+    Result<ModelConfig> c = modelConfigFromGguf(f);
+    REQUIRE(!c.isOk());
+    return c.message();
+}
+
+}  // namespace
+
+TEST_CASE("model config: stories260K") {
+    Result<GgufFile> f = ggufOpen(test::sharedDir() + "/models/stories260K/stories260K.gguf");
+    REQUIRE_MESSAGE(f.isOk(), f.message());
+    Result<ModelConfig> r = modelConfigFromGguf(*f);
+    REQUIRE_MESSAGE(r.isOk(), r.message());
+    const ModelConfig& c = *r;
+    CHECK(c.arch == ModelArch::Llama);
+    CHECK(c.arch_name == "llama");
+    CHECK(c.n_embd == 64);
+    CHECK(c.n_ff == 172);
+    CHECK(c.n_layer == 5);
+    CHECK(c.n_head == 8);
+    CHECK(c.n_head_kv == 4);
+    CHECK(c.head_dim == 8);
+    CHECK(c.head_dim_v == 8);
+    CHECK(c.n_rot == 8);
+    CHECK(c.n_vocab == 512);
+    CHECK(c.n_ctx_train == 2048);  // what the file says (README: trained on 512)
+    CHECK(c.rms_norm_eps == doctest::Approx(1e-5));
+    CHECK(c.rope_freq_base == 10000.0f);
+    CHECK(c.rope_mode == RopeMode::Normal);
+    CHECK(c.rope_scaling == RopeScaling::None);
+    CHECK_FALSE(c.tied_output);
+    CHECK_FALSE(c.has_qkv_bias);
+    CHECK_FALSE(c.has_qk_norm);
+    CHECK_FALSE(c.has_rope_freqs);
+    CHECK_FALSE(c.isMoe());
+}
+
+TEST_CASE("model config: describe stories260K and a vocabulary file") {
+    Result<GgufFile> f = ggufOpen(test::sharedDir() + "/models/stories260K/stories260K.gguf");
+    REQUIRE(f.isOk());
+    std::string d = ggufDescribe(*f);
+    INFO(d);
+    for (const char* part :
+         {"GGUF v3, 1185376 bytes", "alignment 32, data section at 0x3760",
+          "model: llama, 5 layers, n_embd 64, n_vocab 512", "8 heads, 4 kv heads, head_dim 8",
+          "ffn: width 172", "rope normal over 8 dims, base 10000, scaling none",
+          "output: output.weight",
+          "tokenizer: model \"llama\", 512 tokens, bos 1, eos 2, unk 0, sep none, pad none",
+          "metadata (19 keys)", "tensors (48)", "blk.4.ffn_down.weight", "[172, 64]",
+          "totals: 48 tensors", "1171200 bytes", "F32: 48"}) {
+        CHECK_MESSAGE(d.find(part) != std::string::npos, part);
+    }
+    Result<GgufFile> v = ggufOpen(test::sharedDir() + "/vocab/ggml-vocab-gpt-2.gguf");
+    REQUIRE(v.isOk());
+    std::string dv = ggufDescribe(*v);
+    CHECK(dv.find("tokenizer: model \"gpt2\", 50257 tokens, pre \"gpt-2\", bos 50256, eos 50256") !=
+          std::string::npos);
+    CHECK(dv.find("tensors (0)") != std::string::npos);
+    CHECK(dv.find("model:") == std::string::npos);
+}
+
+TEST_CASE("model config: llama variants") {
+    SUBCASE("dense, tied output") {
+        Spec s;
+        s.tied = true;
+        ModelConfig c = load(s);
+        CHECK(c.tied_output);
+        CHECK(c.n_vocab == 40);
+        CHECK(c.head_dim == 8);
+        CHECK(c.rms_norm_eps == 1e-6f);
+        CHECK_FALSE(c.has_qkv_bias);
+    }
+    SUBCASE("optional QKV biases in every layer") {
+        Spec s;
+        s.bias = true;
+        CHECK(load(s).has_qkv_bias);
+    }
+    SUBCASE("a bias in one layer only is refused") {
+        Spec s;
+        s.bias = true;
+        s.skip = {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"};
+        CHECK(loadError(s) ==
+              "syn.gguf: llama: tensor 'blk.1.attn_q.bias' is not part of the llama forward pass");
+    }
+    SUBCASE("Mixtral-style MoE") {
+        Spec s;
+        s.n_expert = 4;
+        s.n_expert_used = 2;
+        s.moe_tensors = true;
+        ModelConfig c = load(s);
+        CHECK(c.isMoe());
+        CHECK(c.n_expert == 4);
+        CHECK(c.n_expert_used == 2);
+        CHECK(c.n_ff_exp == 48);  // llama experts have feed_forward_length
+        CHECK(c.expert_weights_norm);
+    }
+    SUBCASE("rope scaling") {
+        Spec s;
+        s.keys = [](GgufWriter& w) {
+            w.setF32("llama.rope.freq_base", 500000.0f);
+            w.setString("llama.rope.scaling.type", "yarn");
+            w.setF32("llama.rope.scaling.factor", 4.0f);
+            w.setU32("llama.rope.scaling.original_context_length", 64);
+        };
+        ModelConfig c = load(s);
+        CHECK(c.rope_freq_base == 500000.0f);
+        CHECK(c.rope_scaling == RopeScaling::Yarn);
+        CHECK(c.rope_scaling_factor == 4.0f);
+        CHECK(c.rope_scaling_orig_ctx == 64);
+
+        s.keys = [](GgufWriter& w) { w.setF32("llama.rope.scale_linear", 2.0f); };  // older key
+        c = load(s);
+        CHECK(c.rope_scaling == RopeScaling::Linear);
+        CHECK(c.rope_scaling_factor == 2.0f);
+        CHECK(c.rope_scaling_orig_ctx == 256);
+
+        s.keys = [](GgufWriter& w) { w.setString("llama.rope.scaling.type", "longrope"); };
+        CHECK(loadError(s).find("rope scaling type 'longrope' is not supported") !=
+              std::string::npos);
+        s.keys = [](GgufWriter& w) { w.setString("llama.rope.scaling.type", "linear"); };
+        CHECK(loadError(s).find("needs a positive rope.scaling.factor") != std::string::npos);
+    }
+    SUBCASE("Llama 3.1 rope_freqs") {
+        Spec s;
+        s.extra = {};
+        s.keys = nullptr;
+        GgufFile plain = build(s);
+        CHECK_FALSE(modelConfigFromGguf(plain)->has_rope_freqs);
+        s.n_embd = 32;
+        s.reshape["rope_freqs.weight"] = {4};  // n_rot / 2
+        s.extra = {"rope_freqs.weight"};
+        CHECK(load(s).has_rope_freqs);
+        s.reshape["rope_freqs.weight"] = {8};
+        CHECK(loadError(s) ==
+              "syn.gguf: llama: tensor 'rope_freqs.weight' has shape [8], expected [4]");
+    }
+}
+
+TEST_CASE("model config: qwen architectures") {
+    SUBCASE("qwen2: neox rope, required QKV biases") {
+        Spec s;
+        s.arch = "qwen2";
+        s.bias = true;
+        s.tied = true;
+        ModelConfig c = load(s);
+        CHECK(c.arch == ModelArch::Qwen2);
+        CHECK(c.rope_mode == RopeMode::Neox);
+        CHECK(c.has_qkv_bias);
+        CHECK(c.tied_output);
+        s.skip = {"blk.1.attn_v.bias"};
+        CHECK(loadError(s) == "syn.gguf: qwen2: missing tensor 'blk.1.attn_v.bias'");
+    }
+    SUBCASE("qwen3: Q/K norm and a head width set by key_length") {
+        Spec s;
+        s.arch = "qwen3";
+        s.qk_norm = true;
+        s.key_length = 16;  // not n_embd / n_head = 8
+        ModelConfig c = load(s);
+        CHECK(c.has_qk_norm);
+        CHECK_FALSE(c.has_qkv_bias);
+        CHECK(c.head_dim == 16);
+        CHECK(c.head_dim_v == 16);
+        CHECK(c.n_rot == 16);
+        s.reshape["blk.0.attn_k_norm.weight"] = {8};
+        CHECK(loadError(s) ==
+              "syn.gguf: qwen3: tensor 'blk.0.attn_k_norm.weight' has shape [8], expected [16]");
+    }
+    SUBCASE("qwen2moe: experts and a shared expert") {
+        Spec s;
+        s.arch = "qwen2moe";
+        s.bias = true;
+        s.n_expert = 4;
+        s.n_expert_used = 2;
+        s.n_ff_exp = 16;
+        s.n_ff_shexp = 24;
+        s.moe_tensors = s.shexp = true;
+        ModelConfig c = load(s);
+        CHECK(c.arch == ModelArch::Qwen2Moe);
+        CHECK(c.n_ff_exp == 16);
+        CHECK(c.n_ff_shexp == 24);
+        CHECK_FALSE(c.expert_weights_norm);
+        s.skip = {"blk.1.ffn_gate_inp_shexp.weight"};
+        CHECK(loadError(s) ==
+              "syn.gguf: qwen2moe: missing tensor 'blk.1.ffn_gate_inp_shexp.weight'");
+    }
+    SUBCASE("qwen3moe: expert width falls back to n_ff / n_expert_used") {
+        Spec s;
+        s.arch = "qwen3moe";
+        s.qk_norm = true;
+        s.n_ff = 64;
+        s.n_expert = 8;
+        s.n_expert_used = 2;
+        s.n_ff_exp = 0;
+        s.moe_tensors = true;
+        s.reshape = {{"blk.0.ffn_gate_exps.weight", {32, 32, 8}},
+                     {"blk.0.ffn_up_exps.weight", {32, 32, 8}},
+                     {"blk.0.ffn_down_exps.weight", {32, 32, 8}},
+                     {"blk.1.ffn_gate_exps.weight", {32, 32, 8}},
+                     {"blk.1.ffn_up_exps.weight", {32, 32, 8}},
+                     {"blk.1.ffn_down_exps.weight", {32, 32, 8}}};
+        ModelConfig c = load(s);
+        CHECK(c.n_ff_exp == 32);
+        CHECK(c.expert_weights_norm);
+        CHECK(c.has_qk_norm);
+    }
+    SUBCASE("MoE architectures need experts") {
+        Spec s;
+        s.arch = "qwen3moe";
+        s.qk_norm = true;
+        CHECK(loadError(s) == "syn.gguf: qwen3moe needs qwen3moe.expert_count > 0");
+    }
+}
+
+TEST_CASE("model config: errors name the key or tensor") {
+    Spec s;
+    SUBCASE("wrong shape") {
+        s.reshape["blk.0.attn_k.weight"] = {32, 32};
+        CHECK(
+            loadError(s) ==
+            "syn.gguf: llama: tensor 'blk.0.attn_k.weight' has shape [32, 32], expected [32, 16]");
+    }
+    SUBCASE("missing tensor") {
+        s.skip = {"blk.1.ffn_up.weight"};
+        CHECK(loadError(s) == "syn.gguf: llama: missing tensor 'blk.1.ffn_up.weight'");
+        s.skip = {"token_embd.weight"};
+        CHECK(loadError(s) == "syn.gguf: llama: missing tensor 'token_embd.weight'");
+    }
+    SUBCASE("unsupported type") {
+        s.retype["blk.1.attn_q.weight"] = DType::IQ4_NL;
+        CHECK(loadError(s) ==
+              "syn.gguf: llama: tensor 'blk.1.attn_q.weight' has type IQ4_NL, which BlueVM does "
+              "not support");
+    }
+    SUBCASE("tensor the forward pass would ignore") {
+        s.extra = {"blk.0.mystery.weight"};
+        CHECK(
+            loadError(s) ==
+            "syn.gguf: llama: tensor 'blk.0.mystery.weight' is not part of the llama forward pass");
+    }
+    SUBCASE("unknown architecture") {
+        s.arch = "gpt2";
+        CHECK(loadError(s) ==
+              "syn.gguf: architecture 'gpt2' is not supported (llama, qwen2, qwen3, qwen2moe, "
+              "qwen3moe)");
+    }
+    SUBCASE("missing and mistyped keys") {
+        s.keys = [](GgufWriter& w) { w.setString("llama.embedding_length", "32"); };
+        CHECK(loadError(s) ==
+              "syn.gguf: key 'llama.embedding_length': expected an integer, found string");
+        s.keys = [](GgufWriter& w) { w.setI32("llama.block_count", -2); };
+        CHECK(loadError(s) == "syn.gguf: key 'llama.block_count': value -2 does not fit u32");
+        s.ff_key = false;
+        s.keys = nullptr;
+        CHECK(loadError(s) == "syn.gguf: missing or zero key 'llama.feed_forward_length'");
+    }
+    SUBCASE("inconsistent heads") {
+        s.keys = [](GgufWriter& w) { w.setU32("llama.attention.head_count_kv", 3); };
+        CHECK(loadError(s) == "syn.gguf: head_count_kv 3 does not divide head_count 4");
+    }
+    SUBCASE("vocabulary size disagreements") {
+        s.keys = [](GgufWriter& w) {
+            std::vector<std::string> tokens(39, "t");
+            w.setStringArray("tokenizer.ggml.tokens", tokens);
+        };
+        CHECK(loadError(s) ==
+              "syn.gguf: tokenizer.ggml.tokens has 39 tokens but token_embd.weight has 40 rows");
+        s.keys = [](GgufWriter& w) { w.setU32("llama.vocab_size", 41); };
+        CHECK(loadError(s) == "syn.gguf: llama.vocab_size is 41 but token_embd.weight has 40 rows");
+    }
+}
+
+}  // namespace blue
