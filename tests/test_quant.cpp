@@ -26,7 +26,9 @@ constexpr DType kEncodable[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4
                                 DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q8_1, DType::Q2_K,
                                 DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K};
 
-std::string nameOf(DType t) { return std::string(dtypeName(t)); }
+std::string nameOf(DType t) {
+    return std::string(dtypeName(t));
+}
 
 uint64_t rowBytes(DType t, int64_t n) {
     auto bytes = dtypeRowBytes(t, uint64_t(n));
@@ -57,7 +59,8 @@ std::vector<float> gaussianRow(int64_t n, uint64_t seed) {
     auto uniform = [&rng] { return (double(rng() >> 11) + 0.5) * 0x1p-53; };
     std::vector<float> x(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; i += 2) {
-        const double r = std::sqrt(-2.0 * std::log(uniform())), a = 2.0 * std::numbers::pi * uniform();
+        const double r = std::sqrt(-2.0 * std::log(uniform())),
+                     a = 2.0 * std::numbers::pi * uniform();
         x[size_t(i)] = float(r * std::cos(a));
         if (i + 1 < n) x[size_t(i + 1)] = float(r * std::sin(a));
     }
@@ -119,25 +122,25 @@ TEST_CASE("half: decode of the special encodings") {
 
 TEST_CASE("half: f32 -> fp16 rounds to nearest even, overflows to inf, keeps subnormals") {
     CHECK(halfFromF32(1.0f) == 0x3c00);
-    CHECK(halfFromF32(1.0f + 0x1p-11f) == 0x3c00);            // tie -> even mantissa 0
+    CHECK(halfFromF32(1.0f + 0x1p-11f) == 0x3c00);             // tie -> even mantissa 0
     CHECK(halfFromF32(1.0f + 0x1p-11f + 0x1p-23f) == 0x3c01);  // just above the tie
-    CHECK(halfFromF32(1.0f + 3 * 0x1p-11f) == 0x3c02);        // tie between 0x3c01 and 0x3c02 -> even
+    CHECK(halfFromF32(1.0f + 3 * 0x1p-11f) == 0x3c02);  // tie between 0x3c01 and 0x3c02 -> even
     CHECK(halfFromF32(-1.0f - 3 * 0x1p-11f) == 0xbc02);
-    CHECK(halfFromF32(2047.0f + 0.5f) == 0x6800);              // rounding carries into the exponent
+    CHECK(halfFromF32(2047.0f + 0.5f) == 0x6800);  // rounding carries into the exponent
     CHECK(halfFromF32(65504.0f) == 0x7bff);
     CHECK(halfFromF32(65519.99f) == 0x7bff);
-    CHECK(halfFromF32(65520.0f) == 0x7c00);                    // tie between 65504 (odd) and 2^16 -> inf
+    CHECK(halfFromF32(65520.0f) == 0x7c00);  // tie between 65504 (odd) and 2^16 -> inf
     CHECK(halfFromF32(1e6f) == 0x7c00);
     CHECK(halfFromF32(-std::numeric_limits<float>::max()) == 0xfc00);
     CHECK(halfFromF32(std::numeric_limits<float>::infinity()) == 0x7c00);
     CHECK(halfFromF32(0x1p-24f) == 0x0001);
-    CHECK(halfFromF32(0x1p-25f) == 0x0000);                    // tie between 0 and 2^-24 -> 0
+    CHECK(halfFromF32(0x1p-25f) == 0x0000);  // tie between 0 and 2^-24 -> 0
     CHECK(halfFromF32(0x1p-25f * 1.0000001f) == 0x0001);
-    CHECK(halfFromF32(3 * 0x1p-25f) == 0x0002);                // tie between 1 and 2 ulps -> 2
-    CHECK(halfFromF32(1023.5f * 0x1p-24f) == 0x0400);          // largest subnormal + half ulp -> normal
+    CHECK(halfFromF32(3 * 0x1p-25f) == 0x0002);        // tie between 1 and 2 ulps -> 2
+    CHECK(halfFromF32(1023.5f * 0x1p-24f) == 0x0400);  // largest subnormal + half ulp -> normal
     CHECK(halfFromF32(-0x1p-24f) == 0x8001);
     CHECK(halfFromF32(0x1p-14f) == 0x0400);
-    CHECK(halfFromF32(1e-45f) == 0x0000);                       // f32 subnormal
+    CHECK(halfFromF32(1e-45f) == 0x0000);  // f32 subnormal
     CHECK(halfFromF32(-0.0f) == 0x8000);
     // NaN stays NaN even when its payload lies only in bits fp16 drops.
     CHECK(std::isnan(halfToF32(halfFromF32(std::bit_cast<float>(0x7f800001u)))));
@@ -176,9 +179,9 @@ TEST_CASE("bf16: every value survives f32 and back; NaNs stay NaN and become qui
 
 TEST_CASE("bf16: f32 -> bf16 rounds to nearest even like ggml, no flush of subnormals") {
     CHECK(bf16FromF32(1.0f) == 0x3f80);
-    CHECK(bf16FromF32(1.0f + 0x1p-8f) == 0x3f80);             // tie -> even
+    CHECK(bf16FromF32(1.0f + 0x1p-8f) == 0x3f80);  // tie -> even
     CHECK(bf16FromF32(1.0f + 0x1p-8f + 0x1p-23f) == 0x3f81);
-    CHECK(bf16FromF32(1.0f + 3 * 0x1p-8f) == 0x3f82);         // tie -> even (up)
+    CHECK(bf16FromF32(1.0f + 3 * 0x1p-8f) == 0x3f82);  // tie -> even (up)
     CHECK(bf16FromF32(-2.0f) == 0xc000);
     CHECK(bf16FromF32(std::numeric_limits<float>::max()) == 0x7f80);  // rounds up to inf
     CHECK(bf16FromF32(std::bit_cast<float>(0x00080000u)) == 0x0008);  // f32 subnormal kept
@@ -197,8 +200,8 @@ TEST_CASE("quant layout: Q4_0 and Q4_1") {
     for (int j = 0; j < 16; ++j) a.qs[j] = uint8_t(j | (15 - j) << 4);
     auto y = decodeBlock(DType::Q4_0, a);
     for (int j = 0; j < 16; ++j) {
-        CHECK(y[j] == float(j - 8) * 0.5f);          // low nibble of byte j is element j
-        CHECK(y[j + 16] == float(7 - j) * 0.5f);     // high nibble is element j + 16
+        CHECK(y[j] == float(j - 8) * 0.5f);       // low nibble of byte j is element j
+        CHECK(y[j + 16] == float(7 - j) * 0.5f);  // high nibble is element j + 16
     }
     CHECK(y[0] == -4.0f);
     CHECK(y[16] == 3.5f);
@@ -231,8 +234,9 @@ TEST_CASE("quant layout: Q5_0 and Q5_1 fifth bits") {
     }
     auto y = decodeBlock(DType::Q5_0, a);
     for (int i = 0; i < 32; ++i) CHECK(y[i] == float(q[i] - 16));
-    // Worked by hand: element 0: lo 0 | bit 0 of 0xA5 -> 16 -> 0;  element 12: lo 12, bit 12 = bit 4 of
-    // 0x0F = 0 -> -4;  element 23: hi(qs[7]) 8 | bit 23 = bit 7 of 0x80 -> 24 -> 8;  element 31 -> -16.
+    // Worked by hand: element 0: lo 0 | bit 0 of 0xA5 -> 16 -> 0;  element 12: lo 12, bit 12 = bit
+    // 4 of 0x0F = 0 -> -4;  element 23: hi(qs[7]) 8 | bit 23 = bit 7 of 0x80 -> 24 -> 8;  element
+    // 31 -> -16.
     CHECK(y[0] == 0.0f);
     CHECK(y[11] == 11.0f);
     CHECK(y[12] == -4.0f);
@@ -269,12 +273,13 @@ TEST_CASE("quant layout: Q8_0 and Q8_1") {
 
 TEST_CASE("quant layout: Q2_K") {
     BlockQ2_K b{};
-    b.d = 0x3800;     // 0.5
-    b.dmin = 0x3400;  // 0.25
+    b.d = 0x3800;                                                           // 0.5
+    b.dmin = 0x3400;                                                        // 0.25
     for (int s = 0; s < 16; ++s) b.scales[s] = uint8_t(s | (15 - s) << 4);  // sc = s, mn = 15 - s
     fillPattern(b.qs, 64, 1);
     std::array<float, 256> want{};
-    for (int p = 0; p < 64; ++p) {  // byte p holds elements 128*(p/32) + 32*j + p%32 in bits 2j..2j+1
+    for (int p = 0; p < 64;
+         ++p) {  // byte p holds elements 128*(p/32) + 32*j + p%32 in bits 2j..2j+1
         for (int j = 0; j < 4; ++j) {
             const int e = 128 * (p / 32) + 32 * j + p % 32, s = e / 16;
             want[e] = 0.5f * float(s) * float((b.qs[p] >> (2 * j)) & 3) - 0.25f * float(15 - s);
@@ -282,9 +287,9 @@ TEST_CASE("quant layout: Q2_K") {
     }
     auto y = decodeBlock(DType::Q2_K, b);
     for (int i = 0; i < 256; ++i) CHECK(y[i] == want[i]);
-    // Worked by hand: element 0 is in sub-block 0 (sc 0, mn 15) -> -3.75 whatever its q. Element 16:
-    // qs[16] = 0x5D, bits 0..1 = 1, sub-block 1 (sc 1, mn 14) -> 0.5 - 3.5. Element 255: qs[63] =
-    // 0x2D, bits 6..7 = 0, sub-block 15 (sc 15, mn 0) -> 0.
+    // Worked by hand: element 0 is in sub-block 0 (sc 0, mn 15) -> -3.75 whatever its q. Element
+    // 16: qs[16] = 0x5D, bits 0..1 = 1, sub-block 1 (sc 1, mn 14) -> 0.5 - 3.5. Element 255: qs[63]
+    // = 0x2D, bits 6..7 = 0, sub-block 15 (sc 15, mn 0) -> 0.
     CHECK(b.qs[16] == 0x5D);
     CHECK(b.qs[63] == 0x2D);
     CHECK(y[0] == -3.75f);
@@ -296,7 +301,8 @@ TEST_CASE("quant layout: Q3_K signed 6-bit scales and hmask") {
     // 16 distinct scales, packed by hand: low nibbles in bytes 0..7 (sub-blocks 0..7 low halves,
     // 8..15 high halves), top 2 bits in bytes 8..11 (byte 8 + s%4, bits 2*(s/4)).
     const int sc[16] = {-32, -17, -5, -1, 0, 1, 6, 13, 31, 24, -9, 17, -28, 3, 9, -13};
-    const uint8_t packed[12] = {0xF0, 0x8F, 0x7B, 0x1F, 0x40, 0x31, 0x96, 0x3D, 0x38, 0xB8, 0x99, 0x79};
+    const uint8_t packed[12] = {0xF0, 0x8F, 0x7B, 0x1F, 0x40, 0x31,
+                                0x96, 0x3D, 0x38, 0xB8, 0x99, 0x79};
     BlockQ3_K b{};
     b.d = 0x3800;  // 0.5
     std::memcpy(b.scales, packed, 12);
@@ -328,7 +334,8 @@ namespace {
 //   bytes 8..11: (sc[4..7] & 15) | (mn[4..7] & 15) << 4
 constexpr int kSc[8] = {13, 47, 2, 63, 21, 38, 59, 7};
 constexpr int kMn[8] = {5, 33, 60, 18, 44, 9, 27, 62};
-constexpr uint8_t kScMnPacked[12] = {0x4D, 0xAF, 0xC2, 0x3F, 0x85, 0x21, 0x7C, 0xD2, 0xC5, 0x96, 0xBB, 0xE7};
+constexpr uint8_t kScMnPacked[12] = {0x4D, 0xAF, 0xC2, 0x3F, 0x85, 0x21,
+                                     0x7C, 0xD2, 0xC5, 0x96, 0xBB, 0xE7};
 }  // namespace
 
 TEST_CASE("quant layout: Q4_K 6-bit scales and mins") {
@@ -368,7 +375,8 @@ TEST_CASE("quant layout: Q5_K fifth bits") {
         for (int k = 0; k < 8; ++k) q[32 * k + l] |= ((b.qh[l] >> k) & 1) << 4;
     }
     auto y = decodeBlock(DType::Q5_K, b);
-    for (int i = 0; i < 256; ++i) CHECK(y[i] == 0.5f * float(kSc[i / 32]) * float(q[i]) - 0.25f * float(kMn[i / 32]));
+    for (int i = 0; i < 256; ++i)
+        CHECK(y[i] == 0.5f * float(kSc[i / 32]) * float(q[i]) - 0.25f * float(kMn[i / 32]));
 }
 
 TEST_CASE("quant layout: Q6_K ql/qh split and int8 scales") {
@@ -379,13 +387,16 @@ TEST_CASE("quant layout: Q6_K ql/qh split and int8 scales") {
     fillPattern(b.ql, 128, 7);
     fillPattern(b.qh, 64, 8);
     std::array<int, 256> q{};
-    for (int p = 0; p < 128; ++p) {  // byte p of ql: low nibble element 128h + r, high nibble 128h + 64 + r
+    for (int p = 0; p < 128;
+         ++p) {  // byte p of ql: low nibble element 128h + r, high nibble 128h + 64 + r
         const int h = p / 64, r = p % 64;
         q[128 * h + r] = b.ql[p] & 0xF;
         q[128 * h + 64 + r] = b.ql[p] >> 4;
     }
-    for (int p = 0; p < 64; ++p) {  // byte p of qh: bits 2k..2k+1 for element 128*(p/32) + 32k + p%32
-        for (int k = 0; k < 4; ++k) q[128 * (p / 32) + 32 * k + p % 32] |= ((b.qh[p] >> (2 * k)) & 3) << 4;
+    for (int p = 0; p < 64;
+         ++p) {  // byte p of qh: bits 2k..2k+1 for element 128*(p/32) + 32k + p%32
+        for (int k = 0; k < 4; ++k)
+            q[128 * (p / 32) + 32 * k + p % 32] |= ((b.qh[p] >> (2 * k)) & 3) << 4;
     }
     auto y = decodeBlock(DType::Q6_K, b);
     for (int i = 0; i < 256; ++i) CHECK(y[i] == 0.25f * float(sc[i / 16]) * float(q[i] - 32));
@@ -410,7 +421,8 @@ TEST_CASE("quant layout: plain and integer types decode little-endian") {
     const uint8_t i16[4] = {0x34, 0x12, 0x00, 0x80};
     CHECK(decodeBytes(DType::I16, i16, 2) == std::vector<float>{4660.0f, -32768.0f});
     const uint8_t i32[8] = {0x01, 0x00, 0x00, 0x01, 0xff, 0xff, 0xff, 0xff};
-    CHECK(decodeBytes(DType::I32, i32, 2) == std::vector<float>{16777217.0f, -1.0f});  // nearest float
+    CHECK(decodeBytes(DType::I32, i32, 2) ==
+          std::vector<float>{16777217.0f, -1.0f});  // nearest float
     const float f32[2] = {0.1f, -7.5f};
     CHECK(decodeBytes(DType::F32, f32, 2) == std::vector<float>{0.1f, -7.5f});
 }
@@ -495,8 +507,8 @@ TEST_CASE("quantize: K-quants re-encode their own decoded blocks almost lossless
     for (int s = 0; s < 16; ++s) b6.scales[s] = int8_t(40 + 5 * s);
     fillPattern(b6.ql, 128, 10);
     fillPattern(b6.qh, 64, 11);
-    const std::pair<DType, std::vector<float>> cases[] = {{DType::Q4_K, decodeBlock(DType::Q4_K, b4)},
-                                                          {DType::Q6_K, decodeBlock(DType::Q6_K, b6)}};
+    const std::pair<DType, std::vector<float>> cases[] = {
+        {DType::Q4_K, decodeBlock(DType::Q4_K, b4)}, {DType::Q6_K, decodeBlock(DType::Q6_K, b6)}};
     for (const auto& [t, x] : cases) {
         CAPTURE(nameOf(t));
         CHECK(relRmse(x, roundTrip(t, x)) < 0.02);
@@ -514,13 +526,13 @@ TEST_CASE("quantize: K-quants re-encode their own decoded blocks almost lossless
 namespace {
 struct ErrorCase {
     DType type;
-    double model;     // D/sqrt(12) estimate of the relative RMSE of the min/max rule
-    double gain;      // K-quants: required search/baseline ratio; 0 for fixed rules
+    double model;  // D/sqrt(12) estimate of the relative RMSE of the min/max rule
+    double gain;   // K-quants: required search/baseline ratio; 0 for fixed rules
 };
 constexpr ErrorCase kErrorCases[] = {
-    {DType::Q4_0, 0.0862, 0},   {DType::Q4_1, 0.0808, 0},   {DType::Q5_0, 0.0431, 0},
-    {DType::Q5_1, 0.0391, 0},   {DType::Q8_0, 0.00543, 0},  {DType::Q8_1, 0.00543, 0},
-    {DType::Q8_K, 0.00697, 0},  {DType::Q2_K, 0.347, 0.85}, {DType::Q3_K, 0.154, 0.95},
+    {DType::Q4_0, 0.0862, 0},    {DType::Q4_1, 0.0808, 0},    {DType::Q5_0, 0.0431, 0},
+    {DType::Q5_1, 0.0391, 0},    {DType::Q8_0, 0.00543, 0},   {DType::Q8_1, 0.00543, 0},
+    {DType::Q8_K, 0.00697, 0},   {DType::Q2_K, 0.347, 0.85},  {DType::Q3_K, 0.154, 0.95},
     {DType::Q4_K, 0.0807, 0.92}, {DType::Q5_K, 0.0390, 0.93}, {DType::Q6_K, 0.0192, 0.92},
 };
 }  // namespace
@@ -534,7 +546,8 @@ TEST_CASE("quantize: relative RMSE on Gaussian rows is within the noise model") 
         INFO("relative RMSE " << rmse);
         if (c.gain == 0) {
             CHECK(rmse < 1.1 * c.model);
-            CHECK(rmse > 0.8 * c.model);  // a format far better than its bit budget is not this format
+            CHECK(rmse >
+                  0.8 * c.model);  // a format far better than its bit budget is not this format
             continue;
         }
         std::vector<uint8_t> bytes(rowBytes(c.type, n));
@@ -620,9 +633,11 @@ TEST_CASE("quantize: extreme finite values never produce NaN or inf") {
     };
     for (size_t p = 0; p < patterns.size(); ++p) {
         std::vector<float> x(512);
-        for (size_t i = 0; i < x.size(); ++i) x[i] = patterns[p][i % patterns[p].size()] * (i % 3 ? 1.0f : 0.5f);
+        for (size_t i = 0; i < x.size(); ++i)
+            x[i] = patterns[p][i % patterns[p].size()] * (i % 3 ? 1.0f : 0.5f);
         for (DType t : kEncodable) {
-            if (t == DType::F16 || t == DType::BF16) continue;  // plain conversions overflow to inf by design
+            if (t == DType::F16 || t == DType::BF16)
+                continue;  // plain conversions overflow to inf by design
             CAPTURE(nameOf(t));
             CAPTURE(p);
             REQUIRE(allFinite(roundTrip(t, x)));
@@ -741,7 +756,8 @@ TEST_CASE("bench: quant error and throughput" * doctest::skip()) {
     const int64_t n = 256 * 4096;
     const auto x = gaussianRow(n, 2024);
     std::vector<float> y(static_cast<size_t>(n));
-    std::printf("%-6s %12s %14s %16s %16s\n", "type", "rel RMSE", "min/max RMSE", "quantize MB/s", "dequantize MB/s");
+    std::printf("%-6s %12s %14s %16s %16s\n", "type", "rel RMSE", "min/max RMSE", "quantize MB/s",
+                "dequantize MB/s");
     for (DType t : kEncodable) {
         std::vector<uint8_t> bytes(rowBytes(t, n));
         const auto t0 = std::chrono::steady_clock::now();

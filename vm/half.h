@@ -35,11 +35,13 @@ constexpr uint16_t halfFromF32(float f) {
         uint16_t payload = uint16_t((abs >> 13) & 0x3ffu);
         return uint16_t(sign | 0x7c00u | (payload ? payload : 0x200u));
     }
-    if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to inf (ties to even)
-    if (abs >= 0x38800000u) {                                 // normal fp16 (>= 2^-14)
-        uint32_t h = (abs - 0x38000000u) >> 13;               // rebias exponent 127 -> 15
+    if (abs >= 0x477ff000u)
+        return uint16_t(sign | 0x7c00u);         // >= 65520 rounds to inf (ties to even)
+    if (abs >= 0x38800000u) {                    // normal fp16 (>= 2^-14)
+        uint32_t h = (abs - 0x38000000u) >> 13;  // rebias exponent 127 -> 15
         const uint32_t rem = abs & 0x1fffu;
-        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+            ++h;  // a carry into the exponent is right
         return uint16_t(sign | h);
     }
     // fp16 subnormal or zero: result = round(|f| * 2^24) = round(m * 2^(e - 126)).
@@ -55,7 +57,9 @@ constexpr uint16_t halfFromF32(float f) {
 }
 
 // bf16 bits -> f32, exact.
-constexpr float bf16ToF32(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+constexpr float bf16ToF32(uint16_t b) {
+    return std::bit_cast<float>(uint32_t(b) << 16);
+}
 
 // f32 -> bf16 bits, as ggml_compute_fp32_to_bf16.
 constexpr uint16_t bf16FromF32(float f) {

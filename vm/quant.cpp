@@ -18,7 +18,8 @@ using namespace quant_internal;
 constexpr DTypeInfo tableEntry(DType t) {
     switch (t) {
 #define BLUE_DTYPE_CASE(name, id, be, bb, sup) \
-    case DType::name: return {DType::name, #name, be, bb, sup};
+    case DType::name:                          \
+        return {DType::name, #name, be, bb, sup};
         BLUE_DTYPES(BLUE_DTYPE_CASE)
 #undef BLUE_DTYPE_CASE
     }
@@ -62,7 +63,8 @@ void decodeQ4_1(const BlockQ4_1& b, float* y) {
 
 // The 5-bit values of a Q5_0/Q5_1 block, 0..31.
 void unpack5(const uint8_t qh[4], const uint8_t qs[16], int* q) {
-    const uint32_t h = uint32_t(qh[0]) | uint32_t(qh[1]) << 8 | uint32_t(qh[2]) << 16 | uint32_t(qh[3]) << 24;
+    const uint32_t h =
+        uint32_t(qh[0]) | uint32_t(qh[1]) << 8 | uint32_t(qh[2]) << 16 | uint32_t(qh[3]) << 24;
     for (int j = 0; j < 16; ++j) {
         q[j] = int(qs[j] & 0xF) | int((h >> j) & 1u) << 4;
         q[j + 16] = int(qs[j] >> 4) | int((h >> (j + 16)) & 1u) << 4;
@@ -106,7 +108,9 @@ void decodeQ8_1(const BlockQ8_1& b, float* y) {
 // ---- 32-element formats: encode (the standard reference rules) ----
 
 // 1 / d for a decoded fp16 scale (|1/d| <= 2^24, finite), 0 for d = 0.
-float inverse(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
+float inverse(float d) {
+    return d != 0.0f ? 1.0f / d : 0.0f;
+}
 
 // Symmetric formats: the largest-magnitude element maps to -2^(bits-1) (the end with one more
 // level), its sign kept; q = round(x/d) + offset.
@@ -115,7 +119,8 @@ void encodeSymmetric(const float* x, int bits, uint16_t& d_out, int* q) {
     const float xm = x[argMaxAbs(x, kQBlock)];
     d_out = halfScale(double(xm) / -offset);
     const float id = inverse(halfToF32(d_out));
-    for (int j = 0; j < kQBlock; ++j) q[j] = roundClamp(x[j] * id + float(offset), 0, 2 * offset - 1);
+    for (int j = 0; j < kQBlock; ++j)
+        q[j] = roundClamp(x[j] * id + float(offset), 0, 2 * offset - 1);
 }
 
 // Affine formats: x = q*d + m with m = min(x), d = (max - min) / (2^bits - 1).
@@ -174,7 +179,9 @@ int encode8(const float* x, uint16_t& d_out, int8_t* qs) {
     return sum;
 }
 
-void encodeQ8_0(const float* x, BlockQ8_0& b) { encode8(x, b.d, b.qs); }
+void encodeQ8_0(const float* x, BlockQ8_0& b) {
+    encode8(x, b.d, b.qs);
+}
 
 void encodeQ8_1(const float* x, BlockQ8_1& b) {
     const int sum = encode8(x, b.d, b.qs);
@@ -184,7 +191,8 @@ void encodeQ8_1(const float* x, BlockQ8_1& b) {
 // ---- row loops ----
 
 template <class Block>
-void decodeBlocks(const void* src, float* dst, int64_t n, int elems, void (*decode)(const Block&, float*)) {
+void decodeBlocks(const void* src, float* dst, int64_t n, int elems,
+                  void (*decode)(const Block&, float*)) {
     const auto* blocks = static_cast<const Block*>(src);  // packed structs: any alignment is fine
     for (int64_t i = 0; i < n / elems; ++i) decode(blocks[i], dst + i * elems);
 }
@@ -214,7 +222,9 @@ void encodePlain(const float* src, void* dst, int64_t n, T (*convert)(float)) {
     }
 }
 
-float identity(float v) { return v; }
+float identity(float v) {
+    return v;
+}
 template <class T>
 float intToF32(T v) {
     return float(v);
@@ -230,26 +240,60 @@ void encodeRow(DType t, const float* src, void* dst, int64_t n, bool search) {
     assert(quantCanEncode(t) && "quantizeRow: type cannot be encoded");
     assertRow(t, n);
     switch (t) {
-        case DType::F32: std::memcpy(dst, src, size_t(n) * sizeof(float)); return;
-        case DType::F16: encodePlain<uint16_t>(src, dst, n, halfFromF32); return;
-        case DType::BF16: encodePlain<uint16_t>(src, dst, n, bf16FromF32); return;
-        case DType::Q4_0: encodeBlocks<BlockQ4_0>(src, dst, n, kQBlock, encodeQ4_0); return;
-        case DType::Q4_1: encodeBlocks<BlockQ4_1>(src, dst, n, kQBlock, encodeQ4_1); return;
-        case DType::Q5_0: encodeBlocks<BlockQ5_0>(src, dst, n, kQBlock, encodeQ5_0); return;
-        case DType::Q5_1: encodeBlocks<BlockQ5_1>(src, dst, n, kQBlock, encodeQ5_1); return;
-        case DType::Q8_0: encodeBlocks<BlockQ8_0>(src, dst, n, kQBlock, encodeQ8_0); return;
-        case DType::Q8_1: encodeBlocks<BlockQ8_1>(src, dst, n, kQBlock, encodeQ8_1); return;
-        case DType::Q8_K: encodeBlocks<BlockQ8_K>(src, dst, n, kKBlock, encodeQ8K); return;
-        default: break;
+        case DType::F32:
+            std::memcpy(dst, src, size_t(n) * sizeof(float));
+            return;
+        case DType::F16:
+            encodePlain<uint16_t>(src, dst, n, halfFromF32);
+            return;
+        case DType::BF16:
+            encodePlain<uint16_t>(src, dst, n, bf16FromF32);
+            return;
+        case DType::Q4_0:
+            encodeBlocks<BlockQ4_0>(src, dst, n, kQBlock, encodeQ4_0);
+            return;
+        case DType::Q4_1:
+            encodeBlocks<BlockQ4_1>(src, dst, n, kQBlock, encodeQ4_1);
+            return;
+        case DType::Q5_0:
+            encodeBlocks<BlockQ5_0>(src, dst, n, kQBlock, encodeQ5_0);
+            return;
+        case DType::Q5_1:
+            encodeBlocks<BlockQ5_1>(src, dst, n, kQBlock, encodeQ5_1);
+            return;
+        case DType::Q8_0:
+            encodeBlocks<BlockQ8_0>(src, dst, n, kQBlock, encodeQ8_0);
+            return;
+        case DType::Q8_1:
+            encodeBlocks<BlockQ8_1>(src, dst, n, kQBlock, encodeQ8_1);
+            return;
+        case DType::Q8_K:
+            encodeBlocks<BlockQ8_K>(src, dst, n, kKBlock, encodeQ8_K);
+            return;
+        default:
+            break;
     }
-    auto k = [search](auto encode) { return [=](const float* x, auto& b) { encode(x, b, search); }; };
+    auto k = [search](auto encode) {
+        return [=](const float* x, auto& b) { encode(x, b, search); };
+    };
     switch (t) {
-        case DType::Q2_K: encodeBlocks<BlockQ2_K>(src, dst, n, kKBlock, k(encodeQ2K)); return;
-        case DType::Q3_K: encodeBlocks<BlockQ3_K>(src, dst, n, kKBlock, k(encodeQ3K)); return;
-        case DType::Q4_K: encodeBlocks<BlockQ4_K>(src, dst, n, kKBlock, k(encodeQ4K)); return;
-        case DType::Q5_K: encodeBlocks<BlockQ5_K>(src, dst, n, kKBlock, k(encodeQ5K)); return;
-        case DType::Q6_K: encodeBlocks<BlockQ6_K>(src, dst, n, kKBlock, k(encodeQ6K)); return;
-        default: assert(false && "unreachable: quantCanEncode covers the cases above");
+        case DType::Q2_K:
+            encodeBlocks<BlockQ2_K>(src, dst, n, kKBlock, k(encodeQ2_K));
+            return;
+        case DType::Q3_K:
+            encodeBlocks<BlockQ3_K>(src, dst, n, kKBlock, k(encodeQ3_K));
+            return;
+        case DType::Q4_K:
+            encodeBlocks<BlockQ4_K>(src, dst, n, kKBlock, k(encodeQ4_K));
+            return;
+        case DType::Q5_K:
+            encodeBlocks<BlockQ5_K>(src, dst, n, kKBlock, k(encodeQ5_K));
+            return;
+        case DType::Q6_K:
+            encodeBlocks<BlockQ6_K>(src, dst, n, kKBlock, k(encodeQ6_K));
+            return;
+        default:
+            assert(false && "unreachable: quantCanEncode covers the cases above");
     }
 }
 
@@ -264,39 +308,82 @@ bool quantCanEncode(DType t) {
     switch (t) {
         case DType::I8:
         case DType::I16:
-        case DType::I32: return false;
-        default: return quantCanDecode(t);
+        case DType::I32:
+            return false;
+        default:
+            return quantCanDecode(t);
     }
 }
 
 void dequantizeRow(DType t, const void* src, float* dst, int64_t n) {
     assertRow(t, n);
     switch (t) {
-        case DType::F32: decodePlain<float>(src, dst, n, identity); return;
-        case DType::F16: decodePlain<uint16_t>(src, dst, n, halfToF32); return;
-        case DType::BF16: decodePlain<uint16_t>(src, dst, n, bf16ToF32); return;
-        case DType::I8: decodePlain<int8_t>(src, dst, n, intToF32<int8_t>); return;
-        case DType::I16: decodePlain<int16_t>(src, dst, n, intToF32<int16_t>); return;
-        case DType::I32: decodePlain<int32_t>(src, dst, n, intToF32<int32_t>); return;
-        case DType::Q4_0: decodeBlocks<BlockQ4_0>(src, dst, n, kQBlock, decodeQ4_0); return;
-        case DType::Q4_1: decodeBlocks<BlockQ4_1>(src, dst, n, kQBlock, decodeQ4_1); return;
-        case DType::Q5_0: decodeBlocks<BlockQ5_0>(src, dst, n, kQBlock, decodeQ5_0); return;
-        case DType::Q5_1: decodeBlocks<BlockQ5_1>(src, dst, n, kQBlock, decodeQ5_1); return;
-        case DType::Q8_0: decodeBlocks<BlockQ8_0>(src, dst, n, kQBlock, decodeQ8_0); return;
-        case DType::Q8_1: decodeBlocks<BlockQ8_1>(src, dst, n, kQBlock, decodeQ8_1); return;
-        case DType::Q2_K: decodeBlocks<BlockQ2_K>(src, dst, n, kKBlock, decodeQ2K); return;
-        case DType::Q3_K: decodeBlocks<BlockQ3_K>(src, dst, n, kKBlock, decodeQ3K); return;
-        case DType::Q4_K: decodeBlocks<BlockQ4_K>(src, dst, n, kKBlock, decodeQ4K); return;
-        case DType::Q5_K: decodeBlocks<BlockQ5_K>(src, dst, n, kKBlock, decodeQ5K); return;
-        case DType::Q6_K: decodeBlocks<BlockQ6_K>(src, dst, n, kKBlock, decodeQ6K); return;
-        case DType::Q8_K: decodeBlocks<BlockQ8_K>(src, dst, n, kKBlock, decodeQ8K); return;
-        default: assert(false && "unreachable: assertRow admits only supported types");
+        case DType::F32:
+            decodePlain<float>(src, dst, n, identity);
+            return;
+        case DType::F16:
+            decodePlain<uint16_t>(src, dst, n, halfToF32);
+            return;
+        case DType::BF16:
+            decodePlain<uint16_t>(src, dst, n, bf16ToF32);
+            return;
+        case DType::I8:
+            decodePlain<int8_t>(src, dst, n, intToF32<int8_t>);
+            return;
+        case DType::I16:
+            decodePlain<int16_t>(src, dst, n, intToF32<int16_t>);
+            return;
+        case DType::I32:
+            decodePlain<int32_t>(src, dst, n, intToF32<int32_t>);
+            return;
+        case DType::Q4_0:
+            decodeBlocks<BlockQ4_0>(src, dst, n, kQBlock, decodeQ4_0);
+            return;
+        case DType::Q4_1:
+            decodeBlocks<BlockQ4_1>(src, dst, n, kQBlock, decodeQ4_1);
+            return;
+        case DType::Q5_0:
+            decodeBlocks<BlockQ5_0>(src, dst, n, kQBlock, decodeQ5_0);
+            return;
+        case DType::Q5_1:
+            decodeBlocks<BlockQ5_1>(src, dst, n, kQBlock, decodeQ5_1);
+            return;
+        case DType::Q8_0:
+            decodeBlocks<BlockQ8_0>(src, dst, n, kQBlock, decodeQ8_0);
+            return;
+        case DType::Q8_1:
+            decodeBlocks<BlockQ8_1>(src, dst, n, kQBlock, decodeQ8_1);
+            return;
+        case DType::Q2_K:
+            decodeBlocks<BlockQ2_K>(src, dst, n, kKBlock, decodeQ2_K);
+            return;
+        case DType::Q3_K:
+            decodeBlocks<BlockQ3_K>(src, dst, n, kKBlock, decodeQ3_K);
+            return;
+        case DType::Q4_K:
+            decodeBlocks<BlockQ4_K>(src, dst, n, kKBlock, decodeQ4_K);
+            return;
+        case DType::Q5_K:
+            decodeBlocks<BlockQ5_K>(src, dst, n, kKBlock, decodeQ5_K);
+            return;
+        case DType::Q6_K:
+            decodeBlocks<BlockQ6_K>(src, dst, n, kKBlock, decodeQ6_K);
+            return;
+        case DType::Q8_K:
+            decodeBlocks<BlockQ8_K>(src, dst, n, kKBlock, decodeQ8_K);
+            return;
+        default:
+            assert(false && "unreachable: assertRow admits only supported types");
     }
 }
 
-void quantizeRow(DType t, const float* src, void* dst, int64_t n) { encodeRow(t, src, dst, n, true); }
+void quantizeRow(DType t, const float* src, void* dst, int64_t n) {
+    encodeRow(t, src, dst, n, true);
+}
 
-void quantizeRowBaseline(DType t, const float* src, void* dst, int64_t n) { encodeRow(t, src, dst, n, false); }
+void quantizeRowBaseline(DType t, const float* src, void* dst, int64_t n) {
+    encodeRow(t, src, dst, n, false);
+}
 
 float dotRow(DType t, const void* row, const float* x, int64_t n) {
     assertRow(t, n);
@@ -317,7 +404,8 @@ float dotRow(DType t, const void* row, const float* x, int64_t n) {
 Status checkQuantizable(DType t, int64_t row_len) {
     const std::string name(dtypeName(t));
     if (!quantCanEncode(t)) {
-        return BLUE_ERROR("cannot store weights as %s: BlueVM does not quantize to this type", name.c_str());
+        return BLUE_ERROR("cannot store weights as %s: BlueVM does not quantize to this type",
+                          name.c_str());
     }
     const uint32_t block = dtypeInfo(t)->block_elems;
     if (row_len <= 0) {
@@ -325,8 +413,10 @@ Status checkQuantizable(DType t, int64_t row_len) {
                           static_cast<long long>(row_len), name.c_str());
     }
     if (row_len % block != 0) {
-        return BLUE_ERROR("cannot store rows of %lld elements as %s: row length must be a multiple of its block of %u",
-                          static_cast<long long>(row_len), name.c_str(), block);
+        return BLUE_ERROR(
+            "cannot store rows of %lld elements as %s: row length must be a multiple of its block "
+            "of %u",
+            static_cast<long long>(row_len), name.c_str(), block);
     }
     return Status::ok();
 }
@@ -337,12 +427,21 @@ DType quantFallback(DType wanted, int64_t row_len) {
     DType alt = DType::F16;
     switch (wanted) {
         case DType::Q2_K:
-        case DType::Q3_K: alt = DType::Q4_0; break;
-        case DType::Q4_K: alt = DType::Q5_0; break;
-        case DType::Q5_K: alt = DType::Q5_1; break;
+        case DType::Q3_K:
+            alt = DType::Q4_0;
+            break;
+        case DType::Q4_K:
+            alt = DType::Q5_0;
+            break;
+        case DType::Q5_K:
+            alt = DType::Q5_1;
+            break;
         case DType::Q6_K:
-        case DType::Q8_K: alt = DType::Q8_0; break;
-        default: break;
+        case DType::Q8_K:
+            alt = DType::Q8_0;
+            break;
+        default:
+            break;
     }
     return row_len % dtypeInfo(alt)->block_elems == 0 ? alt : DType::F16;
 }

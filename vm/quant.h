@@ -159,7 +159,7 @@ void dequantizeRow(DType t, const void* src, float* dst, int64_t n);
 // Finite input never yields NaN or inf on decode: block scales that would exceed the fp16 range
 // saturate at 65504 and the values they cannot reach are clamped. Non-finite input is the
 // caller's error; it causes no undefined behaviour but the block contents are unspecified.
-// The K-quants search each sub-block's scale (and min) by weighted least squares.
+// The K-quants search each sub-block's scale (and min) by least squares (see quant_k.cpp).
 void quantizeRow(DType t, const float* src, void* dst, int64_t n);
 
 // As quantizeRow, but the K-quants take each sub-block's scale and min from its plain min/max

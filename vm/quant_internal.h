@@ -39,17 +39,17 @@ inline int argMaxAbs(const float* x, int n) {
 
 // K-quant blocks: decode 256 floats / encode 256 floats. `search` selects the least-squares
 // scale search (quantizeRow) or the plain min/max baseline (quantizeRowBaseline).
-void decodeQ2K(const BlockQ2_K& b, float* y);
-void decodeQ3K(const BlockQ3_K& b, float* y);
-void decodeQ4K(const BlockQ4_K& b, float* y);
-void decodeQ5K(const BlockQ5_K& b, float* y);
-void decodeQ6K(const BlockQ6_K& b, float* y);
-void decodeQ8K(const BlockQ8_K& b, float* y);
-void encodeQ2K(const float* x, BlockQ2_K& b, bool search);
-void encodeQ3K(const float* x, BlockQ3_K& b, bool search);
-void encodeQ4K(const float* x, BlockQ4_K& b, bool search);
-void encodeQ5K(const float* x, BlockQ5_K& b, bool search);
-void encodeQ6K(const float* x, BlockQ6_K& b, bool search);
-void encodeQ8K(const float* x, BlockQ8_K& b);
+void decodeQ2_K(const BlockQ2_K& b, float* y);
+void decodeQ3_K(const BlockQ3_K& b, float* y);
+void decodeQ4_K(const BlockQ4_K& b, float* y);
+void decodeQ5_K(const BlockQ5_K& b, float* y);
+void decodeQ6_K(const BlockQ6_K& b, float* y);
+void decodeQ8_K(const BlockQ8_K& b, float* y);
+void encodeQ2_K(const float* x, BlockQ2_K& b, bool search);
+void encodeQ3_K(const float* x, BlockQ3_K& b, bool search);
+void encodeQ4_K(const float* x, BlockQ4_K& b, bool search);
+void encodeQ5_K(const float* x, BlockQ5_K& b, bool search);
+void encodeQ6_K(const float* x, BlockQ6_K& b, bool search);
+void encodeQ8_K(const float* x, BlockQ8_K& b);
 
 }  // namespace blue::quant_internal
