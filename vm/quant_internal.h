@@ -1,0 +1,55 @@
+// Internal to vm/quant.cpp and vm/quant_k.cpp: rounding helpers shared by the encoders, and the
+// per-block entry points of the K-quants. Not part of the public API (use vm/quant.h).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "vm/half.h"
+#include "vm/quant.h"
+
+namespace blue::quant_internal {
+
+// Nearest integer (ties to even) of v clamped to [lo, hi]; NaN maps to lo. Never undefined
+// behaviour, whatever v is. Inline arithmetic: the quantizers call this in their inner loops.
+inline int roundClamp(double v, int lo, int hi) {
+    if (!(v > lo)) return lo;
+    if (v >= hi) return hi;
+    // Adding and removing 1.5 * 2^52 rounds a small double to an integer, ties to even (the IEEE
+    // default mode; the build never enables -ffast-math, which would fold this away).
+    constexpr double kRound = 6755399441055744.0;
+    return int((v + kRound) - kRound);
+}
+
+// fp16 bits of a block scale, saturated to the finite fp16 range so that a block of huge values
+// decodes to clamped finite numbers instead of inf.
+inline uint16_t halfScale(double v) {
+    return halfFromF32(float(std::clamp(v, -double(kHalfMax), double(kHalfMax))));
+}
+
+// Index of the element with the largest magnitude (the first of equals); 0 for an all-zero range.
+inline int argMaxAbs(const float* x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; ++i) {
+        if (std::fabs(x[i]) > std::fabs(x[best])) best = i;
+    }
+    return best;
+}
+
+// K-quant blocks: decode 256 floats / encode 256 floats. `search` selects the least-squares
+// scale search (quantizeRow) or the plain min/max baseline (quantizeRowBaseline).
+void decodeQ2_K(const BlockQ2_K& b, float* y);
+void decodeQ3_K(const BlockQ3_K& b, float* y);
+void decodeQ4_K(const BlockQ4_K& b, float* y);
+void decodeQ5_K(const BlockQ5_K& b, float* y);
+void decodeQ6_K(const BlockQ6_K& b, float* y);
+void decodeQ8_K(const BlockQ8_K& b, float* y);
+void encodeQ2_K(const float* x, BlockQ2_K& b, bool search);
+void encodeQ3_K(const float* x, BlockQ3_K& b, bool search);
+void encodeQ4_K(const float* x, BlockQ4_K& b, bool search);
+void encodeQ5_K(const float* x, BlockQ5_K& b, bool search);
+void encodeQ6_K(const float* x, BlockQ6_K& b, bool search);
+void encodeQ8_K(const float* x, BlockQ8_K& b);
+
+}  // namespace blue::quant_internal
