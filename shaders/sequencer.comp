@@ -3,6 +3,11 @@
 // The sequencer: interprets Blue-IR control code on the GPU, one invocation per instance. Each
 // live instance runs until it parks on a block (RUN), yields, halts, faults or has run max_steps
 // instructions. Semantics are those of the reference machine (vm/interp.cpp), case for case.
+//
+// Shape: SIMD devices (and lavapipe, which runs every branch of divergent code with masks) pay
+// for all the code inside the step loop on every step. So the hot loop holds only the fast ops
+// (ALU, compares, floats, branches, local memory), and everything else (faults, atomics, I/O,
+// mailboxes, blocks, calls) runs in slowStep, once per slow instruction, outside that loop.
 #extension GL_KHR_shader_subgroup_ballot : require
 #define BLUE_CONTROL_COHERENT coherent
 #include "common/bindings.glsl"
@@ -34,95 +39,6 @@ uint floatToInt(float f) {
     if (f >= 2147483647.0) return 0x7FFFFFFFu;
     if (f <= -2147483648.0) return 0x80000000u;
     return uint(int(f));
-}
-
-// Two-register operations that cannot fault; `ok` is false for other opcodes.
-uint binary(uint op, uint x, uint y, out bool ok) {
-    ok = true;
-    switch (op) {
-        case OP_ADD: return x + y;
-        case OP_SUB: return x - y;
-        case OP_MUL: return x * y;
-        case OP_AND: return x & y;
-        case OP_OR: return x | y;
-        case OP_XOR: return x ^ y;
-        case OP_SHL: return x << (y & 31u);
-        case OP_SHRL: return x >> (y & 31u);
-        case OP_SHRA: return uint(int(x) >> int(y & 31u));
-        case OP_MINS: return uint(min(int(x), int(y)));
-        case OP_MAXS: return uint(max(int(x), int(y)));
-        case OP_MINU: return min(x, y);
-        case OP_MAXU: return max(x, y);
-        case OP_SEQ: return uint(x == y);
-        case OP_SNE: return uint(x != y);
-        case OP_SLTS: return uint(int(x) < int(y));
-        case OP_SLES: return uint(int(x) <= int(y));
-        case OP_SLTU: return uint(x < y);
-        case OP_SLEU: return uint(x <= y);
-        case OP_FEQ: return uint(asF(x) == asF(y));
-        case OP_FLT: return uint(asF(x) < asF(y));
-        case OP_FLE: return uint(asF(x) <= asF(y));
-        case OP_FADD: return asU(asF(x) + asF(y));
-        case OP_FSUB: return asU(asF(x) - asF(y));
-        case OP_FMUL: return asU(asF(x) * asF(y));
-        case OP_FDIV: return asU(asF(x) / asF(y));
-        case OP_FMIN: return asU(fminNan(asF(x), asF(y)));
-        case OP_FMAX: return asU(fmaxNan(asF(x), asF(y)));
-    }
-    ok = false;
-    return 0u;
-}
-
-// Register-immediate forms map onto the two-register operations.
-uint immBase(uint op) {
-    switch (op) {
-        case OP_ADDI: return OP_ADD;
-        case OP_MULI: return OP_MUL;
-        case OP_ANDI: return OP_AND;
-        case OP_ORI: return OP_OR;
-        case OP_XORI: return OP_XOR;
-        case OP_SHLI: return OP_SHL;
-        case OP_SHRLI: return OP_SHRL;
-        case OP_SHRAI: return OP_SHRA;
-        case OP_SEQI: return OP_SEQ;
-        case OP_SLTSI: return OP_SLTS;
-    }
-    return 0xFFu;
-}
-
-uint unary(uint op, uint x, out bool ok) {
-    ok = true;
-    switch (op) {
-        case OP_MOV: return x;
-        case OP_FNEG: return x ^ 0x80000000u;
-        case OP_FABS: return x & 0x7FFFFFFFu;
-        case OP_FSQRT: return asU(sqrt(asF(x)));
-        case OP_FEXP: return asU(exp(asF(x)));
-        case OP_FLOG: return asU(log(asF(x)));
-        case OP_FFLOOR: return asU(floor(asF(x)));
-        case OP_ITOF: return asU(float(int(x)));
-        case OP_UTOF: return asU(float(x));
-        case OP_FTOI: return floatToInt(asF(x));
-    }
-    ok = false;
-    return 0u;
-}
-
-// Conditional branches: returns 0 not a branch, 1 not taken, 2 taken.
-uint branch(uint op, uint a, uint b) {
-    bool t;
-    switch (op) {
-        case OP_BEQZ: t = a == 0u; break;
-        case OP_BNEZ: t = a != 0u; break;
-        case OP_BEQ: t = a == b; break;
-        case OP_BNE: t = a != b; break;
-        case OP_BLTS: t = int(a) < int(b); break;
-        case OP_BGES: t = int(a) >= int(b); break;
-        case OP_BLTU: t = a < b; break;
-        case OP_BGEU: t = a >= b; break;
-        default: return 0u;
-    }
-    return t ? 2u : 1u;
 }
 
 uint outputKind(uint op) {
@@ -386,28 +302,95 @@ uint execAlloc(uint a, uint b) {
     return CONTINUE;
 }
 
-uint step() {
+// Executes a fast instruction and returns true, or returns false (nothing done) for an
+// instruction that needs slowStep: a slow opcode, or a fast one that would fault.
+bool fastStep(uint op, uint a, uint b, uint c, uint imm, uint local_base, uint local_words) {
+    uint ra = R(a), x = R(b), y = R(c);
+    uint v = 0u;
+    uint npc = g_pc + 1u;
+    bool write = true;
+    switch (op) {
+        case OP_NOP: write = false; break;
+        case OP_JMP: write = false; npc = imm; break;
+        case OP_BEQZ: write = false; if (ra == 0u) npc = imm; break;
+        case OP_BNEZ: write = false; if (ra != 0u) npc = imm; break;
+        case OP_BEQ: write = false; if (ra == x) npc = imm; break;
+        case OP_BNE: write = false; if (ra != x) npc = imm; break;
+        case OP_BLTS: write = false; if (int(ra) < int(x)) npc = imm; break;
+        case OP_BGES: write = false; if (int(ra) >= int(x)) npc = imm; break;
+        case OP_BLTU: write = false; if (ra < x) npc = imm; break;
+        case OP_BGEU: write = false; if (ra >= x) npc = imm; break;
+        case OP_MOV: v = x; break;
+        case OP_LI: case OP_LF: v = imm; break;
+        case OP_ADD: v = x + y; break;
+        case OP_SUB: v = x - y; break;
+        case OP_MUL: v = x * y; break;
+        case OP_AND: v = x & y; break;
+        case OP_OR: v = x | y; break;
+        case OP_XOR: v = x ^ y; break;
+        case OP_SHL: v = x << (y & 31u); break;
+        case OP_SHRL: v = x >> (y & 31u); break;
+        case OP_SHRA: v = uint(int(x) >> int(y & 31u)); break;
+        case OP_MINS: v = uint(min(int(x), int(y))); break;
+        case OP_MAXS: v = uint(max(int(x), int(y))); break;
+        case OP_MINU: v = min(x, y); break;
+        case OP_MAXU: v = max(x, y); break;
+        case OP_ADDI: v = x + imm; break;
+        case OP_MULI: v = x * imm; break;
+        case OP_ANDI: v = x & imm; break;
+        case OP_ORI: v = x | imm; break;
+        case OP_XORI: v = x ^ imm; break;
+        case OP_SHLI: v = x << (imm & 31u); break;
+        case OP_SHRLI: v = x >> (imm & 31u); break;
+        case OP_SHRAI: v = uint(int(x) >> int(imm & 31u)); break;
+        case OP_SEQ: v = uint(x == y); break;
+        case OP_SNE: v = uint(x != y); break;
+        case OP_SLTS: v = uint(int(x) < int(y)); break;
+        case OP_SLES: v = uint(int(x) <= int(y)); break;
+        case OP_SLTU: v = uint(x < y); break;
+        case OP_SLEU: v = uint(x <= y); break;
+        case OP_SEQI: v = uint(x == imm); break;
+        case OP_SLTSI: v = uint(int(x) < int(imm)); break;
+        case OP_FEQ: v = uint(asF(x) == asF(y)); break;
+        case OP_FLT: v = uint(asF(x) < asF(y)); break;
+        case OP_FLE: v = uint(asF(x) <= asF(y)); break;
+        case OP_FADD: v = asU(asF(x) + asF(y)); break;
+        case OP_FSUB: v = asU(asF(x) - asF(y)); break;
+        case OP_FMUL: v = asU(asF(x) * asF(y)); break;
+        case OP_FDIV: v = asU(asF(x) / asF(y)); break;
+        case OP_FMIN: v = asU(fminNan(asF(x), asF(y))); break;
+        case OP_FMAX: v = asU(fmaxNan(asF(x), asF(y))); break;
+        case OP_FNEG: v = x ^ 0x80000000u; break;
+        case OP_FABS: v = x & 0x7FFFFFFFu; break;
+        case OP_FSQRT: v = asU(sqrt(asF(x))); break;
+        case OP_FEXP: v = asU(exp(asF(x))); break;
+        case OP_FLOG: v = asU(log(asF(x))); break;
+        case OP_FFLOOR: v = asU(floor(asF(x))); break;
+        case OP_ITOF: v = asU(float(int(x))); break;
+        case OP_UTOF: v = asU(float(x)); break;
+        case OP_FTOI: v = floatToInt(asF(x)); break;
+        case OP_IID: v = g_id; break;
+        case OP_NINST: v = ctl[BLUE_H_NINST]; break;
+        case OP_CYCLE: v = ctl[BLUE_C_CYCLE]; break;
+        case OP_LD:
+            if (x + imm >= local_words) return false;  // faults in slowStep
+            v = ctl[local_base + x + imm];
+            break;
+        case OP_ST:
+            if (x + imm >= local_words) return false;
+            write = false;
+            ctl[local_base + x + imm] = ra;
+            break;
+        default: return false;
+    }
+    if (write) R(a) = v;
+    g_pc = npc;
+    return true;
+}
+
+// Everything fastStep declines, with the reference machine's full semantics.
+uint slowStep(uint op, uint a, uint b, uint c, uint imm) {
     if (g_pc >= ctl[BLUE_H_CODE_WORDS] / 2u) return fault(BLUE_FAULT_PC_OOB);
-    uint code = ctl[BLUE_O_CODE] + g_pc * 2u;
-    uint w0 = ctl[code], imm = ctl[code + 1u];
-    uint op = w0 & 0xFFu, a = (w0 >> 8) & 0xFFu, b = (w0 >> 16) & 0xFFu, c = w0 >> 24;
-    uint br = branch(op, R(a), R(b));
-    if (br != 0u) {
-        g_pc = br == 2u ? imm : g_pc + 1u;
-        return CONTINUE;
-    }
-    bool ok;
-    uint v = binary(op, R(b), R(c), ok);
-    if (!ok) {
-        uint base = immBase(op);
-        if (base != 0xFFu) v = binary(base, R(b), imm, ok);
-    }
-    if (!ok) v = unary(op, R(b), ok);
-    if (ok) {
-        R(a) = v;
-        g_pc += 1u;
-        return CONTINUE;
-    }
     uint kind = outputKind(op);
     if (kind != 0u) {
         if (!emit(kind, op == OP_OUTS ? imm : R(a))) return STOP;  // ring full: retry
@@ -416,19 +399,12 @@ uint step() {
     }
     uint result = CONTINUE;
     switch (op) {
-        case OP_NOP: g_pc += 1u; break;
         case OP_HALT: g_status = BLUE_ST_HALTED; result = STOP; break;
         case OP_YIELD: g_pc += 1u; result = STOP; break;
-        case OP_JMP: g_pc = imm; break;
         case OP_CALL: result = execCall(imm); break;
         case OP_RET: result = execRet(); break;
         case OP_RUN: result = execRun(imm, a); break;
-        case OP_LI:
-        case OP_LF: R(a) = imm; g_pc += 1u; break;
         case OP_DIVS: case OP_DIVU: case OP_REMS: case OP_REMU: result = execDivide(op, a, b, c); break;
-        case OP_IID: R(a) = g_id; g_pc += 1u; break;
-        case OP_NINST: R(a) = ctl[BLUE_H_NINST]; g_pc += 1u; break;
-        case OP_CYCLE: R(a) = ctl[BLUE_C_CYCLE]; g_pc += 1u; break;
         case OP_LD: case OP_ST: case OP_LDG: case OP_STG: case OP_LDK:
             result = execMemory(op, a, b, imm);
             break;
@@ -464,10 +440,33 @@ void main() {
     g_fault = BLUE_FAULT_NONE;
     g_sp = ctl[g_state + BLUE_S_SP];
     uint max_steps = ctl[BLUE_H_MAX_STEPS];
+    uint ncode = ctl[BLUE_H_CODE_WORDS] / 2u;
+    uint code = ctl[BLUE_O_CODE];
+    uint local_words = ctl[BLUE_H_LOCAL_WORDS];
+    uint local_base = ctl[BLUE_O_LOCAL] + g_id * local_words;
     uint steps = 0u;
     while (steps < max_steps) {
-        ++steps;
-        if (step() == STOP) break;
+        uint op = 0u, a = 0u, b = 0u, c = 0u, imm = 0u;
+        bool slow = false;
+        while (steps < max_steps) {  // the hot loop: fast instructions only
+            ++steps;
+            if (g_pc >= ncode) {
+                slow = true;
+                break;
+            }
+            uint w0 = ctl[code + g_pc * 2u];
+            imm = ctl[code + g_pc * 2u + 1u];
+            op = w0 & 0xFFu;
+            a = (w0 >> 8) & 0xFFu;
+            b = (w0 >> 16) & 0xFFu;
+            c = w0 >> 24;
+            if (!fastStep(op, a, b, c, imm, local_base, local_words)) {
+                slow = true;
+                break;
+            }
+        }
+        if (!slow) break;  // step budget used up: continue next cycle
+        if (slowStep(op, a, b, c, imm) == STOP) break;
     }
     ctl[g_state + BLUE_S_PC] = g_pc;
     ctl[g_state + BLUE_S_STATUS] = g_status;

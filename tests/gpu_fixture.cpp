@@ -1,0 +1,51 @@
+// The shared test device (see gpu_fixture.h).
+#include "tests/gpu_fixture.h"
+
+#include <cstdlib>
+
+namespace blue::test {
+
+Gpu& gpu() {
+    static Gpu* instance = [] {
+        auto* g = new Gpu();
+        DeviceOptions opt;
+        const char* v = std::getenv("BLUE_VALIDATION");
+        opt.validation = !(v && std::string(v) == "0");
+        auto dev = Device::create(opt);
+        REQUIRE_MESSAGE(dev.isOk(), dev.message());
+        g->device = std::move(dev.value());
+        auto p = Pipelines::create(*g->device);
+        REQUIRE_MESSAGE(p.isOk(), p.message());
+        g->pipelines = std::move(p.value());
+        MESSAGE("GPU tests run on " << g->device->info().name
+                                    << (g->device->validationEnabled() ? " with validation" : ""));
+        return g;
+    }();
+    return *instance;
+}
+
+BothRuns runBoth(const Module& m, const WeightSource& w, uint32_t instances,
+                 const std::vector<std::vector<uint32_t>>& inputs, uint64_t max_cycles,
+                 uint32_t chain_cycles) {
+    BothRuns out;
+    RefMachine ref(m, w, MachineOptions{instances, max_cycles});
+    for (const auto& msg : inputs) ref.pushInput(msg);
+    ref.closeInput();
+    out.ref = ref.run();
+
+    GpuOptions opt;
+    opt.instances = instances;
+    opt.max_cycles = max_cycles;
+    opt.chain_cycles = chain_cycles;
+    auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, m, w, opt);
+    REQUIRE_MESSAGE(machine.isOk(), machine.message());
+    for (const auto& msg : inputs) REQUIRE(machine.value()->pushInput(msg).isOk());
+    machine.value()->closeInput();
+    auto report = machine.value()->run();
+    REQUIRE_MESSAGE(report.isOk(), report.message());
+    out.gpu = std::move(report.value());
+    out.stats = machine.value()->stats();
+    return out;
+}
+
+}  // namespace blue::test
