@@ -17,8 +17,9 @@ Gpu& gpu() {
         auto p = Pipelines::create(*g->device);
         REQUIRE_MESSAGE(p.isOk(), p.message());
         g->pipelines = std::move(p.value());
-        MESSAGE("GPU tests run on " << g->device->info().name
-                                    << (g->device->validationEnabled() ? " with validation" : ""));
+        std::string note = "GPU tests run on " + g->device->info().name +
+                           (g->device->validationEnabled() ? " with validation" : "");
+        MESSAGE(note);
         return g;
     }();
     return *instance;
