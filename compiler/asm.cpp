@@ -136,6 +136,10 @@ Result<uint32_t> Assembler::immediate(const Line& line, const Token& tok, char l
         case 't':
             if (lookup(tensors, tok.text, &v, false)) return v;
             return err(line, tok, "unknown tensor '" + tok.text + "'");
+        case 'o':
+            if (tok.text == "none") return 0xFFFFFFFFu;
+            if (lookup(tensors, tok.text, &v, false)) return v;
+            return err(line, tok, "unknown tensor '" + tok.text + "' (or 'none')");
         case 'k':
             if (lookup(consts, tok.text, &v, true)) return v;
             return word(line, tok);

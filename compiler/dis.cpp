@@ -144,6 +144,9 @@ struct Printer {
             }
             case 'b': return v < m.blocks.size() ? m.blocks[v].name : strFormat("%u", v);
             case 't': return v < m.tensors.size() ? m.tensors[v].name : strFormat("%u", v);
+            case 'o':
+                if (v == 0xFFFFFFFFu) return "none";
+                return v < m.tensors.size() ? m.tensors[v].name : strFormat("%u", v);
             case 'k': {
                 auto it = consts.find(v);
                 return it != consts.end() ? it->second : strFormat("%u", v);

@@ -171,7 +171,13 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             d.push[BLUE_PC_MODE] = d.mode;
             uint32_t w = BLUE_PC_OPERANDS;
             for (size_t i = 0; i < ti.args.size(); ++i) {
-                if (info.format[i] != 't') {
+                char letter = info.format[i];
+                if (letter == 'o' && ti.args[i] == 0xFFFFFFFFu) {
+                    d.push[w++] = 0xFFFFFFFFu;  // no tensor: page 0xFFFF
+                    w += BLUE_TREF_WORDS - 1;
+                    continue;
+                }
+                if (letter != 't' && letter != 'o') {
                     d.push[w++] = ti.args[i];
                     continue;
                 }
@@ -189,6 +195,11 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.fx = uint32_t((n + BLUE_MATMUL_ROWS - 1) / BLUE_MATMUL_ROWS);
                     d.tile = BLUE_MATMUL_TILE;
                     break;
+                case Grid::HEADS: {
+                    size_t first_u = info.format.find('u');
+                    d.fx = first_u == std::string_view::npos ? 1 : ti.args[first_u];
+                    break;
+                }
                 default: d.fx = 1; break;
             }
             if (d.fx > max_groups_x) {

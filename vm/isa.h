@@ -12,7 +12,8 @@ namespace blue {
 //   ELEM:   x = ceil(row elements / kElemGroup), y = items
 //   ITEM:   x = 1, y = items (one workgroup per item)
 //   MATMUL: x = ceil(N / rows per group), y = ceil(items / batch tile)
-enum class Grid : uint8_t { NONE, ELEM, ITEM, MATMUL };
+//   HEADS:  x = the first uint operand (a head count), y = items
+enum class Grid : uint8_t { NONE, ELEM, ITEM, MATMUL, HEADS };
 
 enum class Op : uint8_t {
 #define BLUE_OP(name, code, fmt, grid, doc) name = code,

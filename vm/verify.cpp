@@ -195,7 +195,9 @@ Status verifyBlocks(const Module& m) {
         for (const TensorInstr& ti : instrs) {
             const OpInfo& info = opInfo(ti.op);
             for (size_t i = 0; i < ti.args.size(); ++i) {
-                if (info.format[i] == 't' && ti.args[i] >= m.tensors.size()) {
+                bool optional_none = info.format[i] == 'o' && ti.args[i] == 0xFFFFFFFFu;
+                if ((info.format[i] == 't' || info.format[i] == 'o') && !optional_none &&
+                    ti.args[i] >= m.tensors.size()) {
                     return fail(strFormat("%s at TCODE word %u: operand %zu names tensor %u, but "
                                           "there are %zu",
                                           std::string(info.name).c_str(), ti.word, i, ti.args[i],

@@ -1,0 +1,305 @@
+// The model compiler (see lower_model.h): tensors, the forward block, the generation program.
+#include "compiler/lower_model.h"
+
+#include <bit>
+#include <cmath>
+#include <map>
+
+#include "compiler/code_builder.h"
+#include "vm/abi.h"
+#include "vm/llm_abi.h"
+#include "vm/verify.h"
+
+namespace blue {
+
+namespace {
+
+constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+uint32_t floatBits(float f) { return std::bit_cast<uint32_t>(f); }
+
+struct Lowering {
+    const GgufFile& gguf;
+    const ModelConfig& cfg;
+    const LowerOptions& opt;
+    Module m;
+    std::map<std::string, uint32_t> ids;
+
+    // A WEIGHT tensor read from the GGUF file, by its GGUF name.
+    uint32_t weight(const std::string& name) {
+        if (auto it = ids.find(name); it != ids.end()) return it->second;
+        const GgufTensor* g = gguf.findTensor(name);
+        assert(g && "modelConfigFromGguf checked the tensor exists");
+        TensorDecl t;
+        t.name = name;
+        t.dtype = g->type;
+        t.cls = BLUE_TC_WEIGHT;
+        t.ndim = g->n_dims;
+        for (uint32_t d = 0; d < 4; ++d) t.ne[d] = uint64_t(g->ne[d]);
+        t.source = DataSource::EXTERN;
+        t.extern_index = 0;
+        t.offset = g->offset;
+        t.bytes = g->n_bytes;
+        return add(t);
+    }
+    uint32_t layerWeight(uint32_t layer, const char* name) {
+        return weight("blk." + std::to_string(layer) + "." + name);
+    }
+    bool hasTensor(const std::string& name) const { return gguf.findTensor(name) != nullptr; }
+
+    uint32_t activation(const std::string& name, uint32_t cls, DType type,
+                        std::initializer_list<uint64_t> dims) {
+        TensorDecl t;
+        t.name = name;
+        t.dtype = type;
+        t.cls = cls;
+        t.ndim = uint32_t(dims.size());
+        uint32_t d = 0;
+        for (uint64_t n : dims) t.ne[d++] = n;
+        return add(t);
+    }
+    uint32_t add(const TensorDecl& t) {
+        m.tensors.push_back(t);
+        return ids[t.name] = uint32_t(m.tensors.size() - 1);
+    }
+
+    Status forwardBlock(CodeBuilder& cb, uint32_t ctx);
+    void attention(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a);
+    void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
+};
+
+Status Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx) {
+    const uint32_t dim = cfg.n_embd, q_dim = cfg.n_head * cfg.head_dim;
+    const uint32_t kv_dim = cfg.n_head_kv * cfg.head_dim;
+    std::map<std::string, uint32_t> a;
+    a["x"] = activation("x", BLUE_TC_ROWS, DType::F32, {dim});
+    a["xb"] = activation("xb", BLUE_TC_ROWS, DType::F32, {dim});
+    a["xb2"] = activation("xb2", BLUE_TC_ROWS, DType::F32, {dim});
+    a["q"] = activation("q", BLUE_TC_ROWS, DType::F32, {q_dim});
+    a["k"] = activation("k", BLUE_TC_ROWS, DType::F32, {kv_dim});
+    a["v"] = activation("v", BLUE_TC_ROWS, DType::F32, {kv_dim});
+    a["att"] = activation("att", BLUE_TC_ROWS, DType::F32, {q_dim});
+    a["hb"] = activation("hb", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
+    a["hb2"] = activation("hb2", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
+    uint32_t xlast = activation("x_last", BLUE_TC_INSTANCE, DType::F32, {dim});
+    uint32_t logits = activation("logits", BLUE_TC_INSTANCE, DType::F32, {cfg.n_vocab});
+    uint32_t eps = floatBits(cfg.rms_norm_eps);
+
+    uint32_t block = cb.beginBlock("forward", BLUE_FA_COUNT);
+    cb.tensor(Op::EMBED, {a["x"], weight("token_embd.weight"), BLUE_FA_TOKENS});
+    for (uint32_t l = 0; l < cfg.n_layer; ++l) {
+        cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "attn_norm.weight"), eps, 0});
+        attention(cb, l, ctx, a);
+        cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "attn_output.weight"), a["att"]});
+        cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
+        cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "ffn_norm.weight"), eps, 0});
+        cb.tensor(Op::MATMUL, {a["hb"], layerWeight(l, "ffn_gate.weight"), a["xb"]});
+        cb.tensor(Op::MATMUL, {a["hb2"], layerWeight(l, "ffn_up.weight"), a["xb"]});
+        cb.tensor(Op::SWIGLU, {a["hb"], a["hb"], a["hb2"]});
+        cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "ffn_down.weight"), a["hb"]});
+        cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
+    }
+    cb.tensor(Op::RMSNORM, {xlast, a["x"], weight("output_norm.weight"), eps, 0});
+    uint32_t head = weight(cfg.tied_output ? "token_embd.weight" : "output.weight");
+    cb.tensor(Op::MATMUL, {logits, head, xlast});
+    cb.tensor(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
+    cb.endBlock();
+    (void)block;
+    return Status::ok();
+}
+
+void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
+                         const std::map<std::string, uint32_t>& a) {
+    const uint32_t kv_dim = cfg.n_head_kv * cfg.head_dim;
+    const uint32_t q = a.at("q"), k = a.at("k"), v = a.at("v"), xb = a.at("xb");
+    cb.tensor(Op::MATMUL, {q, layerWeight(l, "attn_q.weight"), xb});
+    cb.tensor(Op::MATMUL, {k, layerWeight(l, "attn_k.weight"), xb});
+    cb.tensor(Op::MATMUL, {v, layerWeight(l, "attn_v.weight"), xb});
+    if (cfg.has_qkv_bias) {
+        cb.tensor(Op::TADD, {q, q, layerWeight(l, "attn_q.bias")});
+        cb.tensor(Op::TADD, {k, k, layerWeight(l, "attn_k.bias")});
+        cb.tensor(Op::TADD, {v, v, layerWeight(l, "attn_v.bias")});
+    }
+    uint32_t eps = floatBits(cfg.rms_norm_eps);
+    if (cfg.has_qk_norm) {
+        cb.tensor(Op::RMSNORM, {q, q, layerWeight(l, "attn_q_norm.weight"), eps, cfg.head_dim});
+        cb.tensor(Op::RMSNORM, {k, k, layerWeight(l, "attn_k_norm.weight"), eps, cfg.head_dim});
+    }
+    uint32_t freqs = cfg.has_rope_freqs ? weight("rope_freqs.weight") : kNone;
+    uint32_t mode = cfg.rope_mode == RopeMode::Neox ? 2 : 0;
+    float scale = cfg.rope_scaling == RopeScaling::Linear ? 1.0f / cfg.rope_scaling_factor : 1.0f;
+    for (uint32_t t : {q, k}) {
+        cb.tensor(Op::ROPE, {t, t, freqs, BLUE_FA_POS, cfg.head_dim, cfg.n_rot, mode,
+                             floatBits(cfg.rope_freq_base), floatBits(scale)});
+    }
+    std::string ln = std::to_string(l);
+    uint32_t kc = activation("kcache." + ln, BLUE_TC_INSTANCE, opt.kv_type, {kv_dim, ctx});
+    uint32_t vc = activation("vcache." + ln, BLUE_TC_INSTANCE, opt.kv_type, {kv_dim, ctx});
+    cb.tensor(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
+    cb.tensor(Op::ATTN, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS,
+                         floatBits(1.0f / std::sqrt(float(cfg.head_dim)))});
+}
+
+// Registers of the generation program.
+enum Reg : uint8_t {
+    kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
+    kTok, kI, kN, kWord, kHist, kNStop, kArgRows = 20, kArgPos, kArgTokens, kArgSampling,
+};
+
+void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
+    auto next = cb.newLabel("next_request"), halt = cb.newLabel("halt");
+    auto copy_params = cb.newLabel("copy_params"), copy_stop = cb.newLabel("copy_stop");
+    auto prefill = cb.newLabel("prefill"), gen = cb.newLabel("generate");
+    auto finish = cb.newLabel("finish"), chunk_ok = cb.newLabel("chunk_ok");
+    auto eog_loop = cb.newLabel("eog_loop"), stop_loop = cb.newLabel("stop_loop");
+    auto emit = cb.newLabel("emit"), reject = cb.newLabel("reject");
+
+    // End-of-generation tokens of the model, in the constant pool: {count, ids...}.
+    std::vector<uint32_t> eog;
+    for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                            "tokenizer.ggml.eom_token_id"}) {
+        auto id = gguf.getU32(key);
+        if (id.isOk() && id.value() < cfg.n_vocab) eog.push_back(id.value());
+    }
+    uint32_t eog_at = uint32_t(m.consts.size());
+    m.consts.push_back(uint32_t(eog.size()));
+    m.consts.insert(m.consts.end(), eog.begin(), eog.end());
+    m.syms.push_back({SymKind::CONST, eog_at, "eog_tokens"});
+
+    cb.li(kMinus1, 0xFFFFFFFFu);
+    cb.li(kCtx, ctx);
+    cb.bind(next);
+    cb.op(Op::INRECV, {kSlot});
+    cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
+    cb.li(kTmp, BLUE_REQ_TAG);
+    cb.op(Op::INLD, {kTag, kSlot, kTmp});
+    cb.li(kTmp, BLUE_REQ_MAX_NEW);
+    cb.op(Op::INLD, {kMaxNew, kSlot, kTmp});
+    // Sampling parameters: request words TEMP..SEED map in order onto SP_TEMP..SP_SEED.
+    cb.li(kI, 0);
+    cb.li(kN, BLUE_SP_SEED + 1);
+    cb.bind(copy_params);
+    cb.op(Op::ADDI, {kTmp, kI}, BLUE_REQ_TEMP);
+    cb.op(Op::INLD, {kWord, kSlot, kTmp});
+    cb.op(Op::ST, {kWord, kI}, BLUE_LM_SAMPLING + BLUE_SP_TEMP);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::BLTU, {kI, kN}, copy_params);
+    // Stop tokens of the request: the count (clamped) and all slots.
+    cb.li(kTmp, BLUE_REQ_N_STOP);
+    cb.op(Op::INLD, {kWord, kSlot, kTmp});
+    cb.li(kTmp, BLUE_REQ_MAX_STOP);
+    cb.op(Op::MINU, {kNStop, kWord, kTmp});
+    cb.li(kI, 0);
+    cb.bind(copy_stop);
+    cb.op(Op::ADDI, {kTmp, kI}, BLUE_REQ_STOP);
+    cb.op(Op::INLD, {kWord, kSlot, kTmp});
+    cb.op(Op::ST, {kWord, kI}, BLUE_LM_STOP);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.li(kN, BLUE_REQ_MAX_STOP);
+    cb.jump(Op::BLTU, {kI, kN}, copy_stop);
+    // The prompt goes into the history; a prompt that does not fit is rejected.
+    cb.op(Op::INLEN, {kTmp, kSlot});
+    cb.op(Op::ADDI, {kTmp, kTmp}, uint32_t(-int32_t(BLUE_REQ_HEADER)));
+    cb.jump(Op::BGEU, {kTmp, kCtx}, reject);
+    cb.li(kHist, BLUE_LM_HISTORY);
+    cb.li(kTmp2, BLUE_REQ_HEADER);
+    cb.op(Op::MOV, {kPrompt, kHist});
+    cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
+    cb.op(Op::INFREE, {kSlot});
+    cb.jump(Op::BEQZ, {kPrompt}, finish);
+    cb.li(kTmp, 0);
+    cb.op(Op::ST, {kTmp, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
+    cb.op(Op::ST, {kHist, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_ADDR);
+    cb.li(kPos, 0);
+    cb.li(kChunk, chunk);
+    cb.li(kArgSampling, BLUE_LM_SAMPLING);
+    // Prefill in chunks; every chunk samples, the last chunk's sample is the first token.
+    cb.bind(prefill);
+    cb.op(Op::SUB, {kArgRows, kPrompt, kPos});
+    cb.jump(Op::BLTU, {kArgRows, kChunk}, chunk_ok);
+    cb.op(Op::MOV, {kArgRows, kChunk});
+    cb.bind(chunk_ok);
+    cb.op(Op::MOV, {kArgPos, kPos});
+    cb.op(Op::ADD, {kArgTokens, kHist, kPos});
+    cb.op(Op::ADD, {kPos, kPos, kArgRows});
+    cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+    cb.op(Op::RUN, {kArgRows}, block);
+    cb.jump(Op::BLTU, {kPos, kPrompt}, prefill);
+    cb.li(kGenerated, 0);
+    // Decode: check the sampled token, emit it, feed it back.
+    cb.bind(gen);
+    cb.jump(Op::BGEU, {kGenerated, kMaxNew}, finish);
+    cb.op(Op::LD, {kTok, 0}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
+    cb.li(kI, 0);
+    cb.li(kTmp2, 0);
+    cb.op(Op::LDK, {kN, kTmp2}, eog_at);
+    cb.bind(eog_loop);
+    cb.jump(Op::BGEU, {kI, kN}, stop_loop);
+    cb.op(Op::LDK, {kWord, kI}, eog_at + 1);
+    cb.jump(Op::BEQ, {kTok, kWord}, finish);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, eog_loop);
+    cb.bind(stop_loop);
+    cb.li(kI, 0);
+    auto stop_next = cb.newLabel("stop_next");
+    cb.bind(stop_next);
+    cb.jump(Op::BGEU, {kI, kNStop}, emit);
+    cb.op(Op::LD, {kWord, kI}, BLUE_LM_STOP);
+    cb.jump(Op::BEQ, {kTok, kWord}, finish);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, stop_next);
+    cb.bind(emit);
+    cb.op(Op::OUTT, {kTok});
+    cb.op(Op::ADDI, {kGenerated, kGenerated}, 1);
+    cb.jump(Op::BGEU, {kPos, kCtx}, finish);
+    cb.op(Op::ST, {kTok, kPos}, BLUE_LM_HISTORY);
+    cb.li(kArgRows, 1);
+    cb.op(Op::MOV, {kArgPos, kPos});
+    cb.op(Op::ADD, {kArgTokens, kHist, kPos});
+    cb.op(Op::ADDI, {kPos, kPos}, 1);
+    cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+    cb.op(Op::RUN, {kArgRows}, block);
+    cb.jump(Op::JMP, {}, gen);
+    cb.bind(reject);
+    cb.op(Op::INFREE, {kSlot});
+    cb.bind(finish);
+    cb.op(Op::OUTEND, {kTag});
+    cb.jump(Op::JMP, {}, next);
+    cb.bind(halt);
+    cb.op(Op::HALT);
+}
+
+}  // namespace
+
+Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const LowerOptions& opt) {
+    if (cfg.isMoe()) return Status::error("mixture-of-experts models are not lowered yet");
+    if (cfg.rope_scaling == RopeScaling::Yarn) return Status::error("YaRN rope scaling is not supported yet");
+    if (cfg.head_dim_v != cfg.head_dim) return Status::error("K and V head sizes differ; not supported");
+    uint32_t ctx = opt.ctx ? opt.ctx : std::min<uint32_t>(cfg.n_ctx_train ? cfg.n_ctx_train : 2048, 2048);
+    uint32_t max_rows = opt.max_rows ? opt.max_rows : 512;
+    uint32_t chunk = std::min(opt.chunk ? opt.chunk : 128, max_rows);
+    if (ctx < 2) return Status::error("context length must be at least 2");
+    if (max_rows > BLUE_MAX_ROWS) return BLUE_ERROR("max rows %u is above %u", max_rows, BLUE_MAX_ROWS);
+
+    Lowering lw{gguf, cfg, opt, {}, {}};
+    Module& m = lw.m;
+    m.externs.push_back(opt.model_path);
+    m.layout.regs = 32;
+    m.layout.local_words = BLUE_LM_HISTORY + ctx;
+    m.layout.in_slots = opt.in_slots;
+    m.layout.in_slot_words = BLUE_REQ_HEADER + ctx + 1;
+    m.layout.max_rows = max_rows;
+    m.layout.max_steps = 4096;
+    CodeBuilder cb(&m);
+    BLUE_TRY(lw.forwardBlock(cb, ctx));
+    lw.generationProgram(cb, 0, ctx, chunk);
+    BLUE_TRY(cb.finish());
+    m.meta = {{kMetaKind, "llm-generate"},
+              {kMetaArch, std::string(modelArchName(cfg.arch))},
+              {kMetaCtx, std::to_string(ctx)}};
+    Status s = verifyModule(m);
+    if (!s) return s.prefix("lowered module fails verification (compiler bug)");
+    return m;
+}
+
+}  // namespace blue

@@ -1,0 +1,40 @@
+// The model compiler: lowers a GGUF transformer (llama, qwen2, qwen3) to a Blue-IR generation
+// program. The module holds
+//   - WEIGHT tensors that point into the GGUF file (extern 0), never copied;
+//   - ROWS activations for the tokens of one step, INSTANCE KV caches and logits;
+//   - one block, `forward`, that runs every layer for a ragged batch of rows (prefill chunks and
+//     single decode tokens of many instances together), then the last row of each instance
+//     through the output norm, the LM head and SAMPLE;
+//   - control code that serves requests from the input ring (vm/llm_abi.h): copy the prompt,
+//     prefill in chunks, then sample, check stop conditions, emit and feed back each token, and
+//     take the next request when done. All of it runs on the GPU.
+#pragma once
+
+#include <string>
+
+#include "compiler/gguf.h"
+#include "compiler/model_config.h"
+#include "vm/module.h"
+
+namespace blue {
+
+struct LowerOptions {
+    uint32_t ctx = 0;        // context length per instance (0: min(trained context, 2048))
+    uint32_t max_rows = 0;   // rows one forward step takes over all instances (0: 512)
+    uint32_t chunk = 0;      // prompt tokens one instance prefills per step (0: 128)
+    uint32_t in_slots = 64;  // requests waiting in the input ring
+    DType kv_type = DType::F16;
+    // The GGUF path as the module records it (relative to the module's folder, or absolute).
+    std::string model_path;
+};
+
+// Lowers a validated model. Fails for architectures or features the forward block does not
+// implement yet (MoE, YaRN), naming them.
+Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& config, const LowerOptions& options);
+
+// Module metadata keys the host reads.
+inline constexpr const char* kMetaKind = "blue.kind";          // "llm-generate"
+inline constexpr const char* kMetaCtx = "llm.context";         // decimal
+inline constexpr const char* kMetaArch = "llm.architecture";
+
+}  // namespace blue

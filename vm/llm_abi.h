@@ -1,0 +1,56 @@
+// The contract between the generation program the compiler writes (compiler/lower_model.cpp),
+// the host that feeds it requests (host/llm/), the SAMPLE op (vm/tensor_ops_llm.cpp and
+// shaders/sample.comp): the request message layout, the per-instance local-memory layout, the
+// sampling-parameter block and the forward block's arguments. Plain #defines, shared with GLSL.
+#ifndef BLUE_VM_LLM_ABI_H
+#define BLUE_VM_LLM_ABI_H
+
+// ---- a generation request: one input-ring message (u32 words) ------------------------------
+#define BLUE_REQ_TAG 0          // request id, echoed by OUTEND
+#define BLUE_REQ_PROMPT_LEN 1   // prompt tokens
+#define BLUE_REQ_MAX_NEW 2      // tokens to generate at most
+#define BLUE_REQ_TEMP 3         // f32; 0 = greedy
+#define BLUE_REQ_TOP_K 4        // 0 = off
+#define BLUE_REQ_TOP_P 5        // f32; 1 = off
+#define BLUE_REQ_MIN_P 6        // f32; 0 = off
+#define BLUE_REQ_REPEAT_PENALTY 7  // f32; 1 = off
+#define BLUE_REQ_REPEAT_LAST_N 8   // tokens the penalties look back over
+#define BLUE_REQ_PRESENCE 9     // f32 presence penalty; 0 = off
+#define BLUE_REQ_FREQUENCY 10   // f32 frequency penalty; 0 = off
+#define BLUE_REQ_SEED 11
+#define BLUE_REQ_N_STOP 12      // extra stop tokens (<= BLUE_REQ_MAX_STOP)
+#define BLUE_REQ_STOP 13        // [BLUE_REQ_MAX_STOP] stop token ids
+#define BLUE_REQ_MAX_STOP 8
+#define BLUE_REQ_HEADER 21      // prompt tokens follow
+
+// ---- sampling parameters and results: a block in the instance's local memory ---------------
+#define BLUE_SP_TEMP 0
+#define BLUE_SP_TOP_K 1
+#define BLUE_SP_TOP_P 2
+#define BLUE_SP_MIN_P 3
+#define BLUE_SP_REPEAT_PENALTY 4
+#define BLUE_SP_REPEAT_LAST_N 5
+#define BLUE_SP_PRESENCE 6
+#define BLUE_SP_FREQUENCY 7
+#define BLUE_SP_SEED 8
+#define BLUE_SP_COUNTER 9       // RNG counter: the index of the token being sampled
+#define BLUE_SP_HIST_ADDR 10    // local address of the token history
+#define BLUE_SP_HIST_LEN 11     // tokens in the history (the penalties' window ends there)
+#define BLUE_SP_OUT_TOKEN 12    // written by SAMPLE
+#define BLUE_SP_OUT_ENTROPY 13  // f32, nats, of the distribution after penalties at T = 1
+#define BLUE_SP_OUT_LOGPROB 14  // f32, log-probability of the chosen token (same distribution)
+#define BLUE_SP_WORDS 16
+
+// ---- local memory of a generating instance ---------------------------------------------------
+#define BLUE_LM_SAMPLING 0                // the sampling block
+#define BLUE_LM_STOP (BLUE_SP_WORDS)      // [BLUE_REQ_MAX_STOP] stop tokens of this request
+#define BLUE_LM_HISTORY (BLUE_SP_WORDS + BLUE_REQ_MAX_STOP)  // [ctx] prompt and generated tokens
+
+// ---- arguments of the forward block ------------------------------------------------------------
+#define BLUE_FA_ROWS 0      // rows (tokens) this instance runs in this step
+#define BLUE_FA_POS 1       // position of the first row
+#define BLUE_FA_TOKENS 2    // local address of the first row's token
+#define BLUE_FA_SAMPLING 3  // local address of the sampling block
+#define BLUE_FA_COUNT 4
+
+#endif  // BLUE_VM_LLM_ABI_H

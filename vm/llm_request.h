@@ -1,0 +1,32 @@
+// Building generation requests (vm/llm_abi.h's message layout) on the host side.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace blue {
+
+struct SamplingParams {
+    float temperature = 0.8f;  // 0: greedy
+    uint32_t top_k = 40;       // 0: off
+    float top_p = 0.95f;       // 1: off
+    float min_p = 0.05f;       // 0: off
+    float repeat_penalty = 1.0f;
+    uint32_t repeat_last_n = 64;
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    uint32_t seed = 0;
+};
+
+struct GenerationRequest {
+    uint32_t tag = 0;
+    uint32_t max_new = 256;
+    SamplingParams sampling;
+    std::vector<uint32_t> stop_tokens;  // at most BLUE_REQ_MAX_STOP, besides the model's own
+    std::vector<uint32_t> prompt;       // token ids
+};
+
+// The input-ring message for a request. Stop tokens beyond the limit are dropped (callers check).
+std::vector<uint32_t> encodeRequest(const GenerationRequest& r);
+
+}  // namespace blue

@@ -1,0 +1,103 @@
+// Internal helpers shared by the tensor-op files: operand checks for the verifier and item
+// addressing for the reference implementations.
+#pragma once
+
+#include <cstring>
+#include <string>
+
+#include "vm/abi.h"
+#include "vm/tensor_ops.h"
+
+namespace blue {
+
+const char* tensorClassName(uint32_t cls);
+
+// ---- checks ------------------------------------------------------------------------------------
+
+struct Checker {
+    const Module& m;
+    const TensorInstr& ti;
+
+    const TensorDecl& t(size_t i) const { return m.tensors[ti.args[i]]; }
+
+    Status fail(size_t i, const std::string& msg) const {
+        return BLUE_ERROR("operand %zu (tensor '%s'): %s", i, t(i).name.c_str(), msg.c_str());
+    }
+    // The destination must be a per-row or per-instance activation.
+    Status dst(size_t i) const {
+        if (t(i).cls != BLUE_TC_ROWS && t(i).cls != BLUE_TC_INSTANCE) {
+            return fail(i, strFormat("destination must be ROWS or INSTANCE, not %s",
+                                     tensorClassName(t(i).cls)));
+        }
+        return Status::ok();
+    }
+    Status dtype(size_t i, DType want) const {
+        if (t(i).dtype != want) {
+            return fail(i, strFormat("type %s, expected %s", std::string(dtypeName(t(i).dtype)).c_str(),
+                                     std::string(dtypeName(want)).c_str()));
+        }
+        return Status::ok();
+    }
+    Status elements(size_t i, uint64_t want) const {
+        if (t(i).elements() != want) {
+            return fail(i, strFormat("has %llu elements per item, expected %llu",
+                                     (unsigned long long)t(i).elements(), (unsigned long long)want));
+        }
+        return Status::ok();
+    }
+    Status notWeightDst(size_t i) const {
+        if (t(i).cls == BLUE_TC_WEIGHT) return fail(i, "a WEIGHT tensor is read-only");
+        return Status::ok();
+    }
+};
+
+// ---- reference execution -------------------------------------------------------------------
+
+struct Items {
+    const TensorOpEnv& env;
+    bool rows_mode;  // iterate rows (dst is ROWS) or instances (dst is INSTANCE)
+
+    uint32_t count() const {
+        return uint32_t(rows_mode ? env.run->row_inst.size() : env.run->insts.size());
+    }
+    uint32_t instanceOf(uint32_t item) const {
+        return rows_mode ? env.run->row_inst[item] : env.run->insts[item];
+    }
+    uint32_t rowOf(uint32_t item) const {
+        return rows_mode ? item : env.run->inst_base[item] + env.run->inst_rows[item] - 1;
+    }
+    uint8_t* slice(uint32_t tensor, uint32_t item) const {
+        const TensorDecl& t = env.module->tensors[tensor];
+        uint8_t* base = env.tensors->data[tensor].data();
+        uint64_t bytes = env.tensors->slice_bytes[tensor];
+        switch (t.cls) {
+            case BLUE_TC_ROWS: return base + uint64_t(rowOf(item)) * bytes;
+            case BLUE_TC_INSTANCE: return base + uint64_t(instanceOf(item)) * bytes;
+            default: return base;
+        }
+    }
+    float* f32(uint32_t tensor, uint32_t item) const {
+        return reinterpret_cast<float*>(slice(tensor, item));
+    }
+    // Index of the item's row among its instance's rows (0 for instance items).
+    uint32_t rowLocal(uint32_t item) const { return rows_mode ? env.run->row_local[item] : 0; }
+    // Block argument k of the item's instance.
+    uint32_t arg(uint32_t item, uint32_t k) const {
+        return env.block_args[size_t(instanceOf(item)) * BLUE_MAX_BLOCK_ARGS + k];
+    }
+    // A word of the item's instance's local memory; nullptr when out of range.
+    uint32_t* local(uint32_t item, uint64_t addr) const {
+        uint64_t words = env.module->layout.local_words;
+        if (addr >= words) return nullptr;
+        return &env.local[size_t(instanceOf(item)) * words + addr];
+    }
+    const TensorDecl& decl(uint32_t tensor) const { return env.module->tensors[tensor]; }
+};
+
+float bitsToFloat(uint32_t u);
+
+// Per-op checks and reference implementations of the LLM ops (tensor_ops_llm.cpp).
+Status checkLlmOp(const Checker& c);
+bool runLlmOpRef(const Items& it, const TensorInstr& ti);
+
+}  // namespace blue

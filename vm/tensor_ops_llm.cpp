@@ -1,0 +1,373 @@
+// Reference semantics of the LLM tensor ops: RMSNORM, EMBED, ROPE, KVSTORE, ATTN, SWIGLU and
+// SAMPLE. Written for clarity, accumulating in double; the GPU kernels match them within the
+// tolerances tests/test_ops_gpu.cpp states.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "vm/half.h"
+#include "vm/llm_abi.h"
+#include "vm/philox.h"
+#include "vm/quant.h"
+#include "vm/tensor_ops_internal.h"
+
+namespace blue {
+
+namespace {
+
+constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+// ---- checks ------------------------------------------------------------------------------------
+
+Status rowsDst(const Checker& c, size_t i) {
+    if (c.t(i).cls != BLUE_TC_ROWS) return c.fail(i, "must be a ROWS tensor (one row per token)");
+    return c.dtype(i, DType::F32);
+}
+
+Status argSlot(uint32_t k) {
+    if (k >= BLUE_MAX_BLOCK_ARGS) return BLUE_ERROR("block argument %u does not exist", k);
+    return Status::ok();
+}
+
+Status cacheTensor(const Checker& c, size_t i, uint64_t row_elems) {
+    const TensorDecl& t = c.t(i);
+    if (t.cls != BLUE_TC_INSTANCE) return c.fail(i, "a KV cache must be an INSTANCE tensor");
+    if (t.dtype != DType::F32 && t.dtype != DType::F16) return c.fail(i, "a KV cache must be F32 or F16");
+    if (t.ndim != 2 || t.ne[0] != row_elems) {
+        return c.fail(i, strFormat("must be [%llu, ctx]", (unsigned long long)row_elems));
+    }
+    return Status::ok();
+}
+
+Status checkRmsnorm(const Checker& c) {
+    BLUE_TRY(c.dst(0));
+    BLUE_TRY(c.dtype(0, DType::F32));
+    BLUE_TRY(c.dtype(1, DType::F32));
+    BLUE_TRY(c.elements(1, c.t(0).elements()));
+    uint64_t n = c.t(0).elements(), group = c.ti.args[4] ? c.ti.args[4] : n;
+    if (n % group) return BLUE_ERROR("group size %llu does not divide the row (%llu)", (unsigned long long)group, (unsigned long long)n);
+    BLUE_TRY(c.dtype(2, DType::F32));
+    return c.elements(2, group);
+}
+
+Status checkEmbed(const Checker& c) {
+    BLUE_TRY(rowsDst(c, 0));
+    const TensorDecl& table = c.t(1);
+    if (table.cls != BLUE_TC_WEIGHT || table.ndim != 2) return c.fail(1, "must be a 2-D WEIGHT [dim, vocab]");
+    if (!quantCanDecode(table.dtype) || table.dtype == DType::Q8_K) return c.fail(1, "type cannot be read");
+    BLUE_TRY(c.elements(0, table.ne[0]));
+    return argSlot(c.ti.args[2]);
+}
+
+Status checkRope(const Checker& c, const Module& m) {
+    BLUE_TRY(rowsDst(c, 0));
+    BLUE_TRY(c.dtype(1, DType::F32));
+    BLUE_TRY(c.elements(1, c.t(0).elements()));
+    const auto& a = c.ti.args;
+    uint32_t head = a[4], n_rot = a[5], mode = a[6];
+    BLUE_TRY(argSlot(a[3]));
+    if (head == 0 || c.t(0).elements() % head) return BLUE_ERROR("head size %u does not divide the row", head);
+    if (n_rot == 0 || n_rot > head || n_rot % 2) return BLUE_ERROR("rotated dims %u must be even and at most the head size", n_rot);
+    if (mode != 0 && mode != 2) return BLUE_ERROR("rope mode %u is neither 0 (adjacent pairs) nor 2 (neox)", mode);
+    if (a[2] != kNone) {
+        if (a[2] >= m.tensors.size()) return BLUE_ERROR("frequency-factor tensor %u does not exist", a[2]);
+        BLUE_TRY(c.dtype(2, DType::F32));
+        BLUE_TRY(c.elements(2, n_rot / 2));
+    }
+    return Status::ok();
+}
+
+Status checkKvstore(const Checker& c) {
+    BLUE_TRY(rowsDst(c, 0));
+    BLUE_TRY(c.dtype(2, DType::F32));
+    if (c.t(2).cls != BLUE_TC_ROWS) return c.fail(2, "must be a ROWS tensor");
+    BLUE_TRY(c.elements(2, c.t(0).elements()));
+    BLUE_TRY(cacheTensor(c, 1, c.t(0).elements()));
+    BLUE_TRY(cacheTensor(c, 3, c.t(0).elements()));
+    if (c.t(1).ne[1] != c.t(3).ne[1]) return c.fail(3, "K and V caches differ in context length");
+    return argSlot(c.ti.args[4]);
+}
+
+Status checkAttn(const Checker& c) {
+    BLUE_TRY(rowsDst(c, 0));
+    BLUE_TRY(c.dtype(3, DType::F32));
+    BLUE_TRY(c.elements(3, c.t(0).elements()));
+    uint32_t n_head = c.ti.args[4], n_kv = c.ti.args[5];
+    uint64_t n = c.t(0).elements();
+    if (n_head == 0 || n_kv == 0 || n_head % n_kv || n % n_head) {
+        return BLUE_ERROR("%u query heads and %u KV heads do not fit a row of %llu", n_head, n_kv, (unsigned long long)n);
+    }
+    BLUE_TRY(cacheTensor(c, 1, n / n_head * n_kv));
+    BLUE_TRY(cacheTensor(c, 2, n / n_head * n_kv));
+    return argSlot(c.ti.args[6]);
+}
+
+Status checkSample(const Checker& c) {
+    if (c.t(0).cls != BLUE_TC_INSTANCE) return c.fail(0, "logits must be an INSTANCE tensor");
+    BLUE_TRY(c.dtype(0, DType::F32));
+    return argSlot(c.ti.args[1]);
+}
+
+// ---- reference implementations ---------------------------------------------------------------
+
+void refRmsnorm(const Items& it, const TensorInstr& ti) {
+    uint64_t n = it.decl(ti.args[0]).elements();
+    uint64_t group = ti.args[4] ? ti.args[4] : n;
+    float eps = bitsToFloat(ti.args[3]);
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        const float* a = it.f32(ti.args[1], item);
+        const float* w = it.f32(ti.args[2], item);
+        float* dst = it.f32(ti.args[0], item);
+        for (uint64_t g = 0; g < n; g += group) {
+            double ss = 0;
+            for (uint64_t i = 0; i < group; ++i) ss += double(a[g + i]) * a[g + i];
+            double scale = 1.0 / std::sqrt(ss / double(group) + eps);
+            for (uint64_t i = 0; i < group; ++i) dst[g + i] = float(a[g + i] * scale * w[i]);
+        }
+    }
+}
+
+void refEmbed(const Items& it, const TensorInstr& ti) {
+    const TensorDecl& table = it.decl(ti.args[1]);
+    uint64_t dim = table.ne[0], vocab = table.ne[1], row_bytes = *dtypeRowBytes(table.dtype, dim);
+    const uint8_t* data = it.slice(ti.args[1], 0);
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        float* dst = it.f32(ti.args[0], item);
+        const uint32_t* tok = it.local(item, uint64_t(it.arg(item, ti.args[2])) + it.rowLocal(item));
+        if (!tok || *tok >= vocab) {
+            std::fill(dst, dst + dim, 0.0f);
+        } else {
+            dequantizeRow(table.dtype, data + *tok * row_bytes, dst, int64_t(dim));
+        }
+    }
+}
+
+void refRope(const Items& it, const TensorInstr& ti) {
+    const auto& a = ti.args;
+    uint64_t n = it.decl(a[0]).elements();
+    uint32_t head = a[4], n_rot = a[5], mode = a[6];
+    double base = bitsToFloat(a[7]), scale = bitsToFloat(a[8]);
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        const float* src = it.f32(a[1], item);
+        float* dst = it.f32(a[0], item);
+        const float* ff = a[2] != kNone ? it.f32(a[2], item) : nullptr;
+        double pos = double(it.arg(item, a[3]) + it.rowLocal(item));
+        std::vector<float> out(src, src + n);
+        for (uint64_t h = 0; h < n; h += head) {
+            for (uint32_t i = 0; i < n_rot / 2; ++i) {
+                double theta = pos * scale * std::pow(base, -2.0 * i / n_rot) / (ff ? ff[i] : 1.0f);
+                double c = std::cos(theta), s = std::sin(theta);
+                uint64_t i0 = mode == 0 ? h + 2 * i : h + i;
+                uint64_t i1 = mode == 0 ? i0 + 1 : i0 + n_rot / 2;
+                out[i0] = float(src[i0] * c - src[i1] * s);
+                out[i1] = float(src[i0] * s + src[i1] * c);
+            }
+        }
+        std::copy(out.begin(), out.end(), dst);
+    }
+}
+
+float cacheRead(const TensorDecl& t, const uint8_t* slice, uint64_t index) {
+    if (t.dtype == DType::F16) return halfToF32(reinterpret_cast<const uint16_t*>(slice)[index]);
+    return reinterpret_cast<const float*>(slice)[index];
+}
+
+void cacheWrite(const TensorDecl& t, uint8_t* slice, uint64_t index, float v) {
+    if (t.dtype == DType::F16) {
+        reinterpret_cast<uint16_t*>(slice)[index] = halfFromF32(v);
+    } else {
+        reinterpret_cast<float*>(slice)[index] = v;
+    }
+}
+
+void refKvstore(const Items& it, const TensorInstr& ti) {
+    const TensorDecl& kc = it.decl(ti.args[1]);
+    uint64_t dim = kc.ne[0], ctx = kc.ne[1];
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        uint64_t pos = uint64_t(it.arg(item, ti.args[4])) + it.rowLocal(item);
+        if (pos >= ctx) continue;
+        for (int which = 0; which < 2; ++which) {
+            const float* src = it.f32(ti.args[which * 2], item);
+            uint8_t* cache = it.slice(ti.args[which * 2 + 1], item);
+            const TensorDecl& t = it.decl(ti.args[which * 2 + 1]);
+            for (uint64_t i = 0; i < dim; ++i) cacheWrite(t, cache, pos * dim + i, src[i]);
+        }
+    }
+}
+
+void refAttn(const Items& it, const TensorInstr& ti) {
+    const auto& a = ti.args;
+    const TensorDecl& kc = it.decl(a[1]);
+    const TensorDecl& vc = it.decl(a[2]);
+    uint32_t n_head = a[4], n_kv = a[5];
+    float scale = bitsToFloat(a[7]);
+    uint64_t n = it.decl(a[0]).elements(), head = n / n_head, kv_dim = kc.ne[0], ctx = kc.ne[1];
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        uint64_t last = std::min<uint64_t>(uint64_t(it.arg(item, a[6])) + it.rowLocal(item), ctx - 1);
+        const float* q = it.f32(a[3], item);
+        const uint8_t* k = it.slice(a[1], item);
+        const uint8_t* v = it.slice(a[2], item);
+        float* dst = it.f32(a[0], item);
+        std::vector<double> score(last + 1);
+        for (uint32_t h = 0; h < n_head; ++h) {
+            uint64_t kv_off = uint64_t(h / (n_head / n_kv)) * head;
+            double m = -INFINITY, z = 0;
+            for (uint64_t t = 0; t <= last; ++t) {
+                double dot = 0;
+                for (uint64_t i = 0; i < head; ++i) dot += double(q[h * head + i]) * cacheRead(kc, k, t * kv_dim + kv_off + i);
+                score[t] = dot * scale;
+                m = std::max(m, score[t]);
+            }
+            for (double& s : score) z += (s = std::exp(s - m));
+            for (uint64_t i = 0; i < head; ++i) {
+                double acc = 0;
+                for (uint64_t t = 0; t <= last; ++t) acc += score[t] * cacheRead(vc, v, t * kv_dim + kv_off + i);
+                dst[h * head + i] = float(acc / z);
+            }
+        }
+    }
+}
+
+void refSwiglu(const Items& it, const TensorInstr& ti) {
+    uint64_t n = it.decl(ti.args[0]).elements();
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        const float* g = it.f32(ti.args[1], item);
+        const float* u = it.f32(ti.args[2], item);
+        float* dst = it.f32(ti.args[0], item);
+        for (uint64_t i = 0; i < n; ++i) dst[i] = float(g[i] / (1.0 + std::exp(-double(g[i]))) * u[i]);
+    }
+}
+
+// The sampling rule (vm/llm_abi.h's parameter block): penalties, then top-k, top-p and min-p
+// filters on the temperature-1 distribution, then temperature, then one draw walking the kept
+// tokens in id order. Entropy and log-probability describe the penalized T = 1 distribution.
+struct SampleParams {
+    float temp, top_p, min_p, repeat, presence, frequency;
+    uint32_t top_k, last_n, seed, counter;
+};
+
+void applyPenalties(std::vector<float>& l, const SampleParams& p, const uint32_t* hist, uint32_t len) {
+    if (p.repeat == 1.0f && p.presence == 0.0f && p.frequency == 0.0f) return;
+    std::map<uint32_t, uint32_t> counts;
+    for (uint32_t i = len - std::min(len, p.last_n); i < len; ++i) {
+        if (hist[i] < l.size()) ++counts[hist[i]];
+    }
+    for (auto [tok, count] : counts) {
+        float& v = l[tok];
+        if (p.repeat != 1.0f) v = v > 0 ? v / p.repeat : v * p.repeat;
+        v -= float(count) * p.frequency + p.presence;
+    }
+}
+
+// Largest value t among `keys` (descending) such that at least `k` values are >= t.
+float kthLargest(std::vector<float> keys, uint32_t k) {
+    std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<float>());
+    return keys[k - 1];
+}
+
+uint32_t sampleToken(std::vector<float> l, const SampleParams& p, float* entropy, float* logprob) {
+    const size_t n = l.size();
+    double m = *std::max_element(l.begin(), l.end());
+    double z = 0, zl = 0;
+    for (float v : l) {
+        double e = std::exp(v - m);
+        z += e;
+        zl += e * (v - m);
+    }
+    *entropy = float(std::log(z) - zl / z);
+    uint32_t tok = uint32_t(std::max_element(l.begin(), l.end()) - l.begin());
+    if (p.temp > 0.0f) {
+        float thr = -INFINITY;
+        if (p.top_k > 0 && p.top_k < n) thr = kthLargest(l, p.top_k);
+        if (p.top_p < 1.0f) {
+            std::vector<float> kept;
+            for (float v : l) if (v >= thr) kept.push_back(v);
+            std::sort(kept.begin(), kept.end(), std::greater<float>());
+            double zk = 0, acc = 0;
+            for (float v : kept) zk += std::exp(v - m);
+            for (float v : kept) {
+                acc += std::exp(v - m);
+                if (acc >= double(p.top_p) * zk) {
+                    thr = std::max(thr, v);
+                    break;
+                }
+            }
+        }
+        if (p.min_p > 0.0f) thr = std::max(thr, float(m + std::log(double(p.min_p))));
+        std::vector<double> w(n, 0.0);
+        double total = 0;
+        for (size_t i = 0; i < n; ++i) {
+            if (l[i] >= thr) total += (w[i] = std::exp((l[i] - m) / p.temp));
+        }
+        double u = double(philoxUniform(p.seed, p.counter)) * total, acc = 0;
+        for (size_t i = 0; i < n; ++i) {
+            if (w[i] == 0) continue;
+            tok = uint32_t(i);
+            acc += w[i];
+            if (acc > u) break;
+        }
+    }
+    *logprob = float(l[tok] - m - std::log(z));
+    return tok;
+}
+
+void refSample(const Items& it, const TensorInstr& ti) {
+    uint64_t n = it.decl(ti.args[0]).elements();
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        uint32_t base = it.arg(item, ti.args[1]);
+        uint32_t* sp = it.local(item, uint64_t(base) + BLUE_SP_WORDS - 1) ? it.local(item, base) : nullptr;
+        if (!sp) continue;  // parameter block out of range: nothing to do
+        SampleParams p{bitsToFloat(sp[BLUE_SP_TEMP]),     bitsToFloat(sp[BLUE_SP_TOP_P]),
+                       bitsToFloat(sp[BLUE_SP_MIN_P]),    bitsToFloat(sp[BLUE_SP_REPEAT_PENALTY]),
+                       bitsToFloat(sp[BLUE_SP_PRESENCE]), bitsToFloat(sp[BLUE_SP_FREQUENCY]),
+                       sp[BLUE_SP_TOP_K], sp[BLUE_SP_REPEAT_LAST_N], sp[BLUE_SP_SEED], sp[BLUE_SP_COUNTER]};
+        const float* logits = it.f32(ti.args[0], item);
+        std::vector<float> l(logits, logits + n);
+        uint32_t hist_addr = sp[BLUE_SP_HIST_ADDR], hist_len = sp[BLUE_SP_HIST_LEN];
+        const uint32_t* hist = it.local(item, uint64_t(hist_addr) + hist_len - 1) && hist_len ? it.local(item, hist_addr) : nullptr;
+        if (hist) applyPenalties(l, p, hist, hist_len);
+        float entropy = 0, logprob = 0;
+        sp[BLUE_SP_OUT_TOKEN] = sampleToken(std::move(l), p, &entropy, &logprob);
+        std::memcpy(&sp[BLUE_SP_OUT_ENTROPY], &entropy, 4);
+        std::memcpy(&sp[BLUE_SP_OUT_LOGPROB], &logprob, 4);
+        sp[BLUE_SP_COUNTER] += 1;
+    }
+}
+
+}  // namespace
+
+Status checkLlmOp(const Checker& c) {
+    switch (c.ti.op) {
+        case Op::RMSNORM: return checkRmsnorm(c);
+        case Op::EMBED: return checkEmbed(c);
+        case Op::ROPE: return checkRope(c, c.m);
+        case Op::KVSTORE: return checkKvstore(c);
+        case Op::ATTN: return checkAttn(c);
+        case Op::SWIGLU:
+            BLUE_TRY(rowsDst(c, 0));
+            for (size_t i = 1; i <= 2; ++i) {
+                BLUE_TRY(c.dtype(i, DType::F32));
+                BLUE_TRY(c.elements(i, c.t(0).elements()));
+            }
+            return Status::ok();
+        case Op::SAMPLE: return checkSample(c);
+        default: break;
+    }
+    return BLUE_ERROR("no rules for tensor op 0x%02x", uint32_t(c.ti.op));
+}
+
+bool runLlmOpRef(const Items& it, const TensorInstr& ti) {
+    switch (ti.op) {
+        case Op::RMSNORM: refRmsnorm(it, ti); return true;
+        case Op::EMBED: refEmbed(it, ti); return true;
+        case Op::ROPE: refRope(it, ti); return true;
+        case Op::KVSTORE: refKvstore(it, ti); return true;
+        case Op::ATTN: refAttn(it, ti); return true;
+        case Op::SWIGLU: refSwiglu(it, ti); return true;
+        case Op::SAMPLE: refSample(it, ti); return true;
+        default: return false;
+    }
+}
+
+}  // namespace blue
