@@ -9,6 +9,7 @@
 #include "compiler/gguf.h"
 #include "compiler/lower_model.h"
 #include "compiler/model_config.h"
+#include "tests/gpu_fixture.h"
 #include "tests/test_paths.h"
 #include "vm/abi.h"
 #include "vm/interp.h"
@@ -29,20 +30,42 @@ std::vector<uint32_t> expectedGreedyIds() {
     return ids;
 }
 
-TEST_CASE("stories260K greedy from BOS on the reference machine matches the expected 256 tokens") {
+struct Stories {
+    GgufFile gguf;
+    Module module;
+};
+
+Stories loweredStories(uint32_t ctx) {
     std::string path = sharedDir() + "/models/stories260K/stories260K.gguf";
     auto g = ggufOpen(path);
     REQUIRE_MESSAGE(g.isOk(), g.message());
     auto cfg = modelConfigFromGguf(g.value());
     REQUIRE_MESSAGE(cfg.isOk(), cfg.message());
     LowerOptions opt;
-    opt.ctx = 300;
+    opt.ctx = ctx;
     opt.model_path = path;
     auto m = lowerModel(g.value(), cfg.value(), opt);
     REQUIRE_MESSAGE(m.isOk(), m.message());
-    auto w = WeightSource::open(m.value(), "");
+    return Stories{std::move(g.value()), std::move(m.value())};
+}
+
+std::vector<uint32_t> tokensOf(const RunReport& r, uint32_t tag) {
+    std::vector<uint32_t> tokens;
+    bool ended = false;
+    for (const OutputRecord& rec : r.output) {
+        if (rec.kind == BLUE_OUT_TOKEN) tokens.push_back(rec.value);
+        if (rec.kind == BLUE_OUT_END) ended = rec.value == tag;
+    }
+    CHECK(ended);
+    return tokens;
+}
+
+TEST_CASE("stories260K greedy from BOS on the reference machine matches the expected 256 tokens") {
+    Stories s = loweredStories(300);
+    Module& m = s.module;
+    auto w = WeightSource::open(m, "");
     REQUIRE(w.isOk());
-    RefMachine machine(m.value(), w.value(), MachineOptions{1, 100000});
+    RefMachine machine(m, w.value(), MachineOptions{1, 100000});
     GenerationRequest req;
     req.tag = 7;
     req.max_new = 256;
@@ -52,16 +75,36 @@ TEST_CASE("stories260K greedy from BOS on the reference machine matches the expe
     machine.closeInput();
     RunReport r = machine.run();
     REQUIRE_MESSAGE(r.status.isOk(), r.status.message());
-    std::vector<uint32_t> tokens;
-    bool ended = false;
-    for (const OutputRecord& rec : r.output) {
-        if (rec.kind == BLUE_OUT_TOKEN) tokens.push_back(rec.value);
-        if (rec.kind == BLUE_OUT_END) ended = rec.value == 7;
-    }
-    CHECK(ended);
+    std::vector<uint32_t> tokens = tokensOf(r, 7);
     std::vector<uint32_t> expected = expectedGreedyIds();
     REQUIRE(expected.size() == 256);
     CHECK(tokens == expected);
+}
+
+TEST_CASE("stories260K greedy from BOS on the GPU matches the expected 256 tokens") {
+    Stories s = loweredStories(300);
+    auto w = WeightSource::open(s.module, "");
+    REQUIRE(w.isOk());
+    GpuOptions opt;
+    opt.chain_cycles = 64;
+    auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, s.module, w.value(), opt);
+    REQUIRE_MESSAGE(machine.isOk(), machine.message());
+    GenerationRequest req;
+    req.tag = 3;
+    req.max_new = 256;
+    req.sampling.temperature = 0;
+    req.prompt = {1};
+    REQUIRE(machine.value()->pushInput(encodeRequest(req)).isOk());
+    machine.value()->closeInput();
+    auto r = machine.value()->run();
+    REQUIRE_MESSAGE(r.isOk(), r.message());
+    CHECK_MESSAGE(r.value().status.isOk(), r.value().status.message());
+    CHECK(tokensOf(r.value(), 3) == expectedGreedyIds());
+    const GpuStats& st = machine.value()->stats();
+    MESSAGE("stories260K 256 tokens: " << st.json());
+    CHECK(st.submits <= 8);
+    CHECK(st.round_trips == 0);
+    CHECK_NO_VALIDATION_ERRORS();
 }
 
 }  // namespace

@@ -46,6 +46,16 @@ uint itemRow(uint item) {
     return ctl[listBase() + n + item] + ctl[listBase() + 2u * n + item] - 1u;
 }
 
+// Index of the item's row among its instance's rows (instance items: their last row).
+uint itemRowLocal(uint item) {
+    uint n = ctl[BLUE_H_NINST];
+    if (pc.w[BLUE_PC_MODE] == 0u) {
+        uint rowmap = ctl[BLUE_O_ROWMAP] + pc.w[BLUE_PC_BLOCK] * ctl[BLUE_H_MAX_ROWS] * 2u;
+        return ctl[rowmap + item * 2u + 1u];
+    }
+    return ctl[listBase() + 2u * n + item] - 1u;
+}
+
 // Byte offset of the item's slice of operand t.
 uint sliceOffset(TRef t, uint item) {
     if (t.cls == BLUE_TC_ROWS) return t.offset + itemRow(item) * t.stride;

@@ -1,9 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// MATMUL with an F32 matrix: dst[n] = sum_k w[n][k] * x[k] for each item. Each invocation owns
-// one output row n and BLUE_MATMUL_TILE items, so every weight it reads serves the whole tile.
-// Grid: x = ceil(N / BLUE_MATMUL_ROWS), y = ceil(items / BLUE_MATMUL_TILE).
+// MATMUL for any weight type (WTYPE_*): dst[n] = sum_k w[n][k] * x[k] for each item. Each
+// invocation owns one output row n and BLUE_MATMUL_TILE items, so every weight it dequantizes
+// serves the whole tile. Grid: x = ceil(N / BLUE_MATMUL_ROWS), y = ceil(items / BLUE_MATMUL_TILE).
 #include "common/tensor.glsl"
+#include "common/dequant.glsl"
 
 layout(local_size_x = BLUE_MATMUL_WG) in;
 
@@ -14,17 +15,18 @@ void main() {
     uint n = gl_GlobalInvocationID.x;
     uint K = x.n, N = dst.n;
     uint first = gl_WorkGroupID.y * BLUE_MATMUL_TILE;
-    uint count = min(itemCount() - min(itemCount(), first), BLUE_MATMUL_TILE);
-    if (n >= N || count == 0u) return;
+    uint items = itemCount();
+    if (n >= N || first >= items) return;
+    uint count = min(items - first, BLUE_MATMUL_TILE);
     uint xo[BLUE_MATMUL_TILE];
     float acc[BLUE_MATMUL_TILE];
     for (uint t = 0u; t < BLUE_MATMUL_TILE; ++t) {
         xo[t] = sliceOffset(x, first + min(t, count - 1u)) / 4u;
         acc[t] = 0.0;
     }
-    uint wo = w.offset / 4u + n * K;
+    uint row = w.offset + n * wrowBytes(K);
     for (uint k = 0u; k < K; ++k) {
-        float wv = page_f[w.page].d[wo + k];
+        float wv = dequantElement(w.page, row, k);
         for (uint t = 0u; t < BLUE_MATMUL_TILE; ++t) acc[t] += wv * page_f[x.page].d[xo[t] + k];
     }
     for (uint t = 0u; t < count; ++t) {

@@ -1,0 +1,47 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// ROPE: rotates each pair of dims of every head by position * scale * base^(-2i/n_rot) / ff[i].
+// Mode 0 pairs (2i, 2i+1), mode 2 (neox) pairs (i, i + n_rot/2); dims past n_rot are copied.
+// One invocation per pair, so dst may be the source.
+#include "common/tensor.glsl"
+#include "common/bytes.glsl"
+
+layout(local_size_x = BLUE_ELEM_WG) in;
+
+void main() {
+    TRef dst = tref(BLUE_PC_OPERANDS);
+    TRef src = tref(BLUE_PC_OPERANDS + 4u);
+    TRef ff = tref(BLUE_PC_OPERANDS + 8u);
+    uint arg = pc.w[BLUE_PC_OPERANDS + 12u], head = pc.w[BLUE_PC_OPERANDS + 13u];
+    uint n_rot = pc.w[BLUE_PC_OPERANDS + 14u], mode = pc.w[BLUE_PC_OPERANDS + 15u];
+    float base = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 16u]);
+    float scale = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 17u]);
+    uint p = gl_GlobalInvocationID.x, item = gl_WorkGroupID.y;
+    if (p >= dst.n / 2u || item >= itemCount()) return;
+    uint h = p / (head / 2u), j = p % (head / 2u);
+    uint half_rot = n_rot / 2u;
+    uint i0, i1;
+    bool rotate = j < half_rot;
+    if (mode == 0u || !rotate) {
+        uint first = rotate ? 2u * j : (mode == 0u ? 2u * j : n_rot + 2u * (j - half_rot));
+        i0 = h * head + first;
+        i1 = i0 + 1u;
+    } else {
+        i0 = h * head + j;
+        i1 = i0 + half_rot;
+    }
+    uint so = sliceOffset(src, item) / 4u, d = sliceOffset(dst, item) / 4u;
+    float x0 = page_f[src.page].d[so + i0], x1 = page_f[src.page].d[so + i1];
+    if (rotate) {
+        uint inst = itemInstance(item);
+        float pos = float(blockArg(inst, arg) + itemRowLocal(item));
+        float theta = pos * scale * pow(base, -2.0 * float(j) / float(n_rot));
+        if (ff.page != 0xFFFFu) theta /= page_f[ff.page].d[ff.offset / 4u + j];
+        float c = cos(theta), s = sin(theta);
+        float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+        x0 = y0;
+        x1 = y1;
+    }
+    page_f[dst.page].d[d + i0] = x0;
+    page_f[dst.page].d[d + i1] = x1;
+}
