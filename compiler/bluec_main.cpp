@@ -2,11 +2,18 @@
 //   bluec asm prog.blue -o prog.bir     assemble text to bytecode
 //   bluec dis prog.bir                  print bytecode as text
 //   bluec check prog.bir                parse and verify only
+//   bluec lower --model M.gguf -o M.bir [--ctx N] [--max-rows N] [--chunk N] [--kv f16|f32]
+//                                       compile a GGUF model into a generation program
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include <filesystem>
+
 #include "compiler/asm.h"
+#include "compiler/gguf.h"
+#include "compiler/lower_model.h"
+#include "compiler/model_config.h"
 #include "vm/verify.h"
 
 namespace {
@@ -14,7 +21,9 @@ namespace {
 constexpr const char* kUsage =
     "usage: bluec asm FILE.blue -o OUT.bir   assemble Blue-IR text\n"
     "       bluec dis FILE.bir [-o OUT.blue] disassemble\n"
-    "       bluec check FILE.bir             parse and verify a module\n";
+    "       bluec check FILE.bir             parse and verify a module\n"
+    "       bluec lower --model M.gguf -o OUT.bir [--ctx N] [--max-rows N] [--chunk N]\n"
+    "                   [--kv f16|f32]       compile a GGUF model into a generation program\n";
 
 int fail(const std::string& msg) {
     std::fprintf(stderr, "bluec: %s\n", msg.c_str());
@@ -31,12 +40,60 @@ bool writeText(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+bool parseU32(const std::string& s, uint32_t* out) {
+    char* end = nullptr;
+    unsigned long v = std::strtoul(s.c_str(), &end, 10);
+    if (s.empty() || *end || v > 0xFFFFFFFFul) return false;
+    *out = uint32_t(v);
+    return true;
+}
+
+// Records the model path relative to the output's folder, so the pair can move together.
+std::string modelPathForModule(const std::string& model, const std::string& out) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path m = fs::absolute(model, ec);
+    fs::path dir = fs::absolute(out, ec).parent_path();
+    fs::path rel = fs::relative(m, dir, ec);
+    return ec || rel.empty() ? m.string() : rel.string();
+}
+
+int lower(int argc, char** argv) {
+    std::string model, output;
+    blue::LowerOptions opt;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        std::string v = i + 1 < argc ? argv[i + 1] : "";
+        bool ok = true;
+        if (a == "--model") model = v;
+        else if (a == "-o") output = v;
+        else if (a == "--ctx") ok = parseU32(v, &opt.ctx);
+        else if (a == "--max-rows") ok = parseU32(v, &opt.max_rows);
+        else if (a == "--chunk") ok = parseU32(v, &opt.chunk);
+        else if (a == "--kv" && (v == "f16" || v == "f32")) opt.kv_type = v == "f16" ? blue::DType::F16 : blue::DType::F32;
+        else return fail("lower: unknown or incomplete option '" + a + "'\n" + kUsage);
+        if (!ok) return fail("lower: " + a + " needs a number, got '" + v + "'");
+        ++i;
+    }
+    if (model.empty() || output.empty()) return fail(std::string("lower needs --model and -o\n") + kUsage);
+    auto g = blue::ggufOpen(model);
+    if (!g) return fail(g.message());
+    auto cfg = blue::modelConfigFromGguf(g.value());
+    if (!cfg) return fail(cfg.message());
+    opt.model_path = modelPathForModule(model, output);
+    auto m = blue::lowerModel(g.value(), cfg.value(), opt);
+    if (!m) return fail(m.message());
+    blue::Status s = blue::writeModuleFile(m.value(), output);
+    return s ? 0 : fail(s.message());
+}
+
 int main(int argc, char** argv) {
     if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
         std::fputs(kUsage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     std::string cmd = argv[1], input, output;
+    if (cmd == "lower") return lower(argc, argv);
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "-o" && i + 1 < argc) {
