@@ -173,6 +173,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
     cb.li(kTmp, BLUE_REQ_TAG);
     cb.op(Op::INLD, {kTag, kSlot, kTmp});
+    cb.op(Op::OUTBEGIN, {kTag});
     cb.li(kTmp, BLUE_REQ_MAX_NEW);
     cb.op(Op::INLD, {kMaxNew, kSlot, kTmp});
     // Sampling parameters: request words TEMP..SEED map in order onto SP_TEMP..SP_SEED.

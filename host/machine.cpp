@@ -1,6 +1,7 @@
 // GpuMachine: loading, chain recording and the leapfrogging run loop (see machine.h).
 #include "host/machine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -27,6 +28,10 @@ struct GpuMachine::Impl {
     std::vector<VkCommandBuffer> chains;
     std::vector<VkFence> fences;
     uint64_t dispatches_per_chain = 0;
+    VkQueryPool queries = VK_NULL_HANDLE;
+    uint32_t queries_per_chain = 0;
+    std::vector<uint32_t> query_kernel;  // per query slot within a chain: index into profile
+    std::vector<KernelTime> profile;
 
     // Host side of the I/O rings.
     std::deque<std::vector<uint32_t>> pending;
@@ -48,12 +53,38 @@ struct GpuMachine::Impl {
     void drainOutput(uint32_t chain, const OutputSink& sink, bool keep, RunReport* report,
                      GpuStats* stats);
     Status readInstances(RunReport* report, GpuStats* stats);
+    uint32_t profileSlot(const std::string& name);
+    Status collectProfile(uint32_t chain);
 };
+
+uint32_t GpuMachine::Impl::profileSlot(const std::string& name) {
+    for (uint32_t i = 0; i < profile.size(); ++i) {
+        if (profile[i].name == name) return i;
+    }
+    profile.push_back({name, 0, 0});
+    return uint32_t(profile.size() - 1);
+}
+
+Status GpuMachine::Impl::collectProfile(uint32_t chain) {
+    if (!queries) return Status::ok();
+    std::vector<uint64_t> ts(queries_per_chain);
+    BLUE_VK_TRY(vkGetQueryPoolResults(dev.device(), queries, chain * queries_per_chain,
+                                      queries_per_chain, ts.size() * 8, ts.data(), 8,
+                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT));
+    double period_ms = double(dev.props().limits.timestampPeriod) * 1e-6;
+    for (uint32_t q = 1; q < queries_per_chain; ++q) {
+        KernelTime& k = profile[query_kernel[q]];
+        k.ms += double(ts[q] - ts[q - 1]) * period_ms;
+        ++k.dispatches;
+    }
+    return Status::ok();
+}
 
 GpuMachine::Impl::~Impl() {
     VkDevice d = dev.device();
     vkDeviceWaitIdle(d);
     for (VkFence f : fences) vkDestroyFence(d, f, nullptr);
+    if (queries) vkDestroyQueryPool(d, queries, nullptr);
     if (cmd_pool) vkDestroyCommandPool(d, cmd_pool, nullptr);
     if (pool) vkDestroyDescriptorPool(d, pool, nullptr);
     for (Buffer& b : page_buffers) destroyBuffer(dev, b);
@@ -218,6 +249,16 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
         if (!p) return p.status();
         ops.push_back(p.value());
     }
+    const uint32_t qbase = c * queries_per_chain;
+    uint32_t q = 0;
+    auto stamp = [&](const std::string& kernel) {
+        if (!queries) return;
+        if (c == 0) query_kernel[q] = profileSlot(kernel);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, queries, qbase + q);
+        ++q;
+    };
+    if (queries) vkCmdResetQueryPool(cb, queries, qbase, queries_per_chain);
+    stamp("start");
     const VkDeviceSize indirect = VkDeviceSize(layout.at(BLUE_O_INDIRECT)) * 4;
     const VkDeviceSize seq_args = indirect + dispatches.size() * 12;
     dispatches_per_chain = 0;
@@ -225,9 +266,11 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
         vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, seq.value());
         vkCmdDispatchIndirect(cb, control.buffer, seq_args);
         computeBarrier(cb);
+        stamp("sequencer");
         vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, plan.value());
         vkCmdDispatch(cb, 1, 1, 1);
         computeBarrier(cb);
+        stamp("plan");
         dispatches_per_chain += 2;
         VkPipeline bound = plan.value();
         for (size_t d = 0; d < dispatches.size(); ++d) {
@@ -237,6 +280,7 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
                                BLUE_PUSH_WORDS * 4, dispatches[d].push.data());
             vkCmdDispatchIndirect(cb, control.buffer, indirect + d * 12);
             computeBarrier(cb);
+            stamp(dispatches[d].pipeline);
             ++dispatches_per_chain;
         }
     }
@@ -340,6 +384,14 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     pi.queueFamilyIndex = dev.queueFamily();
     BLUE_VK_TRY(vkCreateCommandPool(dev.device(), &pi, nullptr, &impl->cmd_pool));
     impl->chains.resize(options.chains);
+    if (options.profile) {
+        impl->queries_per_chain = 1 + options.chain_cycles * uint32_t(2 + impl->dispatches.size());
+        impl->query_kernel.assign(impl->queries_per_chain, 0);
+        VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+        qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+        qi.queryCount = impl->queries_per_chain * options.chains;
+        BLUE_VK_TRY(vkCreateQueryPool(dev.device(), &qi, nullptr, &impl->queries));
+    }
     VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
     ai.commandPool = impl->cmd_pool;
     ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
@@ -406,6 +458,7 @@ Result<RunReport> GpuMachine::run(const OutputSink& sink, bool keep_output) {
         BLUE_VK_TRY(vkWaitForFences(d, 1, &im.fences[c], VK_TRUE, UINT64_MAX));
         ++stats_.host_waits;
         in_flight[c] = false;
+        BLUE_TRY(im.collectProfile(c));
         im.drainOutput(c, sink, keep_output, &report, &stats_);
         const uint32_t* snap = io + BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS;
         stats_.cycles = snap[0];
@@ -419,6 +472,7 @@ Result<RunReport> GpuMachine::run(const OutputSink& sink, bool keep_output) {
         BLUE_VK_TRY(vkWaitForFences(d, 1, &im.fences[c], VK_TRUE, UINT64_MAX));
         ++stats_.host_waits;
         in_flight[c] = false;
+        BLUE_TRY(im.collectProfile(c));
         im.drainOutput(c, sink, keep_output, &report, &stats_);
         stats_.cycles = io[BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS];
     }
@@ -426,6 +480,7 @@ Result<RunReport> GpuMachine::run(const OutputSink& sink, bool keep_output) {
     const uint32_t* last = io + BLUE_IO_SNAP_BASE + ((c + nchains - 1) % nchains) * BLUE_IO_SNAP_WORDS;
     stats_.block_runs = last[BLUE_C_BLOCK_RUNS - BLUE_C_CYCLE];
     BLUE_TRY(im.readInstances(&report, &stats_));
+    stats_.profile = im.profile;
     report.cycles = stats_.cycles;
     report.steps = stats_.steps;
     report.block_runs = stats_.block_runs;
@@ -441,6 +496,25 @@ Status GpuMachine::readTensor(uint32_t index, std::vector<uint8_t>* out) {
     const TensorPlace& p = impl_->pages.places.at(index);
     out->resize(p.bytes);
     return downloadFromBuffer(impl_->dev, impl_->page_buffers[p.page], p.offset, out->data(), p.bytes);
+}
+
+std::string formatProfile(const GpuStats& stats) {
+    std::vector<KernelTime> rows;
+    double total = 0;
+    for (const KernelTime& k : stats.profile) {
+        if (k.dispatches == 0) continue;
+        rows.push_back(k);
+        total += k.ms;
+    }
+    std::sort(rows.begin(), rows.end(), [](const KernelTime& a, const KernelTime& b) { return a.ms > b.ms; });
+    std::string out = strFormat("%-16s %10s %10s %12s %7s\n", "kernel", "dispatches", "total ms", "us/dispatch", "share");
+    for (const KernelTime& k : rows) {
+        out += strFormat("%-16s %10llu %10.2f %12.2f %6.1f%%\n", k.name.c_str(),
+                         (unsigned long long)k.dispatches, k.ms, 1000.0 * k.ms / double(k.dispatches),
+                         total > 0 ? 100.0 * k.ms / total : 0.0);
+    }
+    out += strFormat("%-16s %10s %10.2f\n", "total", "", total);
+    return out;
 }
 
 std::string GpuStats::json() const {

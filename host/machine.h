@@ -31,6 +31,14 @@ struct GpuOptions {
     uint32_t chain_cycles = 64;       // K: cycles recorded in each chain
     uint32_t chains = 2;              // chains leapfrogging (1..BLUE_MAX_CHAINS)
     uint32_t out_records = 1u << 16;  // output ring capacity
+    bool profile = false;             // time every dispatch with GPU timestamps
+};
+
+// Time spent per kernel when GpuOptions::profile is on.
+struct KernelTime {
+    std::string name;
+    uint64_t dispatches = 0;  // recorded dispatches timed (empty ones included)
+    double ms = 0;
 };
 
 struct GpuStats {
@@ -47,10 +55,14 @@ struct GpuStats {
     uint32_t instances = 0;
     uint32_t chain_cycles = 0;
     double wall_ms = 0;  // from first submit to the last result
+    std::vector<KernelTime> profile;  // by kernel, when profiling
 
     // One JSON object on one line.
     std::string json() const;
 };
+
+// A table of GpuStats::profile, slowest kernel first.
+std::string formatProfile(const GpuStats& stats);
 
 using OutputSink = std::function<void(std::span<const OutputRecord>)>;
 

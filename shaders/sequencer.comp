@@ -50,6 +50,7 @@ uint outputKind(uint op) {
         case OP_OUTS: return BLUE_OUT_STR;
         case OP_OUTT: return BLUE_OUT_TOKEN;
         case OP_OUTEND: return BLUE_OUT_END;
+        case OP_OUTBEGIN: return BLUE_OUT_BEGIN;
     }
     return 0u;
 }

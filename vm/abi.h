@@ -35,6 +35,7 @@
 #define BLUE_OUT_STR 5u
 #define BLUE_OUT_TOKEN 6u
 #define BLUE_OUT_END 7u
+#define BLUE_OUT_BEGIN 8u
 #define BLUE_OUT_INST_MASK 0x00FFFFFFu
 
 // Tensor storage classes.

@@ -122,6 +122,7 @@ uint32_t outputKind(uint8_t op) {
         case Op::OUTS: return BLUE_OUT_STR;
         case Op::OUTT: return BLUE_OUT_TOKEN;
         case Op::OUTEND: return BLUE_OUT_END;
+        case Op::OUTBEGIN: return BLUE_OUT_BEGIN;
         default: return 0;
     }
 }

@@ -18,7 +18,8 @@ std::string recordText(const Module& m, const OutputRecord& r, const Detokenizer
             return m.constString(r.value, &s) ? s : strFormat("<bad string %u>", r.value);
         }
         case BLUE_OUT_TOKEN: return detok ? detok(r.value) : strFormat("<%u>", r.value);
-        case BLUE_OUT_END: return "";
+        case BLUE_OUT_END:
+        case BLUE_OUT_BEGIN: return "";
     }
     return strFormat("<record kind %u>", r.kind);
 }

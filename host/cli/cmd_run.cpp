@@ -22,7 +22,7 @@ struct RunArgs {
     uint32_t instances = 1;
     uint64_t max_cycles = 1000000;
     uint32_t chain_cycles = 64;
-    bool stats = false, ref = false;
+    bool stats = false, ref = false, profile = false;
 };
 
 std::string dirOf(const std::string& path) {
@@ -110,6 +110,7 @@ int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,
     opt.instances = args.instances;
     opt.max_cycles = args.max_cycles;
     opt.chain_cycles = args.chain_cycles;
+    opt.profile = args.profile;
     auto machine = GpuMachine::create(*dev.value(), *pipelines.value(), m, w, opt);
     if (!machine) return fail(machine.message());
     for (const auto& msg : inputs) {
@@ -120,6 +121,7 @@ int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,
     auto report = machine.value()->run(
         [&](std::span<const OutputRecord> recs) { appendOutputText(m, recs, &text); }, false);
     if (!report) return fail(report.message());
+    if (args.profile) std::fputs(formatProfile(machine.value()->stats()).c_str(), stderr);
     return finish(m, report.value(), text, args, machine.value()->stats().json());
 }
 
@@ -137,6 +139,7 @@ Command addRunCommand(CLI::App& app) {
     sub->add_option("--input", args->input, "input messages: one per line, numbers");
     sub->add_flag("--stats", args->stats, "print execution counters as one JSON line on stderr");
     sub->add_flag("--ref", args->ref, "run on the CPU reference interpreter instead of the GPU");
+    sub->add_flag("--profile", args->profile, "time every kernel with GPU timestamps (stderr)");
     return [args] {
         auto m = loadProgram(args->program);
         if (!m) return fail(m.message());

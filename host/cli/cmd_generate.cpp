@@ -1,0 +1,184 @@
+// `bluevm generate`: text generation with a GGUF model (or a lowered .bir) on the GPU VM.
+//   one prompt:    --prompt TEXT, streamed to stdout as it is produced
+//   many prompts:  --prompts FILE (one per line, or JSONL objects with per-prompt parameters),
+//                  results as JSONL, --instances N instances serving them together
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+
+#include "host/cli/commands.h"
+#include "host/llm/engine.h"
+
+namespace blue::cli {
+
+namespace {
+
+struct GenerateArgs {
+    std::string model, prompt, prompts_file, out, device;
+    int32_t n_predict = 256;
+    SamplingParams sampling;
+    bool seed_given = false;
+    uint32_t instances = 1, ctx = 0, chain_cycles = 64;
+    bool stats = false, ids = false, no_echo = false, profile = false;
+};
+
+// Reads --prompts FILE: plain lines are prompts; lines starting with '{' are JSON objects with
+// "prompt" and optional "max_tokens", "temperature", "top_k", "top_p", "min_p",
+// "repeat_penalty", "seed".
+Result<std::vector<std::pair<std::string, GenerationRequest>>> readPrompts(const GenerateArgs& a) {
+    std::ifstream in(a.prompts_file);
+    if (!in) return BLUE_ERROR("%s: cannot open prompts file", a.prompts_file.c_str());
+    std::vector<std::pair<std::string, GenerationRequest>> out;
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+        if (line.empty()) continue;
+        GenerationRequest r;
+        r.max_new = uint32_t(a.n_predict);
+        r.sampling = a.sampling;
+        r.sampling.seed = a.sampling.seed + uint32_t(out.size());
+        std::string text = line;
+        if (line[0] == '{') {
+            auto j = nlohmann::json::parse(line, nullptr, false);
+            if (j.is_discarded() || !j.is_object() || !j.contains("prompt") || !j["prompt"].is_string()) {
+                return BLUE_ERROR("%s:%d: expected a JSON object with a string \"prompt\"", a.prompts_file.c_str(), number);
+            }
+            try {
+                text = j["prompt"].get<std::string>();
+                r.max_new = j.value("max_tokens", r.max_new);
+                r.sampling.temperature = j.value("temperature", r.sampling.temperature);
+                r.sampling.top_k = j.value("top_k", r.sampling.top_k);
+                r.sampling.top_p = j.value("top_p", r.sampling.top_p);
+                r.sampling.min_p = j.value("min_p", r.sampling.min_p);
+                r.sampling.repeat_penalty = j.value("repeat_penalty", r.sampling.repeat_penalty);
+                r.sampling.seed = j.value("seed", r.sampling.seed);
+            } catch (const nlohmann::json::exception& e) {
+                return BLUE_ERROR("%s:%d: %s", a.prompts_file.c_str(), number, e.what());
+            }
+        }
+        out.emplace_back(text, r);
+    }
+    if (out.empty()) return BLUE_ERROR("%s: no prompts", a.prompts_file.c_str());
+    return out;
+}
+
+std::string statsJson(const Engine& e, size_t prompt_tokens, size_t gen_tokens, double wall_ms,
+                      const std::vector<Completion>& results) {
+    const GpuStats& s = e.stats();
+    nlohmann::json j = nlohmann::json::parse(s.json());
+    j["prompt_tokens"] = prompt_tokens;
+    j["generated_tokens"] = gen_tokens;
+    j["total_ms"] = wall_ms;
+    j["tokens_per_second"] = s.wall_ms > 0 ? 1000.0 * double(gen_tokens) / s.wall_ms : 0.0;
+    if (results.size() > 1) {
+        double per = 0;
+        for (const Completion& c : results) per += double(c.tokens.size());
+        j["per_request_tokens_per_second"] = s.wall_ms > 0 ? 1000.0 * per / double(results.size()) / s.wall_ms : 0.0;
+    }
+    return j.dump();
+}
+
+int runOne(Engine& engine, const GenerateArgs& a) {
+    GenerationRequest r;
+    r.max_new = uint32_t(a.n_predict);
+    r.sampling = a.sampling;
+    r.prompt = engine.promptTokens(a.prompt);
+    if (!a.no_echo && !a.ids) {
+        std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
+        std::fflush(stdout);
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto results = engine.run({r}, [&](size_t, uint32_t, const std::string& text) {
+        if (a.ids) return;
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+    });
+    if (!results) return fail(results.message());
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const Completion& c = results.value()[0];
+    if (a.ids) {
+        for (size_t i = 0; i < c.tokens.size(); ++i) std::printf("%s%u", i ? " " : "", c.tokens[i]);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+    if (a.stats) std::fprintf(stderr, "%s\n", statsJson(engine, r.prompt.size(), c.tokens.size(), ms, results.value()).c_str());
+    return 0;
+}
+
+int runMany(Engine& engine, const GenerateArgs& a) {
+    auto prompts = readPrompts(a);
+    if (!prompts) return fail(prompts.message());
+    std::vector<GenerationRequest> reqs;
+    size_t prompt_tokens = 0;
+    for (auto& [text, r] : prompts.value()) {
+        r.prompt = engine.promptTokens(text);
+        prompt_tokens += r.prompt.size();
+        reqs.push_back(r);
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto results = engine.run(reqs);
+    if (!results) return fail(results.message());
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    FILE* f = a.out.empty() ? stdout : std::fopen(a.out.c_str(), "w");
+    if (!f) return fail("cannot write " + a.out);
+    size_t gen = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        const Completion& c = results.value()[i];
+        gen += c.tokens.size();
+        nlohmann::json j = {{"index", i}, {"prompt", prompts.value()[i].first}, {"text", c.text},
+                            {"prompt_tokens", reqs[i].prompt.size()}, {"tokens", c.tokens.size()}};
+        if (a.ids) j["ids"] = c.tokens;
+        std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+        std::fwrite(line.data(), 1, line.size(), f);
+    }
+    if (f != stdout) std::fclose(f);
+    if (a.stats) std::fprintf(stderr, "%s\n", statsJson(engine, prompt_tokens, gen, ms, results.value()).c_str());
+    return 0;
+}
+
+}  // namespace
+
+Command addGenerateCommand(CLI::App& app) {
+    auto a = std::make_shared<GenerateArgs>();
+    CLI::App* sub = app.add_subcommand("generate", "Generate text with a GGUF model on the GPU");
+    sub->add_option("--model,-m", a->model, "GGUF model, or a .bir lowered by `bluec lower`")->required();
+    sub->add_option("--prompt,-p", a->prompt, "the prompt (empty: start from BOS)");
+    sub->add_option("--prompts", a->prompts_file, "many prompts: one per line, or JSONL with per-prompt parameters");
+    sub->add_option("-n,--n-predict", a->n_predict, "tokens to generate at most")->check(CLI::Range(0, 1 << 24));
+    sub->add_option("--temp", a->sampling.temperature, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
+    sub->add_option("--top-k", a->sampling.top_k, "keep the K most likely tokens (0: off)");
+    sub->add_option("--top-p", a->sampling.top_p, "keep the most likely tokens up to this mass (1: off)")->check(CLI::Range(0.0f, 1.0f));
+    sub->add_option("--min-p", a->sampling.min_p, "drop tokens below this fraction of the top probability")->check(CLI::Range(0.0f, 1.0f));
+    sub->add_option("--repeat-penalty", a->sampling.repeat_penalty, "penalty for repeated tokens (1: off)")->check(CLI::Range(0.0f, 100.0f));
+    sub->add_option("--repeat-last-n", a->sampling.repeat_last_n, "tokens the penalties look back over");
+    sub->add_option("--presence-penalty", a->sampling.presence_penalty, "subtracted once from repeated tokens' logits");
+    sub->add_option("--frequency-penalty", a->sampling.frequency_penalty, "subtracted per repetition");
+    sub->add_option("--seed", a->sampling.seed, "random seed (same seed, same text)")->each([a](const std::string&) { a->seed_given = true; });
+    sub->add_option("--instances", a->instances, "instances sharing the weights")->check(CLI::Range(1u, 4096u));
+    sub->add_option("--ctx", a->ctx, "context length per instance (default: the model's, at most 2048)");
+    sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
+    sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
+    sub->add_option("--out", a->out, "with --prompts: write the JSONL results here");
+    sub->add_flag("--ids", a->ids, "print token ids instead of text");
+    sub->add_flag("--no-echo", a->no_echo, "do not print the prompt before the generated text");
+    sub->add_flag("--stats", a->stats, "print counters and speed as one JSON line on stderr");
+    sub->add_flag("--profile", a->profile, "time every kernel (stderr)");
+    return [a] {
+        if (!a->seed_given) a->sampling.seed = uint32_t(std::time(nullptr));
+        EngineOptions eo;
+        eo.device = a->device;
+        eo.instances = a->instances;
+        eo.ctx = a->ctx;
+        eo.chain_cycles = a->chain_cycles;
+        eo.profile = a->profile;
+        auto engine = Engine::open(a->model, eo);
+        if (!engine) return fail(engine.message());
+        int code = a->prompts_file.empty() ? runOne(*engine.value(), *a) : runMany(*engine.value(), *a);
+        if (a->profile && code == 0) std::fputs(formatProfile(engine.value()->stats()).c_str(), stderr);
+        return code;
+    };
+}
+
+}  // namespace blue::cli

@@ -1,0 +1,165 @@
+// Engine (see engine.h).
+#include "host/llm/engine.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "compiler/lower_model.h"
+#include "vm/abi.h"
+#include "vm/llm_abi.h"
+#include "vm/verify.h"
+
+namespace blue {
+
+namespace {
+
+bool endsWith(const std::string& s, const char* suffix) {
+    size_t n = std::strlen(suffix);
+    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+std::string dirOf(const std::string& path) {
+    std::filesystem::path p(path);
+    return p.has_parent_path() ? p.parent_path().string() : ".";
+}
+
+}  // namespace
+
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const EngineOptions& options) {
+    std::unique_ptr<Engine> e(new Engine());
+    e->options_ = options;
+    std::string gguf_path = path, module_dir;
+    if (endsWith(path, ".bir")) {
+        auto m = loadModuleFile(path);
+        if (!m) return m.status();
+        const std::string* kind = m->metaValue(kMetaKind);
+        if (!kind || *kind != "llm-generate" || m->externs.empty()) {
+            return BLUE_ERROR("%s: not a generation program (lower a model with `bluec lower`)", path.c_str());
+        }
+        module_dir = dirOf(path);
+        gguf_path = resolveModulePath(module_dir, m->externs[0]);
+        e->module_ = std::move(m.value());
+    }
+    auto g = ggufOpen(gguf_path);
+    if (!g) return g.status();
+    e->gguf_ = std::move(g.value());
+    auto cfg = modelConfigFromGguf(e->gguf_);
+    if (!cfg) return cfg.status();
+    e->config_ = cfg.value();
+    auto tok = Tokenizer::fromGguf(e->gguf_);
+    if (!tok) return tok.status();
+    e->tokenizer_ = std::move(tok.value());
+    if (e->module_.code.empty()) {
+        LowerOptions lo;
+        lo.ctx = options.ctx;
+        lo.max_rows = options.max_rows;
+        lo.kv_type = options.kv_type;
+        lo.model_path = std::filesystem::absolute(gguf_path).string();
+        auto m = lowerModel(e->gguf_, e->config_, lo);
+        if (!m) return m.status();
+        e->module_ = std::move(m.value());
+    }
+    const std::string* ctx = e->module_.metaValue(kMetaCtx);
+    e->ctx_ = ctx ? uint32_t(std::stoul(*ctx)) : 0;
+    auto w = WeightSource::open(e->module_, module_dir);
+    if (!w) return w.status();
+    e->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
+    auto dev = Device::create(DeviceOptions{options.device, options.validation});
+    if (!dev) return dev.status();
+    e->device_ = std::move(dev.value());
+    auto p = Pipelines::create(*e->device_);
+    if (!p) return p.status();
+    e->pipelines_ = std::move(p.value());
+    return e;
+}
+
+std::vector<uint32_t> Engine::promptTokens(const std::string& text) const {
+    std::vector<uint32_t> out;
+    if (text.empty()) {
+        if (tokenizer_.bos() != kNoToken) out.push_back(uint32_t(tokenizer_.bos()));
+        return out;
+    }
+    for (int32_t id : tokenizer_.encode(text, true, false)) out.push_back(uint32_t(id));
+    return out;
+}
+
+Status Engine::validate(const GenerationRequest& r) const {
+    if (r.prompt.empty()) return Status::error("the prompt is empty (and the model has no BOS token)");
+    if (r.prompt.size() >= ctx_) {
+        return BLUE_ERROR("the prompt has %zu tokens; the context holds %u (use a larger --ctx)",
+                          r.prompt.size(), ctx_);
+    }
+    for (uint32_t t : r.prompt) {
+        if (t >= config_.n_vocab) return BLUE_ERROR("prompt token %u is outside the vocabulary (%u)", t, config_.n_vocab);
+    }
+    if (r.stop_tokens.size() > BLUE_REQ_MAX_STOP) {
+        return BLUE_ERROR("at most %u stop tokens per request", BLUE_REQ_MAX_STOP);
+    }
+    const SamplingParams& s = r.sampling;
+    if (!(s.temperature >= 0) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1) ||
+        !(s.repeat_penalty > 0)) {
+        return Status::error("sampling parameters out of range: temperature >= 0, 0 < top_p <= 1, "
+                             "0 <= min_p <= 1, repeat_penalty > 0");
+    }
+    return Status::ok();
+}
+
+Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests,
+                                            const TokenCallback& on_token) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+        Status s = validate(requests[i]);
+        if (!s) return s.prefix(strFormat("request %zu", i));
+    }
+    GpuOptions opt;
+    opt.instances = options_.instances;
+    opt.chain_cycles = options_.chain_cycles;
+    opt.profile = options_.profile;
+    uint64_t budget = 16;
+    for (const GenerationRequest& r : requests) {
+        budget += r.prompt.size() + r.max_new + 4;
+    }
+    opt.max_cycles = options_.max_cycles ? options_.max_cycles : budget * 2;
+    auto machine = GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
+    if (!machine) return machine.status();
+    std::vector<Completion> out(requests.size());
+    std::vector<TokenStreamDecoder> decoders;
+    for (size_t i = 0; i < requests.size(); ++i) {
+        GenerationRequest r = requests[i];
+        r.tag = uint32_t(i);
+        BLUE_TRY(machine.value()->pushInput(encodeRequest(r)));
+        decoders.emplace_back(tokenizer_);
+    }
+    machine.value()->closeInput();
+    // An instance announces which request it serves (BEGIN), streams its tokens, then END.
+    std::vector<uint32_t> serving(options_.instances, 0xFFFFFFFFu);
+    auto sink = [&](std::span<const OutputRecord> records) {
+        for (const OutputRecord& rec : records) {
+            uint32_t req = rec.inst < serving.size() ? serving[rec.inst] : 0xFFFFFFFFu;
+            if (rec.kind == BLUE_OUT_BEGIN) {
+                serving[rec.inst] = rec.value < out.size() ? rec.value : 0xFFFFFFFFu;
+            } else if (rec.kind == BLUE_OUT_TOKEN && req != 0xFFFFFFFFu) {
+                out[req].tokens.push_back(rec.value);
+                std::string text = decoders[req].push(int32_t(rec.value));
+                out[req].text += text;
+                if (on_token) on_token(req, rec.value, text);
+            } else if (rec.kind == BLUE_OUT_END && req != 0xFFFFFFFFu) {
+                std::string rest = decoders[req].finish();
+                out[req].text += rest;
+                if (on_token && !rest.empty()) on_token(req, 0xFFFFFFFFu, rest);
+                out[req].finished = true;
+                serving[rec.inst] = 0xFFFFFFFFu;
+            }
+        }
+    };
+    auto report = machine.value()->run(sink, false);
+    if (!report) return report.status();
+    stats_ = machine.value()->stats();
+    if (!report.value().status) return report.value().status;
+    std::string faults = describeFaults(module_, report.value().instances);
+    if (!faults.empty()) return Status::error("the generation program faulted: " + faults);
+    return out;
+}
+
+}  // namespace blue

@@ -1,0 +1,91 @@
+// Engine: a language model on the GPU VM. Opens a GGUF model (lowering it to Blue-IR in memory)
+// or a lowered .bir module, its tokenizer, a Vulkan device, and runs generation requests on N
+// instances that share one copy of the weights. The generation loop itself (forward pass,
+// sampling, stop conditions, taking the next request) runs inside GPU chains; the engine only
+// feeds requests in and turns the output ring's token records into text.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/gguf.h"
+#include "compiler/model_config.h"
+#include "compiler/tokenizer.h"
+#include "host/device.h"
+#include "host/machine.h"
+#include "host/pipelines.h"
+#include "vm/llm_request.h"
+#include "vm/module.h"
+#include "vm/weights.h"
+
+namespace blue {
+
+struct EngineOptions {
+    std::string device;         // see DeviceOptions::select
+    uint32_t instances = 1;
+    uint32_t ctx = 0;           // context per instance (0: the module's, or min(trained, 2048))
+    uint32_t chain_cycles = 64;
+    uint32_t max_rows = 0;      // forward rows per step (0: the compiler's default)
+    DType kv_type = DType::F16;
+    bool profile = false;
+    bool validation = false;
+    uint64_t max_cycles = 0;    // watchdog (0: derived from the requests)
+};
+
+// One finished request.
+struct Completion {
+    std::vector<uint32_t> tokens;  // generated ids (stop tokens excluded)
+    std::string text;
+    bool finished = false;         // its end marker arrived
+};
+
+// Called from the engine's thread as tokens arrive (once per chain, in order per request).
+using TokenCallback = std::function<void(size_t request, uint32_t token, const std::string& text)>;
+
+class Engine {
+public:
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    // `path`: a .gguf model or a .bir module lowered from one. Fails with a clear message when the
+    // file is missing or malformed, the architecture is unsupported, or no device can run it.
+    static Result<std::unique_ptr<Engine>> open(const std::string& path, const EngineOptions& options);
+
+    const ModelConfig& config() const { return config_; }
+    const Tokenizer& tokenizer() const { return tokenizer_; }
+    const Module& module() const { return module_; }
+    uint32_t contextLength() const { return ctx_; }
+    Device& device() { return *device_; }
+
+    // Token ids for a prompt: BOS as the vocabulary asks; an empty prompt gives just BOS.
+    std::vector<uint32_t> promptTokens(const std::string& text) const;
+    // Checks a request against the context length and limits; the message names the problem.
+    Status validate(const GenerationRequest& r) const;
+
+    // Runs requests to completion on the engine's instances. Requests are queued in order; free
+    // instances take them on the GPU. `on_token` streams the text as it is produced.
+    Result<std::vector<Completion>> run(const std::vector<GenerationRequest>& requests,
+                                        const TokenCallback& on_token = {});
+
+    // Counters of the last run().
+    const GpuStats& stats() const { return stats_; }
+
+private:
+    Engine() = default;
+
+    EngineOptions options_;
+    GgufFile gguf_;
+    ModelConfig config_;
+    Tokenizer tokenizer_;
+    Module module_;
+    std::unique_ptr<WeightSource> weights_;
+    std::unique_ptr<Device> device_;
+    std::unique_ptr<Pipelines> pipelines_;
+    uint32_t ctx_ = 0;
+    GpuStats stats_;
+};
+
+}  // namespace blue
