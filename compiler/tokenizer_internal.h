@@ -74,6 +74,16 @@ inline size_t utf8SeqLen(uint8_t lead) {
     return 1;
 }
 
+// Length of the character at s[off]: its UTF-8 sequence length when the continuation bytes are
+// all there, else 1 (a stray or truncated byte stands alone).
+inline size_t utf8CharLen(std::string_view s, size_t off) {
+    size_t len = utf8SeqLen(uint8_t(s[off]));
+    if (off + len > s.size()) return 1;
+    for (size_t k = 1; k < len; ++k)
+        if ((uint8_t(s[off + k]) & 0xC0) != 0x80) return 1;
+    return len;
+}
+
 // Length of the longest prefix of `s` that does not end inside an incomplete UTF-8 sequence.
 size_t utf8CompletePrefix(std::string_view s);
 

@@ -1,7 +1,8 @@
 // SentencePiece-style tokenization as llama.cpp does it: start from single characters, repeatedly
 // merge the adjacent pair whose concatenation is the vocabulary token with the highest score (the
 // leftmost pair among equals), then emit each final piece, or its bytes as <0xNN> tokens when the
-// piece is not in the vocabulary.
+// piece is not in the vocabulary. One difference, for invalid UTF-8 only: a byte that does not
+// start a complete sequence is a character by itself, so it cannot swallow the next character.
 #include <queue>
 
 #include "compiler/tokenizer_internal.h"
@@ -27,7 +28,7 @@ class SpmText {
   public:
     SpmText(const TokenizerState& s, std::string_view text) : s_(s), text_(text) {
         for (size_t off = 0; off < text_.size();) {
-            size_t len = std::min(utf8SeqLen(uint8_t(text_[off])), text_.size() - off);
+            size_t len = utf8CharLen(text_, off);
             int32_t i = int32_t(symbols_.size());
             symbols_.push_back({i - 1, off + len == text_.size() ? -1 : i + 1, off, len});
             off += len;
