@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -124,7 +126,7 @@ TEST_CASE("tokenizer: llama.cpp vocabulary vectors encode exactly and decode bac
     // "ied"): they are what encode(text, add_special = false, parse_special = false) returns.
     for (const Vocab& v : {Vocab{"llama-spm", 1, true}, Vocab{"phi-3", 1, true},
                            Vocab{"gpt-2", 50256, false}, Vocab{"deepseek-coder", 32013, true}}) {
-        CAPTURE(v.name);
+        CAPTURE(std::string(v.name));
         Tokenizer t = loadVocab(v.name);
         std::vector<VocabCase> cases = readVocabCases(v.name);
         REQUIRE(cases.size() == 46);
@@ -149,7 +151,7 @@ TEST_CASE("tokenizer: llama.cpp vocabulary vectors encode exactly and decode bac
             decoded += back == c.text;
             CHECK(t.decode(with_bos) == c.text);  // a leading BOS does not take the space strip
         }
-        MESSAGE(v.name << ": " << encoded << "/" << cases.size() << " vectors encode exactly, "
+        MESSAGE(std::string(v.name) << ": " << encoded << "/" << cases.size() << " vectors encode exactly, "
                        << decoded << "/" << cases.size() << " decode back");
     }
 }
@@ -370,6 +372,402 @@ TEST_CASE("tokenizer: arbitrary bytes, invalid UTF-8 included, round trip") {
             CHECK(streamDecode(t, ids, false) == text);
         }
     }
+}
+
+namespace {
+
+// GPT-2's byte-level alphabet, written out independently of the tokenizer's own table.
+std::string byteLevel(uint8_t b) {
+    uint32_t cp = b;
+    if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)) {
+        uint32_t n = 0;
+        for (uint32_t c = 0; c < b; ++c)
+            n += !((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE);
+        cp = 256 + n;
+    }
+    if (cp < 0x80) return std::string(1, char(cp));
+    return {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+}
+
+const std::string kSp = "\xe2\x96\x81";  // U+2581
+const std::string kG = "\xc4\xa0";       // byte-level space
+
+// A small SentencePiece vocabulary: <unk> <s> </s>, 256 byte tokens, then ▁ a b ▁a ab and a
+// control token. `ab_score` decides whether "▁ab" becomes ▁a+b or ▁+ab.
+GgufWriter spmWriter(float ab_score) {
+    std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+    std::vector<int32_t> types = {2, 3, 3};
+    for (int b = 0; b < 256; ++b) {
+        tokens.push_back(strFormat("<0x%02X>", b));
+        types.push_back(6);
+    }
+    for (const std::string& t : {kSp, std::string("a"), std::string("b"), kSp + "a",
+                                 std::string("ab")}) {
+        tokens.push_back(t);
+        types.push_back(1);
+    }
+    tokens.push_back("<|im_start|>");
+    types.push_back(3);
+    std::vector<float> scores(tokens.size(), 0.0f);
+    scores[259] = -5;  // ▁
+    scores[260] = -6;  // a
+    scores[261] = -7;  // b
+    scores[262] = -1;  // ▁a
+    scores[263] = ab_score;
+    GgufWriter w;
+    w.setString("general.architecture", "llama");
+    w.setString("tokenizer.ggml.model", "llama");
+    w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
+    w.setArray<float>("tokenizer.ggml.scores", scores);
+    w.setArray<int32_t>("tokenizer.ggml.token_type", types);
+    w.setU32("tokenizer.ggml.bos_token_id", 1);
+    w.setU32("tokenizer.ggml.eos_token_id", 2);
+    w.setU32("tokenizer.ggml.unknown_token_id", 0);
+    return w;
+}
+
+// A small byte-level BPE vocabulary: the 256 byte characters in byte order, then "ab", "Ġa",
+// "Ġab" and <|endoftext|>, with the given merges.
+GgufWriter bpeWriter(const std::vector<std::string>& merges) {
+    std::vector<std::string> tokens;
+    for (int b = 0; b < 256; ++b) tokens.push_back(byteLevel(uint8_t(b)));
+    for (const std::string& t : {std::string("ab"), kG + "a", kG + "ab"}) tokens.push_back(t);
+    tokens.push_back("<|endoftext|>");
+    std::vector<int32_t> types(tokens.size(), 1);
+    types.back() = 3;
+    GgufWriter w;
+    w.setString("tokenizer.ggml.model", "gpt2");
+    w.setString("tokenizer.ggml.pre", "gpt2");
+    w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
+    w.setArray<int32_t>("tokenizer.ggml.token_type", types);
+    w.setStringArray("tokenizer.ggml.merges", std::span<const std::string>(merges));
+    w.setU32("tokenizer.ggml.eos_token_id", 259);
+    return w;
+}
+
+const std::vector<std::string> kMerges = {"a b", kG + " a", kG + "a b"};
+
+Result<Tokenizer> parseVocab(const GgufWriter& w, const std::string& name = "m.gguf") {
+    auto bytes = w.writeToMemory();
+    REQUIRE(bytes.isOk());
+    Result<GgufFile> f = ggufParse(std::move(bytes).value(), name);
+    REQUIRE_MESSAGE(f.isOk(), f.message());
+    return Tokenizer::fromGguf(*f);
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer: SentencePiece merges follow the scores") {
+    Result<Tokenizer> a = parseVocab(spmWriter(-2.0f));  // ▁a (-1) beats ab (-2)
+    REQUIRE_MESSAGE(a.isOk(), a.message());
+    CHECK(a->encode("ab", false, false) == std::vector<int32_t>{262, 261});
+    Result<Tokenizer> b = parseVocab(spmWriter(0.0f));  // ab (0) beats ▁a (-1)
+    REQUIRE_MESSAGE(b.isOk(), b.message());
+    CHECK(b->encode("ab", false, false) == std::vector<int32_t>{259, 263});
+    // Equal scores: the leftmost pair merges first.
+    Result<Tokenizer> c = parseVocab(spmWriter(-1.0f));
+    REQUIRE_MESSAGE(c.isOk(), c.message());
+    CHECK(c->encode("ab", false, false) == std::vector<int32_t>{262, 261});
+    CHECK(c->encode("ab", true, false) == std::vector<int32_t>{1, 262, 261});
+    // "c" is not in the vocabulary: its byte token; a space-prefix follows a special token.
+    CHECK(c->encode("c<|im_start|>a", false, true) ==
+          std::vector<int32_t>{259, 3 + 'c', 264, 262});
+    CHECK(c->decode(c->encode("c<|im_start|>a", false, true)) == "c a");
+
+    GgufWriter no_prefix = spmWriter(-2.0f);
+    no_prefix.setBool("tokenizer.ggml.add_space_prefix", false);
+    Result<Tokenizer> d = parseVocab(no_prefix);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    CHECK(d->encode("ab", false, false) == std::vector<int32_t>{263});
+    CHECK(d->encode(" a", false, false) == std::vector<int32_t>{262});
+    CHECK(d->decode(std::vector<int32_t>{262}) == " a");
+}
+
+TEST_CASE("tokenizer: byte-level BPE merges follow the ranks") {
+    Result<Tokenizer> t = parseVocab(bpeWriter(kMerges));
+    REQUIRE_MESSAGE(t.isOk(), t.message());
+    // Ids 0..255 are the byte characters in byte order: the space (Ġ) is 32.
+    const int32_t space = 32, ab = 256, ga = 257, gab = 258;
+    REQUIRE(t->findToken(kG) == space);
+    CHECK(t->encode(" ab", false, false) == std::vector<int32_t>{space, ab});  // "a b" first
+    CHECK(t->encode(" a", false, false) == std::vector<int32_t>{ga});
+    CHECK(t->encode("ab ab", false, false) == std::vector<int32_t>{ab, space, ab});
+
+    Result<Tokenizer> r = parseVocab(bpeWriter({kG + " a", kG + "a b", "a b"}));
+    REQUIRE_MESSAGE(r.isOk(), r.message());
+    CHECK(r->encode(" ab", false, false) == std::vector<int32_t>{gab});
+    CHECK(r->encode("\n\xc3\xa9", false, false) == std::vector<int32_t>{10, 0xC3, 0xA9});
+    CHECK(r->decode(std::vector<int32_t>{gab, 10, 0xC3, 0xA9}) == " ab\n\xc3\xa9");
+    CHECK(r->isEog(259));
+    CHECK(r->encode("<|endoftext|>", false, true) == std::vector<int32_t>{259});
+}
+
+TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming the key") {
+    struct Case {
+        const char* what;
+        std::function<GgufWriter()> make;
+        std::vector<const char*> parts;
+    };
+    auto spm = [](auto edit) {
+        return [edit]() {
+            GgufWriter w = spmWriter(-2.0f);
+            edit(w);
+            return w;
+        };
+    };
+    auto bpe = [](auto edit) {
+        return [edit]() {
+            GgufWriter w = bpeWriter(kMerges);
+            edit(w);
+            return w;
+        };
+    };
+    const std::vector<std::string> dup = {"<unk>", "<s>", "a", "b", "a"};
+    const std::vector<Case> cases = {
+        {"model", spm([](GgufWriter& w) { w.setString("tokenizer.ggml.model", "bert"); }),
+         {"key 'tokenizer.ggml.model'", "'bert' is not supported"}},
+        {"no tokens",
+         [] {
+             GgufWriter w;
+             w.setString("tokenizer.ggml.model", "llama");
+             return w;
+         },
+         {"missing key 'tokenizer.ggml.tokens'"}},
+        {"tokens type", spm([](GgufWriter& w) { w.setU32("tokenizer.ggml.tokens", 3); }),
+         {"tokenizer.ggml.tokens", "array<string>"}},
+        {"empty", spm([](GgufWriter& w) {
+             w.setStringArray("tokenizer.ggml.tokens", std::vector<std::string>{});
+         }),
+         {"key 'tokenizer.ggml.tokens' is empty"}},
+        {"duplicate", spm([&](GgufWriter& w) {
+             w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(dup));
+         }),
+         {"tokenizer.ggml.tokens", "token 4 duplicates token 2 ('a')"}},
+        {"scores length", spm([](GgufWriter& w) {
+             w.setArray<float>("tokenizer.ggml.scores", std::vector<float>{1, 2, 3});
+         }),
+         {"key 'tokenizer.ggml.scores' has 3 entries, but 'tokenizer.ggml.tokens' has 265"}},
+        {"nan score", spm([](GgufWriter& w) {
+             std::vector<float> s(265, 0.0f);
+             s[7] = std::nanf("");
+             w.setArray<float>("tokenizer.ggml.scores", s);
+         }),
+         {"tokenizer.ggml.scores", "score of token 7 is NaN"}},
+        {"type range", spm([](GgufWriter& w) {
+             std::vector<int32_t> t(265, 1);
+             t[5] = 9;
+             w.setArray<int32_t>("tokenizer.ggml.token_type", t);
+         }),
+         {"tokenizer.ggml.token_type", "token 5 has type 9"}},
+        {"types length", spm([](GgufWriter& w) {
+             w.setArray<int32_t>("tokenizer.ggml.token_type", std::vector<int32_t>{1});
+         }),
+         {"'tokenizer.ggml.token_type' has 1 entries"}},
+        {"byte text", spm([](GgufWriter& w) {
+             std::vector<int32_t> t(265, 1);
+             t[260] = 6;
+             w.setArray<int32_t>("tokenizer.ggml.token_type", t);
+         }),
+         {"tokenizer.ggml.token_type", "token 260 is a byte token but its text 'a' is not <0xNN>"}},
+        {"bos range", spm([](GgufWriter& w) { w.setU32("tokenizer.ggml.bos_token_id", 999); }),
+         {"key 'tokenizer.ggml.bos_token_id' = 999 is outside the vocabulary (265 tokens)"}},
+        {"pad negative", spm([](GgufWriter& w) { w.setI32("tokenizer.ggml.padding_token_id", -7); }),
+         {"'tokenizer.ggml.padding_token_id' = -7 is outside"}},
+        {"eos type", spm([](GgufWriter& w) { w.setString("tokenizer.ggml.eos_token_id", "2"); }),
+         {"key 'tokenizer.ggml.eos_token_id'", "found string"}},
+        {"add_bos without bos", spm([](GgufWriter& w) {
+             w.setI32("tokenizer.ggml.bos_token_id", -1);
+             w.setBool("tokenizer.ggml.add_bos_token", true);
+         }),
+         {"'tokenizer.ggml.add_bos_token' is true but the vocabulary has no BOS token"}},
+        {"add_eos type", spm([](GgufWriter& w) { w.setU8("tokenizer.ggml.add_eos_token", 1); }),
+         {"tokenizer.ggml.add_eos_token", "expected bool"}},
+        {"no byte tokens", spm([](GgufWriter& w) {
+             std::vector<std::string> t = {"<unk>", "<s>", "</s>", "a"};
+             w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(t));
+             w.setArray<float>("tokenizer.ggml.scores", std::vector<float>(4, 0.0f));
+             w.setArray<int32_t>("tokenizer.ggml.token_type", std::vector<int32_t>{3, 3, 3, 1});
+             w.setI32("tokenizer.ggml.unknown_token_id", -1);
+         }),
+         {"no token for byte 0x00 and no unknown token"}},
+        {"merge separator", bpe([](GgufWriter& w) {
+             w.setStringArray("tokenizer.ggml.merges", std::vector<std::string>{"a b", "ab"});
+         }),
+         {"key 'tokenizer.ggml.merges': merge 1 ('ab') is not two pieces"}},
+        {"no merges", [] {
+             GgufWriter w = bpeWriter(kMerges);
+             w.setU32("tokenizer.ggml.merges", 0);
+             return w;
+         },
+         {"tokenizer.ggml.merges", "array<string>"}},
+        {"pre", bpe([](GgufWriter& w) { w.setString("tokenizer.ggml.pre", "tekken"); }),
+         {"key 'tokenizer.ggml.pre'", "pre-tokenizer 'tekken' is not supported", "qwen2"}},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(std::string(c.what));
+        Result<Tokenizer> t = parseVocab(c.make());
+        REQUIRE_FALSE(t.isOk());
+        INFO("message: " << t.message());
+        CHECK(t.message().rfind("m.gguf: ", 0) == 0);
+        for (const char* part : c.parts) CHECK(t.message().find(part) != std::string::npos);
+    }
+    // "No pre-tokenizer" is llama.cpp's default expression chain, not an error.
+    GgufWriter w = bpeWriter(kMerges);
+    Result<Tokenizer> ok = parseVocab(w);
+    REQUIRE(ok.isOk());
+}
+
+namespace {
+
+// One random edit of a file's bytes: flipped bits, special values, truncation, insertion,
+// deletion; most land in the metadata, where the vocabulary is.
+void mutate(std::vector<uint8_t>& b, std::mt19937_64& rng) {
+    if (b.empty()) return;
+    auto pos = [&]() { return size_t(rng() % b.size()); };
+    static constexpr uint32_t k4[] = {0, ~0u, 0x7fffffffu, 0x80000000u, 1, 6, 9, 255, 0x10000};
+    switch (rng() % 7) {
+        case 0:
+            b[pos()] ^= uint8_t(1u << (rng() % 8));
+            break;
+        case 1: {
+            size_t p = pos();
+            uint32_t v = k4[rng() % std::size(k4)];
+            std::memcpy(b.data() + p, &v, std::min<size_t>(4, b.size() - p));
+            break;
+        }
+        case 2:
+            b.resize(pos());
+            break;
+        case 3: {
+            size_t p = pos();
+            std::vector<uint8_t> ins(1 + rng() % 8);
+            for (uint8_t& c : ins) c = uint8_t(rng());
+            b.insert(b.begin() + long(p), ins.begin(), ins.end());
+            break;
+        }
+        case 4: {
+            size_t p = pos();
+            b.erase(b.begin() + long(p), b.begin() + long(std::min(b.size(), p + 1 + rng() % 8)));
+            break;
+        }
+        default:
+            b[pos()] = uint8_t(rng());
+            break;
+    }
+}
+
+// Everything a user of a loaded tokenizer does, on inputs that include special-token text,
+// invalid UTF-8 and ids outside the vocabulary; every id produced must be valid.
+void exercise(const Tokenizer& t, std::mt19937_64& rng) {
+    const std::string texts[] = {"", "ab c", " a<|im_start|>b</s>\n\n", "\xf0\x9f\xa6\x99\xc3",
+                                 "<|endoftext|>  x'll 123"};
+    for (const std::string& text : texts) {
+        for (bool special : {false, true}) {
+            std::vector<int32_t> ids = t.encode(text, special, special);
+            for (int32_t id : ids) REQUIRE(t.isValid(id));
+            std::string back = t.decode(ids, special);
+            TokenStreamDecoder d(t, special);
+            std::string streamed;
+            for (int32_t id : ids) streamed += d.push(id);
+            streamed += d.finish();
+            CHECK(streamed == back);
+        }
+    }
+    std::vector<int32_t> random_ids(16);
+    for (int32_t& id : random_ids) id = int32_t(rng() % uint64_t(t.vocabSize() + 8)) - 4;
+    (void)t.decode(random_ids, true);
+    for (int32_t id : random_ids) {
+        (void)t.isEog(id);
+        (void)t.tokenText(id);
+        (void)t.piece(id, true);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer: mutated vocabulary files never crash the loader") {
+    GgufWriter stories_vocab;
+    {
+        Result<GgufFile> f = ggufOpen(storiesDir() + "/stories260K.gguf");
+        REQUIRE(f.isOk());
+        for (const GgufKv& kv : f->kvs())
+            if (kv.key.rfind("tokenizer.", 0) == 0) stories_vocab.setValue(kv.key, kv.value);
+    }
+    std::vector<std::vector<uint8_t>> bases;
+    for (const GgufWriter* w : {&stories_vocab}) bases.push_back(*w->writeToMemory());
+    bases.push_back(*spmWriter(-2.0f).writeToMemory());
+    bases.push_back(*bpeWriter(kMerges).writeToMemory());
+
+    std::mt19937_64 rng(20240611);
+    int parsed = 0, loaded = 0, refused = 0;
+    for (const std::vector<uint8_t>& base : bases) {
+        for (int iter = 0; iter < 1500; ++iter) {
+            std::vector<uint8_t> bytes = base;
+            for (int k = rng() % 4 ? 1 : 2; k > 0; --k) mutate(bytes, rng);
+            Result<GgufFile> f = ggufParse(std::move(bytes), "mut.gguf");
+            if (!f) continue;
+            ++parsed;
+            Result<Tokenizer> t = Tokenizer::fromGguf(*f);
+            if (!t) {
+                ++refused;
+                CHECK(t.message().rfind("mut.gguf: ", 0) == 0);
+                continue;
+            }
+            ++loaded;
+            exercise(*t, rng);
+        }
+    }
+    MESSAGE("mutants: " << parsed << " parsed as GGUF, " << loaded << " loaded, " << refused
+                        << " refused by the tokenizer loader");
+    CHECK(loaded > 100);
+    CHECK(refused > 100);
+}
+
+TEST_CASE("tokenizer: random vocabularies never crash the loader") {
+    std::mt19937_64 rng(77);
+    const std::string pieces[] = {"a", "b", " ", kSp, kG, "<s>", "</s>", "<|im_start|>",
+                                  "<0x41>", "<0xZZ>", "\xc3", "\xa9", "", "ab"};
+    int loaded = 0;
+    for (int iter = 0; iter < 300; ++iter) {
+        bool bpe = rng() % 2;
+        std::vector<std::string> tokens;
+        std::vector<int32_t> types;
+        if (rng() % 2) {  // with every byte: loads more often
+            for (int b = 0; b < 256; ++b) {
+                tokens.push_back(bpe ? byteLevel(uint8_t(b)) : strFormat("<0x%02X>", b));
+                types.push_back(bpe ? 1 : 6);
+            }
+        }
+        for (size_t i = 1 + rng() % 40; i > 0; --i) {
+            std::string t = pieces[rng() % std::size(pieces)] + pieces[rng() % std::size(pieces)];
+            tokens.push_back(t + (rng() % 3 ? std::to_string(tokens.size()) : ""));
+            types.push_back(rng() % 3 ? 1 : int32_t(rng() % 8));
+        }
+        const size_t n = tokens.size();
+        std::vector<float> scores(n);
+        for (float& score : scores) score = rng() % 50 ? float(int(rng() % 200) - 100) : INFINITY;
+        std::vector<std::string> merges;
+        for (size_t i = rng() % 10; i > 0; --i)
+            merges.push_back(tokens[rng() % n] + (rng() % 9 ? " " : "") + tokens[rng() % n]);
+        GgufWriter w;
+        w.setString("tokenizer.ggml.model", bpe ? "gpt2" : "llama");
+        w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
+        w.setArray<int32_t>("tokenizer.ggml.token_type", types);
+        w.setArray<float>("tokenizer.ggml.scores", scores);
+        if (bpe) w.setStringArray("tokenizer.ggml.merges", std::span<const std::string>(merges));
+        for (const char* key : {"bos", "eos", "unknown", "eot"})
+            if (rng() % 2)
+                w.setI32(std::string("tokenizer.ggml.") + key + "_token_id",
+                         int32_t(rng() % (n + 2)) - 1);
+        Result<Tokenizer> t = parseVocab(w, "rnd.gguf");
+        if (!t) {
+            CHECK(t.message().rfind("rnd.gguf: ", 0) == 0);
+            continue;
+        }
+        ++loaded;
+        exercise(*t, rng);
+    }
+    CHECK(loaded > 20);
 }
 
 }  // namespace blue
