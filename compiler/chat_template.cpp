@@ -28,10 +28,13 @@ constexpr NamedTemplate kNames[] = {
     {ChatTemplate::Deepseek3, "deepseek3"},
 };
 
-constexpr std::string_view kDsUser = "<\xef\xbd\x9cUser\xef\xbd\x9c>";            // <｜User｜>
-constexpr std::string_view kDsAssistant = "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>";  // <｜Assistant｜>
+constexpr std::string_view kDsUser = "<\xef\xbd\x9cUser\xef\xbd\x9c>";  // <｜User｜>
+constexpr std::string_view kDsAssistant =
+    "<\xef\xbd\x9c"
+    "Assistant\xef\xbd\x9c>";  // <｜Assistant｜>
 constexpr std::string_view kDsEnd =
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";  // <｜end▁of▁sentence｜>
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";  // <｜end▁of▁sentence｜>
 
 bool has(std::string_view s, std::string_view part) {
     return s.find(part) != std::string_view::npos;
@@ -44,8 +47,12 @@ std::string trim(std::string_view s) {
     return std::string(s);
 }
 
-bool isSystem(const ChatMessage& m) { return m.role == "system"; }
-bool isUser(const ChatMessage& m) { return m.role == "user"; }
+bool isSystem(const ChatMessage& m) {
+    return m.role == "system";
+}
+bool isUser(const ChatMessage& m) {
+    return m.role == "user";
+}
 
 // Roles must be plain names; families with fixed roles take only system/user/assistant, and some
 // take a system message only in first position.
@@ -62,24 +69,28 @@ Status checkRoles(ChatTemplate t, const std::vector<ChatMessage>& messages) {
                    c == '_' || c == '-';
         });
         if (!plain)
-            return BLUE_ERROR("chat template %s: message %zu has role '%s': roles are letters, "
-                              "digits, '_' and '-'",
-                              name, i, ggufPrintable(role).c_str());
+            return BLUE_ERROR(
+                "chat template %s: message %zu has role '%s': roles are letters, "
+                "digits, '_' and '-'",
+                name, i, ggufPrintable(role).c_str());
         if (!any_role && role != "system" && role != "user" && role != "assistant")
-            return BLUE_ERROR("chat template %s: message %zu has role '%s' (expected system, user "
-                              "or assistant)",
-                              name, i, role.c_str());
+            return BLUE_ERROR(
+                "chat template %s: message %zu has role '%s' (expected system, user "
+                "or assistant)",
+                name, i, role.c_str());
         if (leading_system_only && role == "system" && i != 0)
-            return BLUE_ERROR("chat template %s: message %zu is a system message; this template "
-                              "takes one only as the first message",
-                              name, i);
+            return BLUE_ERROR(
+                "chat template %s: message %zu is a system message; this template "
+                "takes one only as the first message",
+                name, i);
     }
     return {};
 }
 
 std::string formatChatMl(const std::vector<ChatMessage>& msgs, bool gen) {
     std::string out;
-    for (const ChatMessage& m : msgs) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    for (const ChatMessage& m : msgs)
+        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
     if (gen) out += "<|im_start|>assistant\n";
     return out;
 }
@@ -290,14 +301,14 @@ Result<ChatTemplate> chatTemplateOf(const GgufFile& file) {
     if (auto t = detectChatTemplate(*source)) return *t;
     std::string names;
     for (const NamedTemplate& n : kNames) names += std::string(names.empty() ? "" : ", ") + n.name;
-    return BLUE_ERROR("%s: key '%s': unrecognised chat template '%s' (BlueVM formats these "
-                      "families: %s)",
-                      file.name().c_str(), kKey, ggufPrintable(*source, 60).c_str(),
-                      names.c_str());
+    return BLUE_ERROR(
+        "%s: key '%s': unrecognised chat template '%s' (BlueVM formats these "
+        "families: %s)",
+        file.name().c_str(), kKey, ggufPrintable(*source, 60).c_str(), names.c_str());
 }
 
-Result<std::string> formatChat(ChatTemplate t, const std::vector<ChatMessage>& messages,
-                               bool gen, const ChatTokenTexts& tok) {
+Result<std::string> formatChat(ChatTemplate t, const std::vector<ChatMessage>& messages, bool gen,
+                               const ChatTokenTexts& tok) {
     BLUE_TRY(checkRoles(t, messages));
     switch (t) {
         case ChatTemplate::ChatMl:
@@ -326,7 +337,8 @@ Result<std::string> formatChat(ChatTemplate t, const std::vector<ChatMessage>& m
     return BLUE_ERROR("chat template %d is not known", int(t));
 }
 
-Result<std::string> applyChatTemplate(const GgufFile& file, const std::vector<ChatMessage>& messages,
+Result<std::string> applyChatTemplate(const GgufFile& file,
+                                      const std::vector<ChatMessage>& messages,
                                       bool add_generation_prompt) {
     auto t = chatTemplateOf(file);
     if (!t) return t.status();

@@ -73,7 +73,8 @@ Result<std::string> formatChat(ChatTemplate t, const std::vector<ChatMessage>& m
                                bool add_generation_prompt, const ChatTokenTexts& tokens = {});
 
 // chatTemplateOf + formatChat, with the BOS/EOS texts taken from the file's vocabulary.
-Result<std::string> applyChatTemplate(const GgufFile& file, const std::vector<ChatMessage>& messages,
+Result<std::string> applyChatTemplate(const GgufFile& file,
+                                      const std::vector<ChatMessage>& messages,
                                       bool add_generation_prompt);
 
 }  // namespace blue

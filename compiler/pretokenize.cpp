@@ -17,9 +17,8 @@ constexpr const char* kGpt2 =
 constexpr const char* kLlama3 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3})"
     R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char* kQwen2 =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N})"
-    R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwen2 = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N})"
+                               R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // CJK ideographs, Samaritan..CJK, Hangul: kept together by the DeepSeek tokenizers.
 constexpr const char* kDeepseekCjk = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+";
 // DeepSeek LLM's letter class: Latin, Greek, Cyrillic, Armenian, Georgian, Cherokee and other
@@ -50,8 +49,8 @@ const std::vector<Family>& families() {
         // llama.cpp's choice for BPE vocabularies that name no pre-tokenizer.
         {{"default"},
          {R"([\p{P}\$\+<=>\^~\|]+)",
-          R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))",
-          R"(\p{N}+)", R"([0-9][0-9][0-9])"}},
+          R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))", R"(\p{N}+)",
+          R"([0-9][0-9][0-9])"}},
         {{"gpt2", "gpt-2", "phi-2"}, {kGpt2}},
         {{"llama3", "llama-v3", "llama-bpe"}, {kLlama3}, true},
         {{"qwen2", "deepseek-r1-qwen"}, {kQwen2}},
@@ -89,9 +88,10 @@ std::pair<UChar32, size_t> decodeUtf8(std::string_view text, size_t i) {
     const auto b = [&](size_t k) { return uint8_t(text[k]); };
     uint8_t lead = b(i);
     if (lead < 0x80) return {lead, 1};
-    size_t len = lead >= 0xC2 && lead < 0xE0 ? 2 : lead >= 0xE0 && lead < 0xF0 ? 3
-                 : lead >= 0xF0 && lead < 0xF5                                 ? 4
-                                                                               : 0;
+    size_t len = lead >= 0xC2 && lead < 0xE0   ? 2
+                 : lead >= 0xE0 && lead < 0xF0 ? 3
+                 : lead >= 0xF0 && lead < 0xF5 ? 4
+                                               : 0;
     if (len == 0 || i + len > text.size()) return {0xFFFD, 1};
     UChar32 cp = lead & (0x7F >> len);
     for (size_t k = 1; k < len; ++k) {

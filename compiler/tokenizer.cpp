@@ -138,20 +138,46 @@ std::string_view Tokenizer::piece(int32_t id, bool render_special) const {
     return s_->pieces[size_t(id)];
 }
 
-TokenizerModel Tokenizer::model() const { return s_->model; }
-const std::string& Tokenizer::preTokenizer() const { return s_->pre_name; }
-int32_t Tokenizer::vocabSize() const { return s_ ? s_->size() : 0; }
-int32_t Tokenizer::bos() const { return s_->bos; }
-int32_t Tokenizer::eos() const { return s_->eos; }
-int32_t Tokenizer::eot() const { return s_->eot; }
-int32_t Tokenizer::eom() const { return s_->eom; }
-int32_t Tokenizer::unk() const { return s_->unk; }
-int32_t Tokenizer::pad() const { return s_->pad; }
-bool Tokenizer::addBos() const { return s_->add_bos; }
-bool Tokenizer::addEos() const { return s_->add_eos; }
-bool Tokenizer::addSpacePrefix() const { return s_->add_space_prefix; }
+TokenizerModel Tokenizer::model() const {
+    return s_->model;
+}
+const std::string& Tokenizer::preTokenizer() const {
+    return s_->pre_name;
+}
+int32_t Tokenizer::vocabSize() const {
+    return s_ ? s_->size() : 0;
+}
+int32_t Tokenizer::bos() const {
+    return s_->bos;
+}
+int32_t Tokenizer::eos() const {
+    return s_->eos;
+}
+int32_t Tokenizer::eot() const {
+    return s_->eot;
+}
+int32_t Tokenizer::eom() const {
+    return s_->eom;
+}
+int32_t Tokenizer::unk() const {
+    return s_->unk;
+}
+int32_t Tokenizer::pad() const {
+    return s_->pad;
+}
+bool Tokenizer::addBos() const {
+    return s_->add_bos;
+}
+bool Tokenizer::addEos() const {
+    return s_->add_eos;
+}
+bool Tokenizer::addSpacePrefix() const {
+    return s_->add_space_prefix;
+}
 
-bool Tokenizer::isEog(int32_t id) const { return isValid(id) && s_->eog[size_t(id)]; }
+bool Tokenizer::isEog(int32_t id) const {
+    return isValid(id) && s_->eog[size_t(id)];
+}
 
 bool Tokenizer::isControl(int32_t id) const {
     return isValid(id) && s_->types[size_t(id)] == TokenType::Control;
@@ -165,7 +191,9 @@ std::string_view Tokenizer::tokenText(int32_t id) const {
     return isValid(id) ? std::string_view(s_->texts[size_t(id)]) : std::string_view();
 }
 
-int32_t Tokenizer::findToken(std::string_view text) const { return s_ ? s_->find(text) : kNoToken; }
+int32_t Tokenizer::findToken(std::string_view text) const {
+    return s_ ? s_->find(text) : kNoToken;
+}
 
 TokenStreamDecoder::TokenStreamDecoder(const Tokenizer& tokenizer, bool render_special,
                                        bool at_sequence_start)

@@ -102,7 +102,8 @@ class BpeWord {
         const Symbol& l = symbols_[size_t(left)];
         const Symbol& r = symbols_[size_t(right)];
         std::string_view t(text_);
-        auto it = s_.merge_rank.find(mergeKey(t.substr(l.offset, l.len), t.substr(r.offset, r.len)));
+        auto it =
+            s_.merge_rank.find(mergeKey(t.substr(l.offset, l.len), t.substr(r.offset, r.len)));
         if (it == s_.merge_rank.end()) return;
         queue_.push({it->second, left, right, l.len + r.len});
     }

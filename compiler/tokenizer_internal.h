@@ -20,11 +20,11 @@ struct TokenizerState {
     TokenizerModel model = TokenizerModel::Spm;
     std::string pre_name;
 
-    std::vector<std::string> texts;  // [n_vocab] vocabulary text
-    std::vector<float> scores;       // [n_vocab] SentencePiece merge priority (higher first)
-    std::vector<TokenType> types;    // [n_vocab]
-    std::vector<uint8_t> rstrip;     // [n_vocab] 1: whitespace after the special token is dropped
-    std::vector<uint8_t> eog;        // [n_vocab] 1: end of generation
+    std::vector<std::string> texts;   // [n_vocab] vocabulary text
+    std::vector<float> scores;        // [n_vocab] SentencePiece merge priority (higher first)
+    std::vector<TokenType> types;     // [n_vocab]
+    std::vector<uint8_t> rstrip;      // [n_vocab] 1: whitespace after the special token is dropped
+    std::vector<uint8_t> eog;         // [n_vocab] 1: end of generation
     std::vector<std::string> pieces;  // [n_vocab] decoded text, special tokens rendered
     std::unordered_map<std::string_view, int32_t> text_to_id;  // views into `texts`
 

@@ -19,9 +19,15 @@ constexpr const char* kKeyPre = "tokenizer.ggml.pre";
 
 // Tokens that end a turn, in the order llama.cpp picks an end-of-turn token among them.
 constexpr const char* kEotTexts[] = {
-    "<|eot_id|>",      "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-    "<|end_of_text|>", "<EOT>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",  // DeepSeek
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",  // DeepSeek
 };
 constexpr const char* kEomText = "<|eom_id|>";
 
@@ -62,9 +68,10 @@ Status readTokens(const GgufFile& f, TokenizerState& s) {
 // "<0xNN>" -> NN; -1 for anything else.
 int parseByteToken(std::string_view t) {
     auto hex = [](char c) {
-        return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                             : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                                                    : -1;
+        return c >= '0' && c <= '9'   ? c - '0'
+               : c >= 'A' && c <= 'F' ? c - 'A' + 10
+               : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                      : -1;
     };
     if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return -1;
     int hi = hex(t[3]), lo = hex(t[4]);
@@ -87,9 +94,10 @@ Status readTypes(const GgufFile& f, TokenizerState& s) {
                               f.name().c_str(), kKeyTypes, i, t);
         s.types[i] = TokenType(t);
         if (s.types[i] == TokenType::Byte && parseByteToken(s.texts[i]) < 0)
-            return BLUE_ERROR("%s: key '%s': token %zu is a byte token but its text '%s' is not "
-                              "<0xNN>",
-                              f.name().c_str(), kKeyTypes, i, ggufPrintable(s.texts[i]).c_str());
+            return BLUE_ERROR(
+                "%s: key '%s': token %zu is a byte token but its text '%s' is not "
+                "<0xNN>",
+                f.name().c_str(), kKeyTypes, i, ggufPrintable(s.texts[i]).c_str());
     }
     return {};
 }
@@ -104,9 +112,10 @@ Status readMerges(const GgufFile& f, TokenizerState& s) {
         std::string_view m = (*merges)[i];
         size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
         if (sp == std::string_view::npos || sp + 1 == m.size())
-            return BLUE_ERROR("%s: key '%s': merge %zu ('%s') is not two pieces separated by a "
-                              "space",
-                              f.name().c_str(), kKeyMerges, i, ggufPrintable(m).c_str());
+            return BLUE_ERROR(
+                "%s: key '%s': merge %zu ('%s') is not two pieces separated by a "
+                "space",
+                f.name().c_str(), kKeyMerges, i, ggufPrintable(m).c_str());
         s.merge_rank.emplace(mergeKey(m.substr(0, sp), m.substr(sp + 1)), int32_t(i));
     }
     return {};
@@ -139,9 +148,12 @@ Status readSpecialIds(const GgufFile& f, TokenizerState& s) {
         int32_t fallback;  // llama.cpp's default when the key is absent
     };
     const Entry entries[] = {
-        {"bos", &s.bos, spm ? 1 : kNoToken},     {"eos", &s.eos, spm ? 2 : kNoToken},
-        {"unknown", &s.unk, spm ? 0 : kNoToken}, {"seperator", &s.sep, kNoToken},
-        {"padding", &s.pad, kNoToken},           {"eot", &s.eot, kNoToken},
+        {"bos", &s.bos, spm ? 1 : kNoToken},
+        {"eos", &s.eos, spm ? 2 : kNoToken},
+        {"unknown", &s.unk, spm ? 0 : kNoToken},
+        {"seperator", &s.sep, kNoToken},
+        {"padding", &s.pad, kNoToken},
+        {"eot", &s.eot, kNoToken},
         {"eom", &s.eom, kNoToken},
     };
     for (const Entry& e : entries) {
@@ -164,13 +176,15 @@ Status readFlags(const GgufFile& f, TokenizerState& s) {
     s.add_eos = *eos;
     s.add_space_prefix = spm && *space;  // BPE vocabularies carry spaces in their pre-tokens
     if (s.add_bos && s.bos == kNoToken)
-        return BLUE_ERROR("%s: 'tokenizer.ggml.add_bos_token' is true but the vocabulary has no "
-                          "BOS token",
-                          f.name().c_str());
+        return BLUE_ERROR(
+            "%s: 'tokenizer.ggml.add_bos_token' is true but the vocabulary has no "
+            "BOS token",
+            f.name().c_str());
     if (s.add_eos && s.eos == kNoToken)
-        return BLUE_ERROR("%s: 'tokenizer.ggml.add_eos_token' is true but the vocabulary has no "
-                          "EOS token",
-                          f.name().c_str());
+        return BLUE_ERROR(
+            "%s: 'tokenizer.ggml.add_eos_token' is true but the vocabulary has no "
+            "EOS token",
+            f.name().c_str());
     return {};
 }
 
@@ -187,9 +201,10 @@ Status buildByteTokens(const GgufFile& f, TokenizerState& s) {
         }
         if (id == kNoToken) id = s.unk;
         if (id == kNoToken)
-            return BLUE_ERROR("%s: key '%s': the vocabulary has no token for byte 0x%02X and no "
-                              "unknown token to stand for it",
-                              f.name().c_str(), kKeyTokens, b);
+            return BLUE_ERROR(
+                "%s: key '%s': the vocabulary has no token for byte 0x%02X and no "
+                "unknown token to stand for it",
+                f.name().c_str(), kKeyTokens, b);
         s.byte_token[size_t(b)] = id;
     }
     return {};
@@ -281,9 +296,10 @@ Status readModel(const GgufFile& f, TokenizerState& s) {
     } else if (*model == "gpt2") {
         s.model = TokenizerModel::Bpe;
     } else {
-        return BLUE_ERROR("%s: key '%s': tokenizer model '%s' is not supported (supported: "
-                          "'llama' = SentencePiece, 'gpt2' = byte-level BPE)",
-                          f.name().c_str(), kKeyModel, ggufPrintable(*model).c_str());
+        return BLUE_ERROR(
+            "%s: key '%s': tokenizer model '%s' is not supported (supported: "
+            "'llama' = SentencePiece, 'gpt2' = byte-level BPE)",
+            f.name().c_str(), kKeyModel, ggufPrintable(*model).c_str());
     }
     return {};
 }

@@ -20,9 +20,13 @@ const std::vector<ChatMessage> kConversation = {
     {"user", "2+2?"},
 };
 
-const std::string kDsEnd = "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+const std::string kDsEnd =
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
 const std::string kDsUser = "<\xef\xbd\x9cUser\xef\xbd\x9c>";
-const std::string kDsAssistant = "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>";
+const std::string kDsAssistant =
+    "<\xef\xbd\x9c"
+    "Assistant\xef\xbd\x9c>";
 
 std::string format(ChatTemplate t, bool gen, const ChatTokenTexts& tok = {}) {
     Result<std::string> r = formatChat(t, kConversation, gen, tok);
@@ -86,11 +90,10 @@ TEST_CASE("chat template: each family's text for system + user + assistant + use
           "You are terse.### Instruction:\nHi!\n### Response:\nHello.\n<|EOT|>\n"
           "### Instruction:\n2+2?\n### Response:\n");
     CHECK(format(ChatTemplate::Deepseek2, true, {"<s>", kDsEnd}) ==
-          "You are terse.\n\nUser: Hi!\n\nAssistant: Hello." + kDsEnd +
-              "User: 2+2?\n\nAssistant:");
-    CHECK(format(ChatTemplate::Deepseek3, true) ==
-          "You are terse." + kDsUser + "Hi!" + kDsAssistant + "Hello." + kDsEnd + kDsUser +
-              "2+2?" + kDsAssistant);
+          "You are terse.\n\nUser: Hi!\n\nAssistant: Hello." + kDsEnd + "User: 2+2?\n\nAssistant:");
+    CHECK(format(ChatTemplate::Deepseek3, true) == "You are terse." + kDsUser + "Hi!" +
+                                                       kDsAssistant + "Hello." + kDsEnd + kDsUser +
+                                                       "2+2?" + kDsAssistant);
 }
 
 TEST_CASE("chat template: generation prompt, token texts and content handling") {
@@ -220,8 +223,8 @@ TEST_CASE("chat template: model files") {
     CHECK(refused.message().find("chatml, llama2") != std::string::npos);
 
     // Llama 2's template with the file's own BOS/EOS texts.
-    Result<GgufFile> llama2 = vocabWith("{{ bos_token + '[INST] <<SYS>>' }}",
-                                        {"<unk>", "<BOS>", "<EOS>"});
+    Result<GgufFile> llama2 =
+        vocabWith("{{ bos_token + '[INST] <<SYS>>' }}", {"<unk>", "<BOS>", "<EOS>"});
     CHECK(applyChatTemplate(*llama2, kConversation, true).value() ==
           "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi! [/INST] Hello. <EOS><BOS>[INST] 2+2? "
           "[/INST]");

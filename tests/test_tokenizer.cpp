@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -86,9 +86,11 @@ std::string idList(const std::vector<int32_t>& ids) {
 bool isValidUtf8(std::string_view s) {
     for (size_t i = 0; i < s.size();) {
         uint8_t c = uint8_t(s[i]);
-        size_t len = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3
-                                 : c >= 0xF0 && c < 0xF5 ? 4
-                                                         : 0;
+        size_t len = c < 0x80                ? 1
+                     : c >= 0xC2 && c < 0xE0 ? 2
+                     : c >= 0xE0 && c < 0xF0 ? 3
+                     : c >= 0xF0 && c < 0xF5 ? 4
+                                             : 0;
         if (len == 0 || i + len > s.size()) return false;
         for (size_t k = 1; k < len; ++k)
             if ((uint8_t(s[i + k]) & 0xC0) != 0x80) return false;
@@ -151,8 +153,9 @@ TEST_CASE("tokenizer: llama.cpp vocabulary vectors encode exactly and decode bac
             decoded += back == c.text;
             CHECK(t.decode(with_bos) == c.text);  // a leading BOS does not take the space strip
         }
-        MESSAGE(std::string(v.name) << ": " << encoded << "/" << cases.size() << " vectors encode exactly, "
-                       << decoded << "/" << cases.size() << " decode back");
+        MESSAGE(std::string(v.name)
+                << ": " << encoded << "/" << cases.size() << " vectors encode exactly, " << decoded
+                << "/" << cases.size() << " decode back");
     }
 }
 
@@ -293,7 +296,9 @@ TEST_CASE("tokenizer: special tokens") {
 
     // User-defined tokens are recognised even without parse_special.
     Tokenizer d = loadVocab("deepseek-coder");
-    const std::string hole = "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>";
+    const std::string hole =
+        "<\xef\xbd\x9c"
+        "fim\xe2\x96\x81hole\xef\xbd\x9c>";
     int32_t hole_id = d.findToken(hole);
     REQUIRE(hole_id == 32015);
     std::vector<int32_t> ids = d.encode("x" + hole + "y", false, false);
@@ -331,7 +336,8 @@ TEST_CASE("tokenizer: streaming decoder equals batch decode") {
     CHECK(start.push(403) == "Once");
 
     const char* texts[] = {
-        "Hello, y'all! How are you \xf0\x9f\x98\x81 ?\xe6\x88\x91\xe6\x83\xb3\xe5\x9c\xa8" "apple",
+        "Hello, y'all! How are you \xf0\x9f\x98\x81 ?\xe6\x88\x91\xe6\x83\xb3\xe5\x9c\xa8"
+        "apple",
         "\xe1\x9e\x80\xe1\x9e\xb6\xe1\x9e\x93\xe1\x9f\x8b \xd0\xbd\xd0\xb5\xd1\x89\xd0\xbe",
         "  two spaces, then \xf0\x9f\x9a\x80\xf0\x9f\xa6\x99\n\ttabs",
     };
@@ -352,7 +358,8 @@ TEST_CASE("tokenizer: streaming decoder equals batch decode") {
 
 TEST_CASE("tokenizer: arbitrary bytes, invalid UTF-8 included, round trip") {
     std::mt19937 rng(1234);
-    std::string common = {'a', 'b', ' ', ' ', '\n', '1', '\'', '.', char(0x80), char(0xBF),
+    std::string common = {'a',        'b',        ' ',        ' ',        '\n',
+                          '1',        '\'',       '.',        char(0x80), char(0xBF),
                           char(0xC3), char(0xE2), char(0xF0), char(0x9F)};
     // Bytes that never occur in UTF-8 (C0, FF, ...). DeepSeek Coder's vocabulary has them only as
     // user-defined tokens whose text is the byte-level character ("À", "ÿ"), which
@@ -401,8 +408,8 @@ GgufWriter spmWriter(float ab_score) {
         tokens.push_back(strFormat("<0x%02X>", b));
         types.push_back(6);
     }
-    for (const std::string& t : {kSp, std::string("a"), std::string("b"), kSp + "a",
-                                 std::string("ab")}) {
+    for (const std::string& t :
+         {kSp, std::string("a"), std::string("b"), kSp + "a", std::string("ab")}) {
         tokens.push_back(t);
         types.push_back(1);
     }
@@ -470,8 +477,7 @@ TEST_CASE("tokenizer: SentencePiece merges follow the scores") {
     CHECK(c->encode("ab", false, false) == std::vector<int32_t>{262, 261});
     CHECK(c->encode("ab", true, false) == std::vector<int32_t>{1, 262, 261});
     // "c" is not in the vocabulary: its byte token; a space-prefix follows a special token.
-    CHECK(c->encode("c<|im_start|>a", false, true) ==
-          std::vector<int32_t>{259, 3 + 'c', 264, 262});
+    CHECK(c->encode("c<|im_start|>a", false, true) == std::vector<int32_t>{259, 3 + 'c', 264, 262});
     CHECK(c->decode(c->encode("c<|im_start|>a", false, true)) == "c a");
 
     GgufWriter no_prefix = spmWriter(-2.0f);
@@ -524,7 +530,8 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
     };
     const std::vector<std::string> dup = {"<unk>", "<s>", "a", "b", "a"};
     const std::vector<Case> cases = {
-        {"model", spm([](GgufWriter& w) { w.setString("tokenizer.ggml.model", "bert"); }),
+        {"model",
+         spm([](GgufWriter& w) { w.setString("tokenizer.ggml.model", "bert"); }),
          {"key 'tokenizer.ggml.model'", "'bert' is not supported"}},
         {"no tokens",
          [] {
@@ -533,56 +540,70 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
              return w;
          },
          {"missing key 'tokenizer.ggml.tokens'"}},
-        {"tokens type", spm([](GgufWriter& w) { w.setU32("tokenizer.ggml.tokens", 3); }),
+        {"tokens type",
+         spm([](GgufWriter& w) { w.setU32("tokenizer.ggml.tokens", 3); }),
          {"tokenizer.ggml.tokens", "array<string>"}},
-        {"empty", spm([](GgufWriter& w) {
+        {"empty",
+         spm([](GgufWriter& w) {
              w.setStringArray("tokenizer.ggml.tokens", std::vector<std::string>{});
          }),
          {"key 'tokenizer.ggml.tokens' is empty"}},
-        {"duplicate", spm([&](GgufWriter& w) {
+        {"duplicate",
+         spm([&](GgufWriter& w) {
              w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(dup));
          }),
          {"tokenizer.ggml.tokens", "token 4 duplicates token 2 ('a')"}},
-        {"scores length", spm([](GgufWriter& w) {
+        {"scores length",
+         spm([](GgufWriter& w) {
              w.setArray<float>("tokenizer.ggml.scores", std::vector<float>{1, 2, 3});
          }),
          {"key 'tokenizer.ggml.scores' has 3 entries, but 'tokenizer.ggml.tokens' has 265"}},
-        {"nan score", spm([](GgufWriter& w) {
+        {"nan score",
+         spm([](GgufWriter& w) {
              std::vector<float> s(265, 0.0f);
              s[7] = std::nanf("");
              w.setArray<float>("tokenizer.ggml.scores", s);
          }),
          {"tokenizer.ggml.scores", "score of token 7 is NaN"}},
-        {"type range", spm([](GgufWriter& w) {
+        {"type range",
+         spm([](GgufWriter& w) {
              std::vector<int32_t> t(265, 1);
              t[5] = 9;
              w.setArray<int32_t>("tokenizer.ggml.token_type", t);
          }),
          {"tokenizer.ggml.token_type", "token 5 has type 9"}},
-        {"types length", spm([](GgufWriter& w) {
+        {"types length",
+         spm([](GgufWriter& w) {
              w.setArray<int32_t>("tokenizer.ggml.token_type", std::vector<int32_t>{1});
          }),
          {"'tokenizer.ggml.token_type' has 1 entries"}},
-        {"byte text", spm([](GgufWriter& w) {
+        {"byte text",
+         spm([](GgufWriter& w) {
              std::vector<int32_t> t(265, 1);
              t[260] = 6;
              w.setArray<int32_t>("tokenizer.ggml.token_type", t);
          }),
          {"tokenizer.ggml.token_type", "token 260 is a byte token but its text 'a' is not <0xNN>"}},
-        {"bos range", spm([](GgufWriter& w) { w.setU32("tokenizer.ggml.bos_token_id", 999); }),
+        {"bos range",
+         spm([](GgufWriter& w) { w.setU32("tokenizer.ggml.bos_token_id", 999); }),
          {"key 'tokenizer.ggml.bos_token_id' = 999 is outside the vocabulary (265 tokens)"}},
-        {"pad negative", spm([](GgufWriter& w) { w.setI32("tokenizer.ggml.padding_token_id", -7); }),
+        {"pad negative",
+         spm([](GgufWriter& w) { w.setI32("tokenizer.ggml.padding_token_id", -7); }),
          {"'tokenizer.ggml.padding_token_id' = -7 is outside"}},
-        {"eos type", spm([](GgufWriter& w) { w.setString("tokenizer.ggml.eos_token_id", "2"); }),
+        {"eos type",
+         spm([](GgufWriter& w) { w.setString("tokenizer.ggml.eos_token_id", "2"); }),
          {"key 'tokenizer.ggml.eos_token_id'", "found string"}},
-        {"add_bos without bos", spm([](GgufWriter& w) {
+        {"add_bos without bos",
+         spm([](GgufWriter& w) {
              w.setI32("tokenizer.ggml.bos_token_id", -1);
              w.setBool("tokenizer.ggml.add_bos_token", true);
          }),
          {"'tokenizer.ggml.add_bos_token' is true but the vocabulary has no BOS token"}},
-        {"add_eos type", spm([](GgufWriter& w) { w.setU8("tokenizer.ggml.add_eos_token", 1); }),
+        {"add_eos type",
+         spm([](GgufWriter& w) { w.setU8("tokenizer.ggml.add_eos_token", 1); }),
          {"tokenizer.ggml.add_eos_token", "expected bool"}},
-        {"no byte tokens", spm([](GgufWriter& w) {
+        {"no byte tokens",
+         spm([](GgufWriter& w) {
              std::vector<std::string> t = {"<unk>", "<s>", "</s>", "a"};
              w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(t));
              w.setArray<float>("tokenizer.ggml.scores", std::vector<float>(4, 0.0f));
@@ -590,17 +611,20 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
              w.setI32("tokenizer.ggml.unknown_token_id", -1);
          }),
          {"no token for byte 0x00 and no unknown token"}},
-        {"merge separator", bpe([](GgufWriter& w) {
+        {"merge separator",
+         bpe([](GgufWriter& w) {
              w.setStringArray("tokenizer.ggml.merges", std::vector<std::string>{"a b", "ab"});
          }),
          {"key 'tokenizer.ggml.merges': merge 1 ('ab') is not two pieces"}},
-        {"no merges", [] {
+        {"no merges",
+         [] {
              GgufWriter w = bpeWriter(kMerges);
              w.setU32("tokenizer.ggml.merges", 0);
              return w;
          },
          {"tokenizer.ggml.merges", "array<string>"}},
-        {"pre", bpe([](GgufWriter& w) { w.setString("tokenizer.ggml.pre", "tekken"); }),
+        {"pre",
+         bpe([](GgufWriter& w) { w.setString("tokenizer.ggml.pre", "tekken"); }),
          {"key 'tokenizer.ggml.pre'", "pre-tokenizer 'tekken' is not supported", "qwen2"}},
     };
     for (const Case& c : cases) {
@@ -725,8 +749,9 @@ TEST_CASE("tokenizer: mutated vocabulary files never crash the loader") {
 
 TEST_CASE("tokenizer: random vocabularies never crash the loader") {
     std::mt19937_64 rng(77);
-    const std::string pieces[] = {"a", "b", " ", kSp, kG, "<s>", "</s>", "<|im_start|>",
-                                  "<0x41>", "<0xZZ>", "\xc3", "\xa9", "", "ab"};
+    const std::string pieces[] = {
+        "a",      "b",      " ",    kSp,    kG, "<s>", "</s>", "<|im_start|>",
+        "<0x41>", "<0xZZ>", "\xc3", "\xa9", "", "ab"};
     int loaded = 0;
     for (int iter = 0; iter < 300; ++iter) {
         bool bpe = rng() % 2;
