@@ -102,8 +102,10 @@ TEST_CASE("chat template: generation prompt, token texts and content handling") 
           "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n");
     // [INST] ... [/INST] already opens the answer.
     CHECK(format(ChatTemplate::Llama2, false) == format(ChatTemplate::Llama2, true));
-    CHECK(format(ChatTemplate::Gemma, false).find("<start_of_turn>model\n", 150) ==
-          std::string::npos);
+    CHECK(format(ChatTemplate::Gemma, false) ==
+          "<start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n"
+          "<start_of_turn>model\nHello.<end_of_turn>\n"
+          "<start_of_turn>user\n2+2?<end_of_turn>\n");
     // The vocabulary's EOS/BOS texts are what Llama 2 and Zephyr spell out.
     CHECK(format(ChatTemplate::Llama2, true, {"<bos>", "<eos>"}) ==
           "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi! [/INST] Hello. <eos><bos>[INST] 2+2? "

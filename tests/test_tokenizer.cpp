@@ -635,10 +635,41 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
         CHECK(t.message().rfind("m.gguf: ", 0) == 0);
         for (const char* part : c.parts) CHECK(t.message().find(part) != std::string::npos);
     }
-    // "No pre-tokenizer" is llama.cpp's default expression chain, not an error.
-    GgufWriter w = bpeWriter(kMerges);
-    Result<Tokenizer> ok = parseVocab(w);
-    REQUIRE(ok.isOk());
+}
+
+TEST_CASE("tokenizer: BPE pre-tokenizer choice changes the pieces merges may join") {
+    // Digits "1234" with a merge "3 4": GPT-2 keeps "1234" as one piece, so 3 and 4 merge; the
+    // default chain (llama.cpp's choice when tokenizer.ggml.pre is absent) cuts "123" | "4" and
+    // DeepSeek Coder cuts every digit, so they cannot.
+    auto make = [](const char* pre) {
+        std::vector<std::string> tokens;
+        for (int b = 0; b < 256; ++b) tokens.push_back(byteLevel(uint8_t(b)));
+        tokens.push_back("34");
+        GgufWriter w;
+        w.setString("tokenizer.ggml.model", "gpt2");
+        if (pre) w.setString("tokenizer.ggml.pre", pre);
+        w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
+        w.setStringArray("tokenizer.ggml.merges", std::vector<std::string>{"3 4"});
+        w.setU32("tokenizer.ggml.bos_token_id", 0);  // Llama 3 adds BOS by default
+        return parseVocab(w);
+    };
+    const std::vector<int32_t> merged = {'1', '2', 256}, split = {'1', '2', '3', '4'};
+    struct Case {
+        const char* pre;  // nullptr: no tokenizer.ggml.pre key
+        bool merges;
+    };
+    const Case cases[] = {
+        {"gpt2", true},    {"gpt-2", true},      {"deepseek-llm", true},    {"qwen2", false},
+        {"llama3", false}, {"llama-bpe", false}, {"deepseek-coder", false}, {"default", false},
+        {nullptr, false},  {"starcoder", false},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(std::string(c.pre ? c.pre : "(none)"));
+        Result<Tokenizer> t = make(c.pre);
+        REQUIRE_MESSAGE(t.isOk(), t.message());
+        CHECK(t->encode("1234", false, false) == (c.merges ? merged : split));
+        CHECK(t->decode(t->encode("1234", false, false)) == "1234");
+    }
 }
 
 namespace {
