@@ -113,8 +113,8 @@ Status readMerges(const GgufFile& f, TokenizerState& s) {
         size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
         if (sp == std::string_view::npos || sp + 1 == m.size())
             return BLUE_ERROR(
-                "%s: key '%s': merge %zu ('%s') is not two pieces separated by a "
-                "space",
+                "%s: key '%s': merge %zu ('%s') is not two pieces separated by "
+                "a space",
                 f.name().c_str(), kKeyMerges, i, ggufPrintable(m).c_str());
         s.merge_rank.emplace(mergeKey(m.substr(0, sp), m.substr(sp + 1)), int32_t(i));
     }
