@@ -1,0 +1,90 @@
+// Internals shared by the tokenizer's source files: the loaded vocabulary (TokenizerState), the
+// per-algorithm encoders, GPT-2's byte-level alphabet and small UTF-8 helpers. Not part of the
+// public API.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "compiler/pretokenize.h"
+#include "compiler/tokenizer.h"
+
+namespace blue {
+
+struct TokenizerState {
+    TokenizerModel model = TokenizerModel::Spm;
+    std::string pre_name;
+
+    std::vector<std::string> texts;   // [n_vocab] vocabulary text
+    std::vector<float> scores;        // [n_vocab] SentencePiece merge priority (higher first)
+    std::vector<TokenType> types;     // [n_vocab]
+    std::vector<uint8_t> rstrip;      // [n_vocab] 1: whitespace after the special token is dropped
+    std::vector<uint8_t> eog;         // [n_vocab] 1: end of generation
+    std::vector<std::string> pieces;  // [n_vocab] decoded text, special tokens rendered
+    std::unordered_map<std::string_view, int32_t> text_to_id;  // views into `texts`
+
+    // BPE merges: mergeKey(left, right) -> rank (position in tokenizer.ggml.merges).
+    std::unordered_map<std::string, int32_t> merge_rank;
+    std::unique_ptr<PreTokenizer> pre;  // BPE only
+    bool ignore_merges = false;         // BPE: a whole pre-token found in the vocabulary is kept
+
+    // Token for each byte value: SPM <0xNN> (else the byte as text, else unk); BPE the byte's
+    // byte-level character (else unk). Always a valid id (checked at load).
+    std::array<int32_t, 256> byte_token{};
+
+    // Control, user-defined and unknown tokens, longest text first: matched in raw text.
+    std::vector<int32_t> special_by_length;
+
+    int32_t bos = kNoToken, eos = kNoToken, eot = kNoToken, eom = kNoToken;
+    int32_t unk = kNoToken, pad = kNoToken, sep = kNoToken;
+    bool add_bos = false, add_eos = false, add_space_prefix = false;
+
+    int32_t size() const { return int32_t(texts.size()); }
+    int32_t find(std::string_view text) const {
+        auto it = text_to_id.find(text);
+        return it == text_to_id.end() ? kNoToken : it->second;
+    }
+};
+
+// SentencePiece: tokenizes text whose spaces are already U+2581, appending ids to `out`.
+void spmEncode(const TokenizerState& s, std::string_view text, std::vector<int32_t>& out);
+
+// Byte-level BPE: tokenizes one pre-token (raw bytes), appending ids to `out`.
+void bpeEncode(const TokenizerState& s, std::string_view word, std::vector<int32_t>& out);
+
+// The key of a merge pair in TokenizerState::merge_rank (unambiguous for any byte strings).
+std::string mergeKey(std::string_view left, std::string_view right);
+
+// GPT-2's byte-level alphabet: the UTF-8 text of the character that stands for byte b.
+const std::string& byteLevelChar(uint8_t b);
+// Maps byte-level text back to bytes; characters outside the alphabet are copied unchanged.
+std::string byteLevelDecode(std::string_view text);
+
+// Length of the UTF-8 sequence a lead byte starts (1 for ASCII, continuation and invalid bytes).
+inline size_t utf8SeqLen(uint8_t lead) {
+    if (lead < 0xC2) return 1;
+    if (lead < 0xE0) return 2;
+    if (lead < 0xF0) return 3;
+    if (lead < 0xF5) return 4;
+    return 1;
+}
+
+// Length of the character at s[off]: its UTF-8 sequence length when the continuation bytes are
+// all there, else 1 (a stray or truncated byte stands alone).
+inline size_t utf8CharLen(std::string_view s, size_t off) {
+    size_t len = utf8SeqLen(uint8_t(s[off]));
+    if (off + len > s.size()) return 1;
+    for (size_t k = 1; k < len; ++k)
+        if ((uint8_t(s[off + k]) & 0xC0) != 0x80) return 1;
+    return len;
+}
+
+// Length of the longest prefix of `s` that does not end inside an incomplete UTF-8 sequence.
+size_t utf8CompletePrefix(std::string_view s);
+
+}  // namespace blue
