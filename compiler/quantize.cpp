@@ -49,11 +49,12 @@ std::vector<std::string> planNotes(const std::vector<QuantizeTensorPlan>& plan) 
     std::vector<std::string> notes;
     for (const auto& [key, names] : fallbacks) {
         auto [wanted, to, row_len] = key;
-        notes.push_back(strFormat(
-            "%zu tensor(s) with rows of %" PRId64 " elements (not whole %u-element %s blocks) "
-            "stored as %s: %s",
-            names.size(), row_len, dtypeInfo(wanted)->block_elems, dtypeName(wanted).data(),
-            dtypeName(to).data(), nameList(names).c_str()));
+        notes.push_back(strFormat("%zu tensor(s) with rows of %" PRId64
+                                  " elements (not whole %u-element %s blocks) "
+                                  "stored as %s: %s",
+                                  names.size(), row_len, dtypeInfo(wanted)->block_elems,
+                                  dtypeName(wanted).data(), dtypeName(to).data(),
+                                  nameList(names).c_str()));
     }
     for (const auto& [key, names] : requantized) {
         notes.push_back(strFormat(
@@ -81,7 +82,8 @@ Status convertRows(const QuantizeTensorPlan& p, std::span<const uint8_t> src, ui
         std::vector<float> row(size_t(p.row_len));
         for (uint64_t r = r0; r < r0 + count; ++r) {
             dequantizeRow(p.from, src.data() + (first + r) * in_row, row.data(), p.row_len);
-            bool finite = std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); });
+            bool finite =
+                std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); });
             if (!finite) {
                 uint64_t seen = bad_row.load();
                 while (first + r < seen && !bad_row.compare_exchange_weak(seen, first + r)) {
@@ -125,7 +127,8 @@ void quantizeParallelRows(uint64_t n_rows, uint32_t threads,
                           uint64_t min_rows_per_thread) {
     if (n_rows == 0) return;
     uint64_t n_threads = std::max<uint64_t>(threads, 1);
-    n_threads = std::min(n_threads, std::max<uint64_t>(1, n_rows / std::max<uint64_t>(1, min_rows_per_thread)));
+    n_threads = std::min(
+        n_threads, std::max<uint64_t>(1, n_rows / std::max<uint64_t>(1, min_rows_per_thread)));
     if (n_threads == 1) {
         fn(0, n_rows);
         return;
@@ -178,7 +181,8 @@ Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& ou
         return BLUE_ERROR("%s is not a quantization type (choose one of: %s)",
                           dtypeName(target).data(), quantizeTypeNames().c_str());
     }
-    if (sameFile(in, out)) return BLUE_ERROR("%s: the output must not be the input file", out.c_str());
+    if (sameFile(in, out))
+        return BLUE_ERROR("%s: the output must not be the input file", out.c_str());
     Result<GgufFile> file = ggufOpen(in);
     if (!file) return file.status();
     Result<std::vector<QuantizeTensorPlan>> plan = quantizePlan(*file, target, options.pure);

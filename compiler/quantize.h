@@ -42,9 +42,9 @@ uint32_t quantizeFileType(DType type);
 // What the mix rules need to know about a model.
 struct QuantizeModelInfo {
     uint32_t n_layer = 0;
-    uint32_t n_gqa = 1;        // n_head / n_head_kv
-    uint32_t n_expert = 0;     // 0: dense
-    bool has_output = true;    // false: token_embd.weight doubles as the output matrix
+    uint32_t n_gqa = 1;      // n_head / n_head_kv
+    uint32_t n_expert = 0;   // 0: dense
+    bool has_output = true;  // false: token_embd.weight doubles as the output matrix
 };
 QuantizeModelInfo quantizeModelInfo(const ModelConfig& config);
 
@@ -75,8 +75,8 @@ DType quantizeTensorType(std::string_view name, int64_t row_len, DType target,
 // The plan for one tensor of the input.
 struct QuantizeTensorPlan {
     std::string name;
-    DType from = DType::F32;  // type in the input
-    DType to = DType::F32;    // type in the output
+    DType from = DType::F32;    // type in the input
+    DType to = DType::F32;      // type in the output
     DType wanted = DType::F32;  // what the mix chose before the row-length fallback
     bool matrix = false;        // a weight matrix (quantizeIsWeightMatrix)
     int64_t row_len = 0;
@@ -90,7 +90,7 @@ Result<std::vector<QuantizeTensorPlan>> quantizePlan(const GgufFile& file, DType
 
 struct QuantizeOptions {
     uint32_t threads = 0;  // 0: std::thread::hardware_concurrency()
-    bool pure = false;     // no mix: every matrix takes the target type (row fallback still applies)
+    bool pure = false;  // no mix: every matrix takes the target type (row fallback still applies)
     // Called on the calling thread as the output is written: input bytes processed so far and in
     // all; the last call has done == total.
     std::function<void(uint64_t done, uint64_t total)> progress;

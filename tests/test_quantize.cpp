@@ -362,8 +362,8 @@ TEST_CASE("quantize: a non-finite weight is refused and no file is left") {
     std::memcpy(bytes.data() + t->offset + (3 * 64 + 5) * 4, &nan, 4);
     TempDir dir;
     std::string in = dir.file("nan.gguf"), out = dir.file("out.gguf");
-    std::ofstream(in, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              std::streamsize(bytes.size()));
+    std::ofstream(in, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
     Result<QuantizeReport> r = quantizeGguf(in, out, DType::Q4_0);
     REQUIRE_FALSE(r);
     CHECK(r.message().find("blk.1.attn_q.weight") != std::string::npos);

@@ -21,8 +21,8 @@ struct QuantizeArgs {
 int runQuantize(const QuantizeArgs& args) {
     std::optional<DType> type = quantizeTypeFromName(args.type);
     if (!type) {
-        return fail("quantize: unknown --type '" + args.type + "' (choose one of: " +
-                    quantizeTypeNames() + ")");
+        return fail("quantize: unknown --type '" + args.type +
+                    "' (choose one of: " + quantizeTypeNames() + ")");
     }
     ProgressBar bar("quantizing");
     QuantizeOptions opt;
@@ -39,8 +39,7 @@ int runQuantize(const QuantizeArgs& args) {
     std::printf("%s -> %s (%s, file_type %u): %zu tensors: %s; %.2f MB -> %.2f MB; %.2f s\n",
                 args.in.c_str(), args.out.c_str(), args.type.c_str(), report->file_type,
                 report->tensors.size(), report->typeSummary().c_str(),
-                double(report->file_bytes_in) / 1e6, double(report->file_bytes_out) / 1e6,
-                seconds);
+                double(report->file_bytes_in) / 1e6, double(report->file_bytes_out) / 1e6, seconds);
     return 0;
 }
 

@@ -21,7 +21,9 @@ ProgressBar::ProgressBar(std::string label)
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
-ProgressBar::~ProgressBar() { finish(); }
+ProgressBar::~ProgressBar() {
+    finish();
+}
 
 void ProgressBar::update(uint64_t done, uint64_t total) {
     if (!enabled_) return;
