@@ -186,7 +186,7 @@ Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& ou
     Result<GgufFile> file = ggufOpen(in);
     if (!file) return file.status();
     Result<std::vector<QuantizeTensorPlan>> plan = quantizePlan(*file, target, options.pure);
-    if (!plan) return Status(plan.status()).prefix(in);
+    if (!plan) return plan.status();
 
     QuantizeReport report;
     report.tensors = std::move(plan.value());
@@ -205,15 +205,20 @@ Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& ou
     const uint32_t threads =
         options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
     uint64_t total = 0, done = 0;
+    Status bad_input;  // a conversion failure, reported instead of the writer's wrapped message
     for (const QuantizeTensorPlan& p : report.tensors) total += p.bytes_in;
     for (size_t i = 0; i < report.tensors.size(); ++i) {
         const GgufTensor& t = file->tensors()[i];
         const QuantizeTensorPlan& p = report.tensors[i];
         std::span<const uint8_t> src = file->rawTensorData(t);
         const uint64_t in_row = p.bytes_in / uint64_t(t.rows());
-        auto fill = [&, src, in_row](uint64_t first, uint64_t n, std::span<uint8_t> dst) -> Status {
-            Status s = convertRows(p, src, first, n, dst, threads);
-            if (!s) return s.prefix(in);
+        auto fill = [&, plan_entry = &p, src, in_row](uint64_t first, uint64_t n,
+                                                      std::span<uint8_t> dst) -> Status {
+            Status s = convertRows(*plan_entry, src, first, n, dst, threads);
+            if (!s) {
+                bad_input = s.prefix(in + ": tensor '" + plan_entry->name + "'");
+                return s;
+            }
             done += n * in_row;
             if (options.progress) options.progress(done, total);
             return {};
@@ -221,7 +226,7 @@ Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& ou
         std::vector<int64_t> dims(t.ne.begin(), t.ne.begin() + t.n_dims);
         BLUE_TRY(writer.addTensor(t.name, p.to, dims, fill));
     }
-    BLUE_TRY(writer.write(out));
+    if (Status s = writer.write(out); !s) return bad_input.isOk() ? s : bad_input;
     std::error_code ec;
     report.file_bytes_out = std::filesystem::file_size(out, ec);
     return report;

@@ -36,7 +36,7 @@ int runQuantize(const QuantizeArgs& args) {
     if (!report) return fail("quantize: " + report.message());
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s -> %s (%s, file_type %u): %zu tensors: %s; %.2f MB -> %.2f MB; %.2f s\n",
+    std::printf("%s -> %s (%s, file_type %u): %zu tensors: %s; %.2f MB -> %.2f MB; %.3f s\n",
                 args.in.c_str(), args.out.c_str(), args.type.c_str(), report->file_type,
                 report->tensors.size(), report->typeSummary().c_str(),
                 double(report->file_bytes_in) / 1e6, double(report->file_bytes_out) / 1e6, seconds);
