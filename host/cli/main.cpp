@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
     add(&blue::cli::addRunCommand);
     add(&blue::cli::addDevicesCommand);
     add(&blue::cli::addInfoCommand);
+    add(&blue::cli::addQuantizeCommand);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -1,0 +1,33 @@
+// A one-line progress bar on stderr for long CLI jobs (quantizing, writing synthetic models).
+// It draws only when stderr is a terminal, so logs and pipes stay clean.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace blue::cli {
+
+class ProgressBar {
+  public:
+    // `label` starts the line ("quantizing"). Draws nothing unless stderr is a terminal.
+    explicit ProgressBar(std::string label);
+    ~ProgressBar();  // clears the line if one was drawn
+    ProgressBar(const ProgressBar&) = delete;
+    ProgressBar& operator=(const ProgressBar&) = delete;
+
+    // Records progress (`done` of `total` bytes) and redraws at most every 100 ms, and always when
+    // done reaches total.
+    void update(uint64_t done, uint64_t total);
+    // Clears the line so the next message starts on a clean one.
+    void finish();
+    bool enabled() const { return enabled_; }
+
+  private:
+    std::string label_;
+    bool enabled_ = false;
+    bool drawn_ = false;
+    std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+}  // namespace blue::cli

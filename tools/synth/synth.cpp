@@ -1,0 +1,289 @@
+// Synthetic models: presets, validation, the tensor inventory and the streamed random weights
+// (see synth.h). The vocabularies are in synth_vocab.cpp.
+#include "tools/synth/synth.h"
+
+#include <cmath>
+#include <memory>
+#include <thread>
+
+#include "compiler/quantize.h"
+#include "vm/quant.h"
+
+namespace blue {
+
+namespace {
+
+constexpr float kWeightStd = 0.02f;
+constexpr uint32_t kMaxDim = 1u << 24;
+constexpr uint32_t kMinVocab = 260;
+constexpr uint64_t kMinElemsPerThread = 16384;
+
+SynthConfig llama(std::string name, uint32_t dim, uint32_t layers, uint32_t heads, uint32_t kv,
+                  uint32_t ff, uint32_t ctx, bool tied) {
+    SynthConfig c;
+    c.name = std::move(name);
+    c.dim = dim;
+    c.n_layer = layers;
+    c.n_head = heads;
+    c.n_head_kv = kv;
+    c.n_ff = ff;
+    c.n_vocab = 32000;
+    c.n_ctx = ctx;
+    c.tied_output = tied;
+    return c;
+}
+
+std::vector<SynthConfig> presets() {
+    std::vector<SynthConfig> p;
+    // llama2.c's TinyStories checkpoints share the classifier with the embeddings.
+    p.push_back(llama("stories15M", 288, 6, 6, 6, 768, 256, true));
+    p.push_back(llama("stories110M", 768, 12, 12, 12, 2048, 1024, true));
+    p.push_back(llama("tinyllama-1.1b", 2048, 22, 32, 4, 5632, 2048, false));
+    SynthConfig qwen = llama("qwen2-0.5b", 896, 24, 14, 2, 4864, 32768, true);
+    qwen.arch = "qwen2";
+    qwen.n_vocab = 151936;
+    qwen.qkv_bias = true;
+    qwen.rope_base = 1000000.0f;
+    qwen.norm_eps = 1e-6f;
+    p.push_back(qwen);
+    // The shapes of PEERS.md (head width 64).
+    p.push_back(llama("peer-dim256", 256, 4, 4, 4, 768, 2048, false));
+    SynthConfig moe = llama("peer-moe", 256, 4, 4, 4, 768, 2048, false);
+    moe.n_expert = 8;
+    moe.n_expert_used = 2;
+    p.push_back(moe);
+    p.push_back(llama("peer-dim1024", 1024, 12, 16, 16, 2304, 2048, false));
+    SynthConfig mixtral = llama("mixtral-tiny", 512, 8, 8, 2, 1024, 4096, false);
+    mixtral.n_expert = 8;
+    mixtral.n_expert_used = 2;
+    mixtral.rope_base = 1000000.0f;
+    p.push_back(mixtral);
+    return p;
+}
+
+enum class Init { Random, Ones };
+
+struct TensorSpec {
+    std::string name;
+    std::vector<int64_t> dims;  // ne order: row length first
+    Init init;
+};
+
+std::string blk(uint32_t layer, const char* suffix) {
+    return strFormat("blk.%u.%s", layer, suffix);
+}
+
+void addLayer(const SynthConfig& c, uint32_t l, std::vector<TensorSpec>& out) {
+    const int64_t e = c.dim, q = int64_t(c.n_head) * c.headDim();
+    const int64_t kv = int64_t(c.n_head_kv) * c.headDim(), f = c.n_ff, x = c.n_expert;
+    out.push_back({blk(l, "attn_norm.weight"), {e}, Init::Ones});
+    out.push_back({blk(l, "attn_q.weight"), {e, q}, Init::Random});
+    out.push_back({blk(l, "attn_k.weight"), {e, kv}, Init::Random});
+    out.push_back({blk(l, "attn_v.weight"), {e, kv}, Init::Random});
+    if (c.qkv_bias) {
+        out.push_back({blk(l, "attn_q.bias"), {q}, Init::Random});
+        out.push_back({blk(l, "attn_k.bias"), {kv}, Init::Random});
+        out.push_back({blk(l, "attn_v.bias"), {kv}, Init::Random});
+    }
+    out.push_back({blk(l, "attn_output.weight"), {q, e}, Init::Random});
+    out.push_back({blk(l, "ffn_norm.weight"), {e}, Init::Ones});
+    if (c.n_expert == 0) {
+        out.push_back({blk(l, "ffn_gate.weight"), {e, f}, Init::Random});
+        out.push_back({blk(l, "ffn_down.weight"), {f, e}, Init::Random});
+        out.push_back({blk(l, "ffn_up.weight"), {e, f}, Init::Random});
+        return;
+    }
+    out.push_back({blk(l, "ffn_gate_inp.weight"), {e, x}, Init::Random});
+    out.push_back({blk(l, "ffn_gate_exps.weight"), {e, f, x}, Init::Random});
+    out.push_back({blk(l, "ffn_down_exps.weight"), {f, e, x}, Init::Random});
+    out.push_back({blk(l, "ffn_up_exps.weight"), {e, f, x}, Init::Random});
+}
+
+// In the order llama.cpp's converters write them: embeddings, output, then the layers.
+std::vector<TensorSpec> tensorSpecs(const SynthConfig& c) {
+    std::vector<TensorSpec> specs;
+    specs.push_back({"token_embd.weight", {c.dim, c.n_vocab}, Init::Random});
+    specs.push_back({"output_norm.weight", {c.dim}, Init::Ones});
+    if (!c.tied_output) specs.push_back({"output.weight", {c.dim, c.n_vocab}, Init::Random});
+    for (uint32_t l = 0; l < c.n_layer; ++l) addLayer(c, l, specs);
+    return specs;
+}
+
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+uint64_t tensorKey(uint64_t seed, std::string_view name) {
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (char ch : name) h = (h ^ uint8_t(ch)) * 0x100000001b3ull;
+    return splitmix64(seed ^ splitmix64(h));
+}
+
+// Element i of a tensor: the sum of four 16-bit uniforms from one hash, centred and scaled to
+// unit variance (a bell curve on [-3.46, 3.46]), times kWeightStd.
+void generate(uint64_t key, Init init, uint64_t first_elem, float* out, int64_t n) {
+    if (init == Init::Ones) {
+        for (int64_t i = 0; i < n; ++i) out[i] = 1.0f;
+        return;
+    }
+    constexpr float kScale = 1.7320508f / 65536.0f * kWeightStd;
+    for (int64_t i = 0; i < n; ++i) {
+        uint64_t h = splitmix64(key + (first_elem + uint64_t(i)) * 0x9E3779B97F4A7C15ull);
+        uint32_t s = uint32_t(h & 0xffff) + uint32_t((h >> 16) & 0xffff) +
+                     uint32_t((h >> 32) & 0xffff) + uint32_t(h >> 48);
+        out[i] = (float(s) - 131070.0f) * kScale;
+    }
+}
+
+struct Progress {
+    uint64_t done = 0, total = 0;
+    std::function<void(uint64_t, uint64_t)> fn;
+};
+
+GgufTensorFill makeFill(const TensorSpec& spec, DType type, uint64_t key, uint32_t threads,
+                        std::shared_ptr<Progress> progress) {
+    const int64_t row_len = spec.dims[0];
+    const uint64_t row_bytes = *dtypeRowBytes(type, uint64_t(row_len));
+    const Init init = spec.init;
+    return [=](uint64_t first, uint64_t n, std::span<uint8_t> out) -> Status {
+        auto work = [&](uint64_t r0, uint64_t count) {
+            std::vector<float> row(static_cast<size_t>(row_len));
+            for (uint64_t r = r0; r < r0 + count; ++r) {
+                generate(key, init, (first + r) * uint64_t(row_len), row.data(), row_len);
+                quantizeRow(type, row.data(), out.data() + r * row_bytes, row_len);
+            }
+        };
+        uint64_t min_rows = std::max<uint64_t>(1, kMinElemsPerThread / uint64_t(row_len));
+        quantizeParallelRows(n, threads, work, min_rows);
+        progress->done += out.size();
+        if (progress->fn) progress->fn(progress->done, progress->total);
+        return {};
+    };
+}
+
+void setMetadata(const SynthConfig& c, const SynthOptions& o, GgufWriter* w) {
+    const std::string a = c.arch;
+    w->setString("general.architecture", a);
+    w->setString("general.name", c.name);
+    w->setString("general.description",
+                 strFormat("synthetic model, random weights (blue-synth, seed %llu)",
+                           (unsigned long long)o.seed));
+    w->setU32("general.file_type", quantizeFileType(o.type));
+    w->setU32("general.quantization_version", 2);
+    w->setU32(a + ".vocab_size", c.n_vocab);
+    w->setU32(a + ".context_length", c.n_ctx);
+    w->setU32(a + ".embedding_length", c.dim);
+    w->setU32(a + ".block_count", c.n_layer);
+    w->setU32(a + ".feed_forward_length", c.n_ff);
+    w->setU32(a + ".attention.head_count", c.n_head);
+    w->setU32(a + ".attention.head_count_kv", c.n_head_kv);
+    w->setF32(a + ".attention.layer_norm_rms_epsilon", c.norm_eps);
+    w->setF32(a + ".rope.freq_base", c.rope_base);
+    w->setU32(a + ".rope.dimension_count", c.headDim());
+    if (c.n_expert > 0) {
+        w->setU32(a + ".expert_count", c.n_expert);
+        w->setU32(a + ".expert_used_count", c.n_expert_used);
+    }
+    if (c.arch == "qwen2") {
+        synthAddGpt2Vocab(w, c.n_vocab);
+    } else {
+        synthAddLlamaVocab(w, c.n_vocab);
+    }
+}
+
+}  // namespace
+
+std::optional<SynthConfig> synthPreset(std::string_view name) {
+    for (SynthConfig& c : presets()) {
+        if (c.name == name) return c;
+    }
+    return std::nullopt;
+}
+
+std::vector<std::string_view> synthPresetNames() {
+    static const std::vector<SynthConfig> kAll = presets();
+    std::vector<std::string_view> names;
+    for (const SynthConfig& c : kAll) names.push_back(c.name);
+    return names;
+}
+
+Status synthValidate(const SynthConfig& c) {
+    if (c.arch != "llama" && c.arch != "qwen2") {
+        return BLUE_ERROR("architecture '%s' is not one blue-synth makes (llama, qwen2)",
+                          c.arch.c_str());
+    }
+    const std::pair<const char*, uint32_t> sizes[] = {
+        {"dim", c.dim}, {"layers", c.n_layer}, {"heads", c.n_head}, {"kv-heads", c.n_head_kv},
+        {"ff", c.n_ff}, {"vocab", c.n_vocab},  {"ctx", c.n_ctx}};
+    for (const auto& [field, value] : sizes) {
+        if (value == 0 || value >= kMaxDim)
+            return BLUE_ERROR("%s must be in 1..%u (got %u)", field, kMaxDim - 1, value);
+    }
+    if (c.dim % c.n_head != 0 || c.headDim() % 2 != 0) {
+        return BLUE_ERROR("dim %u must be a multiple of heads %u with an even quotient", c.dim,
+                          c.n_head);
+    }
+    if (c.n_head % c.n_head_kv != 0)
+        return BLUE_ERROR("kv-heads %u must divide heads %u", c.n_head_kv, c.n_head);
+    if (c.n_vocab < kMinVocab)
+        return BLUE_ERROR("vocab %u is too small for the tokenizer (>= %u)", c.n_vocab, kMinVocab);
+    if (c.n_expert > 0 && c.arch != "llama")
+        return BLUE_ERROR("experts need the llama architecture (Mixtral-style); got %s",
+                          c.arch.c_str());
+    if (c.n_expert > 0 && (c.n_expert_used == 0 || c.n_expert_used > c.n_expert)) {
+        return BLUE_ERROR("experts-used %u must be in 1..experts %u", c.n_expert_used, c.n_expert);
+    }
+    if (c.arch == "qwen2" && !c.qkv_bias) return BLUE_ERROR("qwen2 needs Q/K/V biases");
+    return {};
+}
+
+uint64_t synthParamCount(const SynthConfig& c) {
+    const uint64_t e = c.dim, q = uint64_t(c.n_head) * c.headDim();
+    const uint64_t kv = uint64_t(c.n_head_kv) * c.headDim(), f = c.n_ff;
+    uint64_t attn = e * q + 2 * e * kv + q * e + (c.qkv_bias ? q + 2 * kv : 0);
+    uint64_t ffn = c.n_expert ? c.n_expert * 3 * e * f + e * c.n_expert : 3 * e * f;
+    uint64_t layer = attn + ffn + 2 * e;
+    return uint64_t(c.n_vocab) * e * (c.tied_output ? 1 : 2) + e + c.n_layer * layer;
+}
+
+Status synthBuild(const SynthConfig& config, const SynthOptions& options, GgufWriter* writer) {
+    BLUE_TRY(synthValidate(config));
+    if (!quantizeIsTarget(options.type)) {
+        return BLUE_ERROR("type %s is not one blue-synth writes (choose one of: %s)",
+                          dtypeName(options.type).data(), quantizeTypeNames().c_str());
+    }
+    setMetadata(config, options, writer);
+    QuantizeModelInfo model;
+    model.n_layer = config.n_layer;
+    model.n_gqa = config.n_head / config.n_head_kv;
+    model.n_expert = config.n_expert;
+    model.has_output = !config.tied_output;
+    const uint32_t threads =
+        options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+    auto progress = std::make_shared<Progress>();
+    progress->fn = options.progress;
+    for (const TensorSpec& spec : tensorSpecs(config)) {
+        const int64_t row_len = spec.dims[0];
+        DType type = quantizeIsWeightMatrix(spec.name, uint32_t(spec.dims.size()))
+                         ? quantizeTensorType(spec.name, row_len, options.type, model, options.pure)
+                         : DType::F32;
+        uint64_t rows = 1;
+        for (size_t d = 1; d < spec.dims.size(); ++d) rows *= uint64_t(spec.dims[d]);
+        progress->total += *dtypeRowBytes(type, uint64_t(row_len)) * rows;
+        GgufTensorFill fill =
+            makeFill(spec, type, tensorKey(options.seed, spec.name), threads, progress);
+        BLUE_TRY(writer->addTensor(spec.name, type, spec.dims, std::move(fill)));
+    }
+    return {};
+}
+
+Status synthWrite(const SynthConfig& config, const SynthOptions& options, const std::string& path) {
+    GgufWriter writer;
+    BLUE_TRY(synthBuild(config, options, &writer));
+    return writer.write(path);
+}
+
+}  // namespace blue
