@@ -236,7 +236,7 @@ Status readBlocks(Cursor& c, Module* m) {
 
 Status readTensors(Cursor& c, Module* m) {
     uint32_t n = 0;
-    if (c.count(&n, 80, "tensor")) {
+    if (c.count(&n, 72, "tensor")) {  // an empty name: 4 + 68 bytes of fields
         m->tensors.resize(n);
         for (TensorDecl& t : m->tensors) {
             uint32_t dtype = 0, source = 0;
