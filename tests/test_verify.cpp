@@ -102,7 +102,7 @@ TEST_CASE("verify: malformed files are rejected by the parser with a precise mes
         {"header shorter than 32 bytes", [](auto& b) { b.resize(20); },
          "file is 20 bytes, shorter than the 32-byte header"},
         {"truncated", [](auto& b) { b.resize(b.size() - 8); }, "but it is"},
-        {"padded", [](auto& b) { b.resize(b.size() + 8, 0); }, "(truncated or padded)"},
+        {"padded", [](auto& b) { b.insert(b.end(), {0, 0, 0, 0, 0, 0, 0, 0}); }, "(truncated or padded)"},
         {"header flags", [](auto& b) { b[12] = 1; }, "flags/reserved fields at offset 12/24"},
         {"header reserved", [](auto& b) { b[31] = 1; }, "flags/reserved fields at offset 12/24"},
         {"section count", [](auto& b) { put32(b, 8, 1000); }, "section count 1000 does not fit"},
