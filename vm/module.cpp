@@ -205,7 +205,7 @@ Status readWords(std::span<const uint8_t> file, const SectionRef& s, const std::
                           (unsigned long long)s.size, unit_bytes);
     }
     out->resize(s.size / 4);
-    std::memcpy(out->data(), file.data() + s.offset, s.size);
+    if (s.size > 0) std::memcpy(out->data(), file.data() + s.offset, s.size);  // data() may be null
     return Status::ok();
 }
 
