@@ -5,6 +5,8 @@
 #include <filesystem>
 
 #include "compiler/asm.h"
+#include "host/machine_plan.h"
+#include "host/pipelines.h"
 #include "tests/test_paths.h"
 #include "vm/isa.h"
 #include "vm/tensor_ops.h"
@@ -24,17 +26,23 @@ constexpr const char* kTensorPool = R"(.tensor m44 weight f32 [4, 4] data f32 1 
 .tensor v4 instance f32 [4]
 .tensor t1 instance f32 [1]
 .tensor g4 global f32 [4] data f32 1 1 2 2
+.tensor x8 rows f32 [8]
+.tensor m84 weight f32 [8, 4] data f32 1 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 1 0 0 0 0
+.tensor m48 weight f32 [4, 8] data f32 1 0 0 0 0 1 0 0 0 0 1 0 0 0 0 1 1 0 0 0 0 1 0 0 0 0 1 0 0 0 0 1
+.tensor c84 instance f32 [8, 4]
 .tensor n4 instance i32 [4]
 .tensor k4 rows i32 [4]
+.tensor k1 rows i32 [1]
 .tensor h44 weight f16 [4, 4] data hex 003c0040004200440045004600470048003c0040004200440045004600470048
+.tensor q324 weight q8_0 [32, 4] data hex 003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101
 )";
-
 constexpr const char* kLayout =
     ".layout regs=8 local=16 heap=16 heap_static=4 stack=4 mailbox=2 in_slots=2 in_slot_words=8 "
     "max_rows=4 max_steps=4096\n";
 
-// Finds tensor operands for a tensor op that checkTensorOp accepts: a search over the pool, in
-// pool order, with fixed values for scalar operands. Returns the operand text, or empty.
+// Finds tensor operands for a tensor op that checkTensorOp accepts, searching the pool in order
+// with fixed values for scalar operands; combinations the GPU has a kernel for are preferred.
+// Returns the operand text, or empty when no combination passes.
 std::string tensorOperands(const Module& pool, const OpInfo& info) {
     const std::string fmt(info.format);
     std::vector<size_t> tensor_slots;
@@ -47,23 +55,24 @@ std::string tensorOperands(const Module& pool, const OpInfo& info) {
     const size_t n = pool.tensors.size();
     uint64_t combos = 1;
     for (size_t k = 0; k < tensor_slots.size() && combos < (1u << 22); ++k) combos *= n;
-    std::vector<size_t> pick(tensor_slots.size(), 0);
-    for (uint64_t c = 0; c < combos; ++c) {
-        uint64_t rest = c;
-        for (size_t k = 0; k < pick.size(); ++k) {
-            pick[k] = rest % n;
-            rest /= n;
-            ti.args[tensor_slots[k]] = uint32_t(pick[k]);
+    for (bool need_kernel : {true, false}) {
+        for (uint64_t c = 0; c < combos; ++c) {
+            uint64_t rest = c;
+            for (size_t slot : tensor_slots) {
+                ti.args[slot] = uint32_t(rest % n);
+                rest /= n;
+            }
+            if (!checkTensorOp(pool, ti).isOk()) continue;
+            if (need_kernel && !Pipelines::exists(kernelName(pool, uint32_t(info.op), ti.args))) continue;
+            std::string text;
+            for (size_t i = 0; i < fmt.size(); ++i) {
+                text += i ? ", " : " ";
+                if (fmt[i] == 't') text += pool.tensors[ti.args[i]].name;
+                else if (fmt[i] == 'f') text += "0.5";
+                else text += "1";
+            }
+            return text;
         }
-        if (!checkTensorOp(pool, ti).isOk()) continue;
-        std::string text;
-        for (size_t i = 0; i < fmt.size(); ++i) {
-            text += i ? ", " : " ";
-            if (fmt[i] == 't') text += pool.tensors[ti.args[i]].name;
-            else if (fmt[i] == 'f') text += "0.5";
-            else text += "1";
-        }
-        return text;
     }
     return {};
 }
