@@ -841,6 +841,48 @@ done:
     CHECK(r.instances[0].status == BLUE_ST_HALTED);
 }
 
+Program blockFullProgram() {
+    // Three instances ask for 2 rows each of a block that takes 4 rows a cycle: one of them
+    // (on the reference machine, instance 2) finds the block full and retries next cycle.
+    // Rows: [id, 1] * 3; then each instance's sum over its last row: 3 id + 3.
+    return {"block full", R"(.layout regs=8 max_rows=4
+.tensor vf instance f32 [2]
+.tensor vo instance f32 [1]
+.tensor xr rows f32 [2]
+.block b args=1
+    tscale xr, vf, 3.0
+    tsum vo, xr
+.end
+    iid r1
+    itof r2, r1
+    tst r2, r0, vf
+    lf r2, 1.0
+    li r3, 1
+    tst r2, r3, vf
+    li r4, 2
+    run b, r4
+    tld r5, r0, vo
+    outf r5
+    halt
+)",
+            3};
+}
+
+TEST_CASE("interp: RUN retries next cycle when the block's rows are taken") {
+    Program p = blockFullProgram();
+    Module m = assembleOrFail(p.source, p.name);
+    RunReport r = runRef(m, p.instances);
+    REQUIRE(r.status.isOk());
+    for (uint32_t i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        CHECK(r.instances[i].status == BLUE_ST_HALTED);
+        CHECK(values(recordsOf(r.output, i)) == std::vector<uint32_t>{F(3.0f * float(i) + 3.0f)});
+    }
+    CHECK(r.cycles == 3);       // the block ran in cycles 0 and 1; everyone halted in cycle 2
+    CHECK(r.block_runs == 2);
+    CHECK(r.steps == 3 * 11 + 1);  // 11 instructions each, and one retried RUN
+}
+
 Program stepsProgram() {
     return {"max_steps", R"(.layout regs=8 max_steps=5
     li r2, 10
@@ -913,9 +955,9 @@ TEST_CASE("interp: the every-opcode program halts on one instance") {
 // ---- the same programs on the GPU ------------------------------------------------------------
 
 std::vector<Program> gpuPrograms() {
-    std::vector<Program> list = {heapProgram(),  sharedProgram(),     mailboxProgram(),
-                                 inputProgram(), inputFaultProgram(), stepsProgram(),
-                                 watchdogProgram()};
+    std::vector<Program> list = {heapProgram(),      sharedProgram(),     mailboxProgram(),
+                                 inputProgram(),     inputFaultProgram(), stepsProgram(),
+                                 watchdogProgram(),  blockFullProgram()};
     list.push_back({"scenarios", scenarioSource(), uint32_t(scenarios().size()) + 1});
     Result<std::string> every = everyOpSource();
     REQUIRE(every.isOk());
