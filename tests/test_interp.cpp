@@ -962,7 +962,6 @@ std::vector<Program> gpuPrograms() {
     Result<std::string> every = everyOpSource();
     REQUIRE(every.isOk());
     list.push_back({"every_op", every.value(), 1, everyOpInput()});
-    list.push_back({"every_op x3", every.value(), 3, everyOpInput(), 1000, false});
     return list;
 }
 
