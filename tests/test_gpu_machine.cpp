@@ -84,7 +84,9 @@ TEST_CASE("gpu machine: an output ring of 16 records delivers 1000 records in or
         machine->closeInput();
         std::vector<OutputRecord> sunk;
         Result<RunReport> r = machine->run(
-            [&](std::span<const OutputRecord> recs) { sunk.insert(sunk.end(), recs.begin(), recs.end()); },
+            [&](std::span<const OutputRecord> recs) {
+                sunk.insert(sunk.end(), recs.begin(), recs.end());
+            },
             keep);
         REQUIRE(r.isOk());
         CHECK(r.value().status.isOk());
@@ -273,7 +275,7 @@ TEST_CASE("gpu machine: faults are reported per instance with their code and pc"
     const Loaded& l = load(kFaultSource);
     BothRuns both = runBoth(l.module, l.weights, 7);
     const RunReport& r = both.gpu;
-    CHECK(r.status.isOk());  // faulted instances are not live: the run finished
+    CHECK(r.status.isOk());                  // faulted instances are not live: the run finished
     const uint32_t divide = 9, memory = 12;  // instruction indices of DIVU and LD
     for (uint32_t i = 0; i < 7; ++i) {
         CAPTURE(i);
@@ -289,7 +291,9 @@ TEST_CASE("gpu machine: faults are reported per instance with their code and pc"
                 CHECK(ir.fault == BLUE_FAULT_LOCAL_OOB);
                 CHECK(ir.pc == memory);
                 break;
-            default: CHECK(ir.status == BLUE_ST_HALTED); break;
+            default:
+                CHECK(ir.status == BLUE_ST_HALTED);
+                break;
         }
         CHECK(ir.status == both.ref.instances[i].status);
         CHECK(ir.pc == both.ref.instances[i].pc);
@@ -366,14 +370,18 @@ TEST_CASE("gpu machine: API misuse gives clear errors") {
 
     GpuOptions opt;
     opt.chains = 0;
-    auto bad = GpuMachine::create(*gpu().device, *gpu().pipelines, plain.module, plain.weights, opt);
+    auto bad =
+        GpuMachine::create(*gpu().device, *gpu().pipelines, plain.module, plain.weights, opt);
     REQUIRE(!bad.isOk());
-    CHECK(bad.message() == strFormat("chains must be 1..%u and chain cycles at least 1", BLUE_MAX_CHAINS));
+    CHECK(bad.message() ==
+          strFormat("chains must be 1..%u and chain cycles at least 1", BLUE_MAX_CHAINS));
     opt.chains = BLUE_MAX_CHAINS + 1;
-    CHECK(!GpuMachine::create(*gpu().device, *gpu().pipelines, plain.module, plain.weights, opt).isOk());
+    CHECK(!GpuMachine::create(*gpu().device, *gpu().pipelines, plain.module, plain.weights, opt)
+               .isOk());
     opt.chains = 2;
     opt.chain_cycles = 0;
-    CHECK(!GpuMachine::create(*gpu().device, *gpu().pipelines, plain.module, plain.weights, opt).isOk());
+    CHECK(!GpuMachine::create(*gpu().device, *gpu().pipelines, plain.module, plain.weights, opt)
+               .isOk());
     opt.chain_cycles = 8;
     opt.instances = 0;
     bad = GpuMachine::create(*gpu().device, *gpu().pipelines, plain.module, plain.weights, opt);

@@ -32,8 +32,12 @@ struct StringMaker<std::vector<uint32_t>> {
 namespace blue::test {
 namespace {
 
-uint32_t I(int64_t v) { return uint32_t(v); }
-uint32_t F(float f) { return std::bit_cast<uint32_t>(f); }
+uint32_t I(int64_t v) {
+    return uint32_t(v);
+}
+uint32_t F(float f) {
+    return std::bit_cast<uint32_t>(f);
+}
 constexpr uint32_t kNaN = 0x7FC00000u, kInf = 0x7F800000u, kNegInf = 0xFF800000u;
 constexpr uint32_t kNegZero = 0x80000000u;
 
@@ -58,6 +62,8 @@ struct AluCase {
 // Expected values are literals derived from each op's definition (two's complement wrap, shifts
 // by the low 5 bits, IEEE binary32 round to nearest even), not computed by the code under test.
 const std::vector<AluCase>& aluCases() {
+    // Two cases per line, aligned.
+    // clang-format off
     static const std::vector<AluCase> cases = {
         {Op::ADD, 0x7FFFFFFF, 1, 0x80000000},     {Op::ADD, 0xFFFFFFFF, 1, 0},
         {Op::ADD, 5, I(-7), I(-2)},               {Op::SUB, 0, 1, 0xFFFFFFFF},
@@ -157,6 +163,7 @@ const std::vector<AluCase>& aluCases() {
         {Op::BLTU, 0, I(-1), 1},                  {Op::BGEU, I(-1), 0, 1},
         {Op::BGEU, 0, 1, 0},
     };
+    // clang-format on
     return cases;
 }
 
@@ -172,10 +179,14 @@ std::string aluCaseSource(const AluCase& c, size_t index) {
     const std::string name = lowerName(c.op);
     const std::string fmt(info.format);
     std::string s = strFormat("    li r1, 0x%x\n    li r2, 0x%x\n", c.b, c.c);
-    if (fmt == "rrr") s += "    " + name + " r3, r1, r2\n";
-    else if (fmt == "rri" || fmt == "rru") s += strFormat("    %s r3, r1, 0x%x\n", name.c_str(), c.c);
-    else if (fmt == "rr") s += "    " + name + " r3, r1\n";
-    else if (fmt == "ri" || fmt == "rf") s += strFormat("    %s r3, 0x%x\n", name.c_str(), c.c);
+    if (fmt == "rrr")
+        s += "    " + name + " r3, r1, r2\n";
+    else if (fmt == "rri" || fmt == "rru")
+        s += strFormat("    %s r3, r1, 0x%x\n", name.c_str(), c.c);
+    else if (fmt == "rr")
+        s += "    " + name + " r3, r1\n";
+    else if (fmt == "ri" || fmt == "rf")
+        s += strFormat("    %s r3, 0x%x\n", name.c_str(), c.c);
     else if (fmt == "rl" || fmt == "rrl") {
         std::string taken = strFormat("t%zu", index);
         s += "    li r3, 1\n    " + name + (fmt == "rl" ? " r1, " : " r1, r2, ") + taken +
@@ -192,7 +203,9 @@ std::string aluSource() {
     return s + "    halt\n";
 }
 
-bool isNaN(uint32_t bits) { return std::isnan(std::bit_cast<float>(bits)); }
+bool isNaN(uint32_t bits) {
+    return std::isnan(std::bit_cast<float>(bits));
+}
 
 // Distance in units in the last place between two floats' bit patterns (same sign assumed by
 // the ordering trick: negative floats map below positive ones).
@@ -210,7 +223,9 @@ bool withinTol(uint32_t got, uint32_t want, Tol tol) {
     return tol.ulp > 0 && !isNaN(got) && ulpDistance(got, want) <= tol.ulp;
 }
 
-bool isSubnormal(uint32_t bits) { return (bits & 0x7F800000u) == 0 && (bits & 0x007FFFFFu) != 0; }
+bool isSubnormal(uint32_t bits) {
+    return (bits & 0x7F800000u) == 0 && (bits & 0x007FFFFFu) != 0;
+}
 
 // Whether the GPU's result of a float op may differ from the reference machine's, per the
 // tolerance vm/opcodes.def documents: the reference computes FDIV, FSQRT, FEXP and FLOG with the
@@ -224,20 +239,26 @@ bool gpuAgrees(Op op, uint32_t b, uint32_t c, uint32_t gpu, uint32_t ref) {
     uint64_t ulp = 0;
     switch (op) {
         case Op::FDIV:
-            if (isSubnormal(b) || isSubnormal(c) || !(std::fabs(y) >= 0x1p-126f && std::fabs(y) <= 0x1p126f)) {
+            if (isSubnormal(b) || isSubnormal(c) ||
+                !(std::fabs(y) >= 0x1p-126f && std::fabs(y) <= 0x1p126f)) {
                 return true;
             }
             ulp = 3;
             break;
-        case Op::FSQRT: ulp = 5; break;
-        case Op::FEXP: ulp = 3 + 2 * uint64_t(std::min(std::fabs(x), 1e6f)); break;
+        case Op::FSQRT:
+            ulp = 5;
+            break;
+        case Op::FEXP:
+            ulp = 3 + 2 * uint64_t(std::min(std::fabs(x), 1e6f));
+            break;
         case Op::FLOG:
             if (x >= 0.5f && x <= 2.0f) {
                 return std::fabs(std::bit_cast<float>(gpu) - std::bit_cast<float>(ref)) < 0x1p-21f;
             }
             ulp = 3;
             break;
-        default: return false;
+        default:
+            return false;
     }
     if (isSubnormal(b)) return true;
     if (isSubnormal(ref) && (gpu & 0x7FFFFFFFu) == 0) return true;
@@ -316,11 +337,13 @@ TEST_CASE("interp gpu: the ALU cases on the GPU match the reference machine") {
         INFO(opInfo(c.op).name << strFormat("(0x%08x, 0x%08x): gpu 0x%08x, reference 0x%08x", c.b,
                                             c.c, gpu[i], ref[i]));
         CHECK(gpuAgrees(c.op, c.b, c.c, gpu[i], ref[i]));
-        if (!isNaN(ref[i]) && !isNaN(gpu[i])) worst[c.op] = std::max(worst[c.op], ulpDistance(gpu[i], ref[i]));
+        if (!isNaN(ref[i]) && !isNaN(gpu[i]))
+            worst[c.op] = std::max(worst[c.op], ulpDistance(gpu[i], ref[i]));
     }
     std::string measured;
     for (Op op : {Op::FDIV, Op::FSQRT, Op::FEXP, Op::FLOG}) {
-        measured += strFormat(" %s %llu", std::string(opInfo(op).name).c_str(), (unsigned long long)worst[op]);
+        measured += strFormat(" %s %llu", std::string(opInfo(op).name).c_str(),
+                              (unsigned long long)worst[op]);
     }
     MESSAGE("largest GPU-vs-reference difference in ULP:" << measured);
     CHECK_NO_VALIDATION_ERRORS();
@@ -335,8 +358,12 @@ struct Rec {
     const char* sym = nullptr;
 };
 constexpr uint32_t kInstId = 100, kInstCount = 101;
-Rec Int(int64_t v) { return {BLUE_OUT_INT, uint32_t(v)}; }
-Rec Uns(uint32_t v) { return {BLUE_OUT_UINT, v}; }
+Rec Int(int64_t v) {
+    return {BLUE_OUT_INT, uint32_t(v)};
+}
+Rec Uns(uint32_t v) {
+    return {BLUE_OUT_UINT, v};
+}
 
 struct Scenario {
     const char* name;
@@ -348,14 +375,22 @@ struct Scenario {
 // The scenario a fault stops at is labelled {L}at; one that halts stops at {L}end.
 const std::vector<Scenario>& scenarios() {
     static const std::vector<Scenario> list = {
-        {"DIVS by zero faults", "li r1, 5\nli r2, 0\n{L}at: divs r3, r1, r2", {}, BLUE_FAULT_DIV_ZERO},
+        {"DIVS by zero faults",
+         "li r1, 5\nli r2, 0\n{L}at: divs r3, r1, r2",
+         {},
+         BLUE_FAULT_DIV_ZERO},
         {"DIVU by zero faults", "li r1, 5\n{L}at: divu r3, r1, r0", {}, BLUE_FAULT_DIV_ZERO},
         {"REMS by zero faults", "li r1, -5\n{L}at: rems r3, r1, r0", {}, BLUE_FAULT_DIV_ZERO},
-        {"REMU by zero faults after earlier output", "li r1, 7\nout r1\n{L}at: remu r3, r1, r0",
-         {Int(7)}, BLUE_FAULT_DIV_ZERO},
+        {"REMU by zero faults after earlier output",
+         "li r1, 7\nout r1\n{L}at: remu r3, r1, r0",
+         {Int(7)},
+         BLUE_FAULT_DIV_ZERO},
         {"LD past local memory", "li r1, 8\n{L}at: ld r2, r1, 0", {}, BLUE_FAULT_LOCAL_OOB},
         {"LD past local memory by the immediate", "{L}at: ld r2, r0, 8", {}, BLUE_FAULT_LOCAL_OOB},
-        {"ST far past local memory", "li r1, 0xFFFFFFF0\n{L}at: st r2, r1, 0", {}, BLUE_FAULT_LOCAL_OOB},
+        {"ST far past local memory",
+         "li r1, 0xFFFFFFF0\n{L}at: st r2, r1, 0",
+         {},
+         BLUE_FAULT_LOCAL_OOB},
         {"LD/ST addresses wrap modulo 2^32",
          "li r1, -1\nli r2, 77\nst r2, r1, 1\nld r4, r0, 0\nout r4\nld r5, r1, 8\nout r5\n"
          "ld r6, r1, 1\nout r6",
@@ -366,15 +401,19 @@ const std::vector<Scenario>& scenarios() {
         {"LDK reads the pool; past it faults",
          "li r1, 1\nldk r2, r1, tbl\nout r2\nldk r3, r0, tbl+2\nout r3\nli r1, 4\nldk r4, r1, tbl\n"
          "out r4\nli r1, 5\n{L}at: ldk r5, r1, tbl",
-         {Int(20), Int(30), Int(0x6968)}, BLUE_FAULT_CONST_OOB},
+         {Int(20), Int(30), Int(0x6968)},
+         BLUE_FAULT_CONST_OOB},
         {"CALL and RET nest",
          "call {L}f\nli r1, 4\nout r1\njmp {L}end\n{L}f: li r1, 1\nout r1\ncall {L}g\nli r1, 3\n"
          "out r1\nret\n{L}g: li r1, 2\nout r1\nret",
          {Int(1), Int(2), Int(3), Int(4)}},
         {"CALL past the stack depth overflows",
          "li r1, 0\n{L}rec: addi r1, r1, 1\nout r1\n{L}at: call {L}rec",
-         {Int(1), Int(2), Int(3)}, BLUE_FAULT_STACK_OVERFLOW},
-        {"RET with an empty stack underflows", "li r1, 9\nout r1\n{L}at: ret", {Int(9)},
+         {Int(1), Int(2), Int(3)},
+         BLUE_FAULT_STACK_OVERFLOW},
+        {"RET with an empty stack underflows",
+         "li r1, 9\nout r1\n{L}at: ret",
+         {Int(9)},
          BLUE_FAULT_STACK_UNDERFLOW},
         {"YIELD resumes at the next instruction next cycle",
          "cycle r1\nout r1\nyield\ncycle r1\nout r1\nyield\nyield\ncycle r1\nout r1",
@@ -383,9 +422,17 @@ const std::vector<Scenario>& scenarios() {
         {"every OUT kind writes its record",
          "li r1, -5\nout r1\noutu r1\nlf r2, 1.5\noutf r2\nli r3, 0x141\noutc r3\nouts hi\n"
          "li r4, 7\noutt r4\nli r5, 9\noutend r5",
-         {Int(-5), Uns(0xFFFFFFFB), {BLUE_OUT_FLOAT, 0x3FC00000}, {BLUE_OUT_CHAR, 0x141},
-          {BLUE_OUT_STR, 0, "hi"}, {BLUE_OUT_TOKEN, 7}, {BLUE_OUT_END, 9}}},
-        {"SEND to a nonexistent instance", "ninst r1\n{L}at: send r1, r2", {}, BLUE_FAULT_BAD_INSTANCE},
+         {Int(-5),
+          Uns(0xFFFFFFFB),
+          {BLUE_OUT_FLOAT, 0x3FC00000},
+          {BLUE_OUT_CHAR, 0x141},
+          {BLUE_OUT_STR, 0, "hi"},
+          {BLUE_OUT_TOKEN, 7},
+          {BLUE_OUT_END, 9}}},
+        {"SEND to a nonexistent instance",
+         "ninst r1\n{L}at: send r1, r2",
+         {},
+         BLUE_FAULT_BAD_INSTANCE},
         {"SEND to instance -1", "li r1, -1\n{L}at: send r1, r2", {}, BLUE_FAULT_BAD_INSTANCE},
         {"a message to oneself is received from the next cycle",
          "iid r1\nli r2, 42\nsend r1, r2\ncycle r3\nout r3\nrecv r4\nout r4\ncycle r5\nout r5",
@@ -395,19 +442,30 @@ const std::vector<Scenario>& scenarios() {
          {Int(1), Int(2)}},
         {"INLEN of a slot not held", "{L}at: inlen r2, r0", {}, BLUE_FAULT_INPUT_OOB},
         {"INFREE of a slot not held", "li r1, 1\n{L}at: infree r1", {}, BLUE_FAULT_INPUT_OOB},
-        {"INLD of a slot out of range", "li r1, 7\n{L}at: inld r2, r1, r0", {}, BLUE_FAULT_INPUT_OOB},
-        {"INRECV gives -1 once input is closed and drained", "inrecv r1\nout r1\ninrecv r1\nout r1",
+        {"INLD of a slot out of range",
+         "li r1, 7\n{L}at: inld r2, r1, r0",
+         {},
+         BLUE_FAULT_INPUT_OOB},
+        {"INRECV gives -1 once input is closed and drained",
+         "inrecv r1\nout r1\ninrecv r1\nout r1",
          {Int(-1), Int(-1)}},
         {"TST/TLD on this instance's slice",
          "iid r1\nmuli r2, r1, 10\naddi r2, r2, 1\nli r3, 3\ntst r2, r3, vi\ntld r4, r3, vi\n"
          "sub r5, r4, r2\nout r5\nyield\ntld r6, r3, vi\nsub r6, r6, r2\nout r6",
          {Int(0), Int(0)}},
-        {"TLD of a GLOBAL tensor's initial data", "li r1, 1\ntld r2, r1, gf\noutu r2",
+        {"TLD of a GLOBAL tensor's initial data",
+         "li r1, 1\ntld r2, r1, gf\noutu r2",
          {Uns(0xC0000000)}},
-        {"TLD past an INSTANCE slice", "li r1, 4\n{L}at: tld r2, r1, vi", {}, BLUE_FAULT_TENSOR_OOB},
+        {"TLD past an INSTANCE slice",
+         "li r1, 4\n{L}at: tld r2, r1, vi",
+         {},
+         BLUE_FAULT_TENSOR_OOB},
         {"TST past a GLOBAL tensor", "li r1, 2\n{L}at: tst r2, r1, gf", {}, BLUE_FAULT_TENSOR_OOB},
         {"RUN with 0 rows", "{L}at: run b, r0", {}, BLUE_FAULT_BLOCK_ROWS},
-        {"RUN with more rows than max_rows", "li r1, 5\n{L}at: run b, r1", {}, BLUE_FAULT_BLOCK_ROWS},
+        {"RUN with more rows than max_rows",
+         "li r1, 5\n{L}at: run b, r1",
+         {},
+         BLUE_FAULT_BLOCK_ROWS},
         {"RUN parks the instance until the block has run",
          "lf r1, 1.5\nli r2, 1\ntst r1, r2, vf\nli r3, 2\ncycle r4\nout r4\nrun b, r3\ncycle r4\n"
          "out r4\ntld r5, r2, vo\noutu r5",
@@ -416,7 +474,8 @@ const std::vector<Scenario>& scenarios() {
     return list;
 }
 
-constexpr const char* kScenarioHeader = R"(.layout regs=16 local=8 heap=8 heap_static=8 stack=2 mailbox=2
+constexpr const char* kScenarioHeader =
+    R"(.layout regs=16 local=8 heap=8 heap_static=8 stack=2 mailbox=2
 .layout in_slots=2 in_slot_words=4 max_rows=4
 .const tbl 10 20 30
 .string hi "hi"
@@ -440,11 +499,13 @@ std::string replaceAll(std::string s, const std::string& from, const std::string
 std::string scenarioSource() {
     const auto& list = scenarios();
     std::string s = std::string(kScenarioHeader) + "main:\n    iid r15\n";
-    for (size_t i = 0; i < list.size(); ++i) s += strFormat("    li r14, %zu\n    beq r15, r14, s%zu\n", i, i);
+    for (size_t i = 0; i < list.size(); ++i)
+        s += strFormat("    li r14, %zu\n    beq r15, r14, s%zu\n", i, i);
     s += "    jmp last\n";
     for (size_t i = 0; i < list.size(); ++i) {
         std::string prefix = strFormat("s%zu_", i);
-        s += strFormat("s%zu:\n", i) + replaceAll(list[i].body, "{L}", prefix) + "\n" + prefix + "end: halt\n";
+        s += strFormat("s%zu:\n", i) + replaceAll(list[i].body, "{L}", prefix) + "\n" + prefix +
+             "end: halt\n";
     }
     return s + "last:\n    nop\n";  // the code ends here: PC_OOB
 }
@@ -588,8 +649,8 @@ TEST_CASE("interp: ALLOC hands out the heap past heap_static, -1 when exhausted;
     // ALLOC 100 of 12 free: -1 and nothing taken; 5 -> 4; 7 -> 9; 1 of 0 free -> -1; 0 -> 16;
     // 0xFFFFFFFF -> -1. Heap[1]: 10 +5; xchg -5; maxs 3; maxs -10 keeps 3; mins -10; cas 99 fails;
     // cas -10 swaps in 7. Heap[2]: 0x7FFFFFFF + 1 wraps; maxs(-1, 1) is 1 (signed).
-    const std::vector<uint32_t> want = {I(-1), 4,  9,      I(-1),  16,     I(-1), 10, 15, 15, I(-5),
-                                        3,     3,  I(-10), I(-10), I(-10), 7,     0x80000000, 1};
+    const std::vector<uint32_t> want = {I(-1), 4, 9, I(-1),  16,     I(-1),  10, 15,         15,
+                                        I(-5), 3, 3, I(-10), I(-10), I(-10), 7,  0x80000000, 1};
     CHECK(values(r.output) == want);
 }
 
@@ -644,7 +705,8 @@ wait:
             8};
 }
 
-TEST_CASE("interp: instances share the heap, the allocator and GLOBAL tensors; slices are private") {
+TEST_CASE(
+    "interp: instances share the heap, the allocator and GLOBAL tensors; slices are private") {
     Program p = sharedProgram();
     Module m = assembleOrFail(p.source, p.name);
     RunReport r = runRef(m, p.instances);
@@ -700,8 +762,7 @@ two:
     cycle r4
     out r4
     halt
-)",
-            3, {}, 1000, false};
+)", 3, {}, 1000, false};
 }
 
 TEST_CASE("interp: mailboxes deliver in order, from the next cycle, and SEND yields while full") {
@@ -719,7 +780,8 @@ TEST_CASE("interp: mailboxes deliver in order, from the next cycle, and SEND yie
 }
 
 Program inputProgram() {
-    return {"input", R"(.layout regs=16 local=4 in_slots=2 in_slot_words=4
+    return {"input",
+            R"(.layout regs=16 local=4 in_slots=2 in_slot_words=4
     inrecv r1
     out r1
     inlen r2, r1
@@ -753,7 +815,8 @@ fault:
     inld r4, r1, r0
     halt
 )",
-            1, {{7, 8, 9}, {42}}};
+            1,
+            {{7, 8, 9}, {42}}};
 }
 
 TEST_CASE("interp: INRECV, INLEN, INLD, INCPY, INFREE, then -1 once closed; a freed slot faults") {
@@ -772,7 +835,8 @@ TEST_CASE("interp: INRECV, INLEN, INLD, INCPY, INFREE, then -1 once closed; a fr
 Program inputFaultProgram() {
     // Three instances each take one 3-word message (which one depends on timing; all have the
     // same length) and misuse it differently.
-    return {"input faults", R"(.layout regs=16 local=4 in_slots=4 in_slot_words=4
+    return {"input faults",
+            R"(.layout regs=16 local=4 in_slots=4 in_slot_words=4
     inrecv r1
     iid r2
     li r3, 1
@@ -795,15 +859,18 @@ local:
     incpy r4, r1, r5
     halt
 )",
-            3, {{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}};
+            3,
+            {{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}};
 }
 
-TEST_CASE("interp: INLD past the message, INCPY from past its end or into too little local memory") {
+TEST_CASE(
+    "interp: INLD past the message, INCPY from past its end or into too little local memory") {
     Program p = inputFaultProgram();
     Module m = assembleOrFail(p.source, p.name);
     RunReport r = runRef(m, p.instances, p.input);
-    const std::pair<const char*, uint32_t> want[] = {
-        {"word", BLUE_FAULT_INPUT_OOB}, {"start", BLUE_FAULT_INPUT_OOB}, {"local", BLUE_FAULT_LOCAL_OOB}};
+    const std::pair<const char*, uint32_t> want[] = {{"word", BLUE_FAULT_INPUT_OOB},
+                                                     {"start", BLUE_FAULT_INPUT_OOB},
+                                                     {"local", BLUE_FAULT_LOCAL_OOB}};
     for (uint32_t i = 0; i < 3; ++i) {
         CAPTURE(i);
         CHECK(r.instances[i].status == BLUE_ST_FAULT);
@@ -812,7 +879,8 @@ TEST_CASE("interp: INLD past the message, INCPY from past its end or into too li
     }
 }
 
-TEST_CASE("interp: INRECV yields while the input is open and empty; messages queue behind busy slots") {
+TEST_CASE(
+    "interp: INRECV yields while the input is open and empty; messages queue behind busy slots") {
     Program p = inputProgram();
     Module m = assembleOrFail(p.source, p.name);
     RunReport open_empty = runRef(m, 1, {}, 20, false);
@@ -835,7 +903,8 @@ next:
     jmp next
 done:
     halt
-)", "queue");
+)",
+                              "queue");
     RunReport r = runRef(q, 1, {{10}, {11}, {12}, {13}, {14}});
     CHECK(values(r.output) == std::vector<uint32_t>{10, 11, 12, 13, 14});
     CHECK(r.instances[0].status == BLUE_ST_HALTED);
@@ -878,7 +947,7 @@ TEST_CASE("interp: RUN retries next cycle when the block's rows are taken") {
         CHECK(r.instances[i].status == BLUE_ST_HALTED);
         CHECK(values(recordsOf(r.output, i)) == std::vector<uint32_t>{F(3.0f * float(i) + 3.0f)});
     }
-    CHECK(r.cycles == 3);       // the block ran in cycles 0 and 1; everyone halted in cycle 2
+    CHECK(r.cycles == 3);  // the block ran in cycles 0 and 1; everyone halted in cycle 2
     CHECK(r.block_runs == 2);
     CHECK(r.steps == 3 * 11 + 1);  // 11 instructions each, and one retried RUN
 }
@@ -908,7 +977,8 @@ TEST_CASE("interp: an instance runs at most max_steps instructions per cycle") {
 }
 
 Program watchdogProgram() {
-    return {"watchdog", R"(.layout regs=8 max_steps=10
+    return {"watchdog",
+            R"(.layout regs=8 max_steps=10
     iid r1
     li r2, 1
     beq r1, r2, stop
@@ -918,7 +988,9 @@ loop:
 stop:
     halt
 )",
-            3, {}, 7};
+            3,
+            {},
+            7};
 }
 
 TEST_CASE("interp: the watchdog stops a run at max_cycles and names the instances still live") {
@@ -934,7 +1006,8 @@ TEST_CASE("interp: the watchdog stops a run at max_cycles and names the instance
     CHECK(r.instances[2].pc == pc);
     CHECK(r.status.message() ==
           strFormat("watchdog: the program did not finish within 7 cycles (--max-cycles); 2 "
-                    "instances still running: 0 (pc %u), 2 (pc %u)", pc, pc));
+                    "instances still running: 0 (pc %u), 2 (pc %u)",
+                    pc, pc));
     CHECK(r.steps == 2 * 7 * 10 + 4);  // instance 1: IID, LI, BEQ, HALT
 }
 
@@ -955,9 +1028,9 @@ TEST_CASE("interp: the every-opcode program halts on one instance") {
 // ---- the same programs on the GPU ------------------------------------------------------------
 
 std::vector<Program> gpuPrograms() {
-    std::vector<Program> list = {heapProgram(),      sharedProgram(),     mailboxProgram(),
-                                 inputProgram(),     inputFaultProgram(), stepsProgram(),
-                                 watchdogProgram(),  blockFullProgram()};
+    std::vector<Program> list = {heapProgram(),     sharedProgram(),     mailboxProgram(),
+                                 inputProgram(),    inputFaultProgram(), stepsProgram(),
+                                 watchdogProgram(), blockFullProgram()};
     list.push_back({"scenarios", scenarioSource(), uint32_t(scenarios().size()) + 1});
     Result<std::string> every = everyOpSource();
     REQUIRE(every.isOk());
@@ -1022,18 +1095,21 @@ TEST_CASE("interp gpu: INRECV waits while the input is open, on the GPU too") {
 // Random operands, including NaNs, infinities and subnormals: + - * and every comparison are
 // bit-exact on the GPU; division, square root, exp and log within the stated tolerance.
 TEST_CASE("interp gpu: float ops on random operands match the reference") {
-    const Op ops[] = {Op::FADD, Op::FSUB, Op::FMUL,   Op::FDIV, Op::FMIN, Op::FMAX,
-                      Op::FEQ,  Op::FLT,  Op::FLE,    Op::FSQRT, Op::FEXP, Op::FLOG,
-                      Op::FFLOOR, Op::ITOF, Op::UTOF, Op::FTOI, Op::FNEG, Op::FABS};
+    const Op ops[] = {Op::FADD,   Op::FSUB, Op::FMUL, Op::FDIV,  Op::FMIN, Op::FMAX,
+                      Op::FEQ,    Op::FLT,  Op::FLE,  Op::FSQRT, Op::FEXP, Op::FLOG,
+                      Op::FFLOOR, Op::ITOF, Op::UTOF, Op::FTOI,  Op::FNEG, Op::FABS};
     std::mt19937 rng(77);
     auto operand = [&]() -> uint32_t {
         switch (rng() % 4) {
-            case 0: return rng();                                               // any bits
-            case 1: return F(float(int32_t(rng() % 20001) - 10000) / 64.0f);     // exact-ish
-            case 2: return F(std::ldexp(float(rng() % 1000 + 1) / 1000.0f, int(rng() % 40) - 20));
+            case 0:
+                return rng();  // any bits
+            case 1:
+                return F(float(int32_t(rng() % 20001) - 10000) / 64.0f);  // exact-ish
+            case 2:
+                return F(std::ldexp(float(rng() % 1000 + 1) / 1000.0f, int(rng() % 40) - 20));
             default: {
-                const uint32_t special[] = {0, kNegZero, kInf, kNegInf, kNaN, 1, 0x00800000,
-                                            0x7F7FFFFF, F(1.0f), F(-1.0f)};
+                const uint32_t special[] = {0, kNegZero,   kInf,       kNegInf, kNaN,
+                                            1, 0x00800000, 0x7F7FFFFF, F(1.0f), F(-1.0f)};
                 return special[rng() % 10];
             }
         }
@@ -1067,9 +1143,12 @@ TEST_CASE("interp gpu: float ops on random operands match the reference") {
     }
     std::string measured;  // subnormal operands and results left out
     for (auto [op, ulp] : worst) {
-        if (ulp) measured += strFormat(" %s %llu", std::string(opInfo(op).name).c_str(), (unsigned long long)ulp);
+        if (ulp)
+            measured += strFormat(" %s %llu", std::string(opInfo(op).name).c_str(),
+                                  (unsigned long long)ulp);
     }
-    MESSAGE("ops differing from the reference (largest ULP):" << (measured.empty() ? " none" : measured));
+    MESSAGE("ops differing from the reference (largest ULP):" << (measured.empty() ? " none"
+                                                                                   : measured));
     CHECK_NO_VALIDATION_ERRORS();
 }
 

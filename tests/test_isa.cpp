@@ -92,9 +92,9 @@ TEST_CASE("isa: formatShape counts registers and finds the immediate") {
         int regs;
         char imm;
     };
-    const Case cases[] = {{"", 0, 0},       {"r", 1, 0},      {"rrr", 3, 0}, {"rri", 2, 'i'},
-                          {"l", 0, 'l'},    {"rrl", 2, 'l'},  {"br", 1, 'b'}, {"rrk", 2, 'k'},
-                          {"s", 0, 's'},    {"rrt", 2, 't'},  {"rf", 1, 'f'}, {"rru", 2, 'u'}};
+    const Case cases[] = {{"", 0, 0},    {"r", 1, 0},     {"rrr", 3, 0},  {"rri", 2, 'i'},
+                          {"l", 0, 'l'}, {"rrl", 2, 'l'}, {"br", 1, 'b'}, {"rrk", 2, 'k'},
+                          {"s", 0, 's'}, {"rrt", 2, 't'}, {"rf", 1, 'f'}, {"rru", 2, 'u'}};
     for (const Case& c : cases) {
         CAPTURE(c.fmt);
         FormatShape s = formatShape(c.fmt);

@@ -41,18 +41,18 @@ main:
 
 TEST_CASE("plan: every index word of the control and I/O headers is distinct and in range") {
     const uint32_t header_words[] = {
-        BLUE_H_NINST,        BLUE_H_NREGS,       BLUE_H_LOCAL_WORDS,  BLUE_H_STACK_DEPTH,
-        BLUE_H_MAILBOX_CAP,  BLUE_H_HEAP_WORDS,  BLUE_H_MAX_STEPS,    BLUE_H_NBLOCKS,
-        BLUE_H_MAX_ROWS,     BLUE_H_CODE_WORDS,  BLUE_H_CONST_WORDS,  BLUE_H_IN_SLOTS,
+        BLUE_H_NINST,         BLUE_H_NREGS,      BLUE_H_LOCAL_WORDS,  BLUE_H_STACK_DEPTH,
+        BLUE_H_MAILBOX_CAP,   BLUE_H_HEAP_WORDS, BLUE_H_MAX_STEPS,    BLUE_H_NBLOCKS,
+        BLUE_H_MAX_ROWS,      BLUE_H_CODE_WORDS, BLUE_H_CONST_WORDS,  BLUE_H_IN_SLOTS,
         BLUE_H_IN_SLOT_WORDS, BLUE_H_NDISPATCH,  BLUE_H_OUT_CAP,      BLUE_H_MAX_CYCLES,
-        BLUE_H_NTENSORS,     BLUE_H_IO_ORDER,    BLUE_H_IO_SLOTSTATE, BLUE_H_IO_SLOTS,
-        BLUE_H_IO_OUT,       BLUE_O_STATE,       BLUE_O_REGS,         BLUE_O_STACK,
-        BLUE_O_LOCAL,        BLUE_O_MAILBOX,     BLUE_O_HEAP,         BLUE_O_BARGS,
-        BLUE_O_CODE,         BLUE_O_CONST,       BLUE_O_BLOCKS,       BLUE_O_LISTS,
-        BLUE_O_ROWMAP,       BLUE_O_DISPATCH,    BLUE_O_INDIRECT,     BLUE_O_TENSORS,
-        BLUE_C_CYCLE,        BLUE_C_LIVE,        BLUE_C_LIVE_ACC,     BLUE_C_BUMP,
-        BLUE_C_IN_CLAIM,     BLUE_C_OUT_HEAD,    BLUE_C_BLOCK_RUNS,   BLUE_C_IN_PUBLISHED,
-        BLUE_C_IN_CLOSED,    BLUE_C_OUT_TAIL};
+        BLUE_H_NTENSORS,      BLUE_H_IO_ORDER,   BLUE_H_IO_SLOTSTATE, BLUE_H_IO_SLOTS,
+        BLUE_H_IO_OUT,        BLUE_O_STATE,      BLUE_O_REGS,         BLUE_O_STACK,
+        BLUE_O_LOCAL,         BLUE_O_MAILBOX,    BLUE_O_HEAP,         BLUE_O_BARGS,
+        BLUE_O_CODE,          BLUE_O_CONST,      BLUE_O_BLOCKS,       BLUE_O_LISTS,
+        BLUE_O_ROWMAP,        BLUE_O_DISPATCH,   BLUE_O_INDIRECT,     BLUE_O_TENSORS,
+        BLUE_C_CYCLE,         BLUE_C_LIVE,       BLUE_C_LIVE_ACC,     BLUE_C_BUMP,
+        BLUE_C_IN_CLAIM,      BLUE_C_OUT_HEAD,   BLUE_C_BLOCK_RUNS,   BLUE_C_IN_PUBLISHED,
+        BLUE_C_IN_CLOSED,     BLUE_C_OUT_TAIL};
     std::set<uint32_t> seen;
     for (uint32_t w : header_words) {
         CAPTURE(w);
@@ -76,7 +76,8 @@ TEST_CASE("plan: every index word of the control and I/O headers is distinct and
     CHECK(BLUE_PUSH_WORDS * 4 <= 128);  // the minimum maxPushConstantsSize Vulkan guarantees
 }
 
-TEST_CASE("plan: control regions follow the header in order, sized as documented, without overlap") {
+TEST_CASE(
+    "plan: control regions follow the header in order, sized as documented, without overlap") {
     Module m = assembleOrFail(kControlSource);
     GpuOptions opt;
     opt.instances = 10;
@@ -89,12 +90,21 @@ TEST_CASE("plan: control regions follow the header in order, sized as documented
     const uint64_t n = 10, nblocks = 2, ntensors = 3;
     // {index word, expected size in words} in buffer order.
     const std::pair<uint32_t, uint64_t> regions[] = {
-        {BLUE_O_STATE, n * 6},    {BLUE_O_REGS, n * 12},   {BLUE_O_STACK, n * 3},
-        {BLUE_O_LOCAL, n * 5},    {BLUE_O_MAILBOX, n * (2 + 2 * 4)}, {BLUE_O_HEAP, 40},
-        {BLUE_O_BARGS, n * 8},    {BLUE_O_CODE, 2},        {BLUE_O_CONST, 3},
-        {BLUE_O_BLOCKS, nblocks * 8}, {BLUE_O_LISTS, nblocks * 3 * n},
-        {BLUE_O_ROWMAP, nblocks * 6 * 2}, {BLUE_O_DISPATCH, ndispatch * 4},
-        {BLUE_O_INDIRECT, (ndispatch + 1) * 3}, {BLUE_O_TENSORS, ntensors * 4},
+        {BLUE_O_STATE, n * 6},
+        {BLUE_O_REGS, n * 12},
+        {BLUE_O_STACK, n * 3},
+        {BLUE_O_LOCAL, n * 5},
+        {BLUE_O_MAILBOX, n * (2 + 2 * 4)},
+        {BLUE_O_HEAP, 40},
+        {BLUE_O_BARGS, n * 8},
+        {BLUE_O_CODE, 2},
+        {BLUE_O_CONST, 3},
+        {BLUE_O_BLOCKS, nblocks * 8},
+        {BLUE_O_LISTS, nblocks * 3 * n},
+        {BLUE_O_ROWMAP, nblocks * 6 * 2},
+        {BLUE_O_DISPATCH, ndispatch * 4},
+        {BLUE_O_INDIRECT, (ndispatch + 1) * 3},
+        {BLUE_O_TENSORS, ntensors * 4},
     };
     uint64_t at = BLUE_HEADER_WORDS;
     for (const auto& [index, words] : regions) {
@@ -148,8 +158,9 @@ TEST_CASE("plan: control or I/O buffers larger than a binding are refused with t
     opt.out_records = 1u << 20;  // 8 MiB of records
     c = planControl(m, opt, 2, 1u << 20);
     REQUIRE(!c.isOk());
-    CHECK(c.message() == "the I/O rings (3 input slots of 7 words, 1048576 output records) exceed "
-                         "the device's largest storage binding");
+    CHECK(c.message() ==
+          "the I/O rings (3 input slots of 7 words, 1048576 output records) exceed "
+          "the device's largest storage binding");
 }
 
 // Tensors: two weights declared after the activations, so the weights-first order shows.
@@ -162,7 +173,8 @@ constexpr const char* kPageSource = R"(.layout regs=4 max_rows=3
 halt
 )";
 
-TEST_CASE("plan: tensors are packed weights first, 256-byte aligned, without overlap, under the limit") {
+TEST_CASE(
+    "plan: tensors are packed weights first, 256-byte aligned, without overlap, under the limit") {
     Module m = assembleOrFail(kPageSource);
     const uint32_t instances = 5;
     // slice bytes and count of each tensor, from its class and shape
@@ -216,15 +228,17 @@ TEST_CASE("plan: a tensor larger than a page, or too many pages, is refused nami
     CHECK(p.message().rfind("tensor 'r' needs ", 0) == 0);
     Result<PagePlan> big = planPages(m, 1u << 20, 64u << 20);  // i: 80 bytes x 2^20 instances
     REQUIRE(!big.isOk());
-    CHECK(big.message() == "tensor 'i' needs 80.0 MiB, more than the device's largest storage "
-                           "binding (64.0 MiB)");
+    CHECK(big.message() ==
+          "tensor 'i' needs 80.0 MiB, more than the device's largest storage "
+          "binding (64.0 MiB)");
     std::string src = ".layout regs=4\n";
-    for (uint32_t t = 0; t <= BLUE_MAX_PAGES; ++t) src += strFormat(".tensor t%u global f32 [200]\n", t);
+    for (uint32_t t = 0; t <= BLUE_MAX_PAGES; ++t)
+        src += strFormat(".tensor t%u global f32 [200]\n", t);
     Module many = assembleOrFail(src + "halt\n");
     Result<PagePlan> pages = planPages(many, 1, 1000);  // 800 bytes each: one per page
     REQUIRE(!pages.isOk());
-    CHECK(pages.message() == strFormat("the module's tensors need more than %u pages of 0.0 MiB",
-                                       BLUE_MAX_PAGES));
+    CHECK(pages.message() ==
+          strFormat("the module's tensors need more than %u pages of 0.0 MiB", BLUE_MAX_PAGES));
     Result<PagePlan> fits = planPages(many, 1, 4096);
     REQUIRE(fits.isOk());
     CHECK(fits.value().page_bytes.size() == (BLUE_MAX_PAGES + 1 + 3) / 4);
@@ -247,7 +261,9 @@ constexpr const char* kDispatchSource = R"(.layout regs=4 max_rows=8
 halt
 )";
 
-Module dispatchModule() { return assembleOrFail(kDispatchSource); }
+Module dispatchModule() {
+    return assembleOrFail(kDispatchSource);
+}
 
 TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in push constants") {
     Module m = dispatchModule();
@@ -309,7 +325,8 @@ TEST_CASE("plan: a grid past the device limit, or an op without a kernel, is ref
     REQUIRE(pages.isOk());
     Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 3);
     REQUIRE(!d.isOk());
-    CHECK(d.message() == "block 'first': TADD on tensor 'y' needs 4 workgroups, the device allows 3");
+    CHECK(d.message() ==
+          "block 'first': TADD on tensor 'y' needs 4 workgroups, the device allows 3");
     // A matmul with a Q8_0 matrix passes no verifier yet and has no kernel.
     Module q = m;
     q.tensors[0].dtype = DType::Q8_0;

@@ -82,9 +82,15 @@ SectionEntry section(const std::vector<uint8_t>& bytes, SectionId id) {
     return {};
 }
 
-void put32(std::vector<uint8_t>& b, size_t at, uint32_t v) { std::memcpy(b.data() + at, &v, 4); }
-void put64(std::vector<uint8_t>& b, size_t at, uint64_t v) { std::memcpy(b.data() + at, &v, 8); }
-void fixFileSize(std::vector<uint8_t>& b) { put64(b, 16, b.size()); }
+void put32(std::vector<uint8_t>& b, size_t at, uint32_t v) {
+    std::memcpy(b.data() + at, &v, 4);
+}
+void put64(std::vector<uint8_t>& b, size_t at, uint64_t v) {
+    std::memcpy(b.data() + at, &v, 8);
+}
+void fixFileSize(std::vector<uint8_t>& b) {
+    put64(b, 16, b.size());
+}
 
 struct FileCase {
     const char* name;
@@ -102,12 +108,15 @@ TEST_CASE("verify: malformed files are rejected by the parser with a precise mes
         {"header shorter than 32 bytes", [](auto& b) { b.resize(20); },
          "file is 20 bytes, shorter than the 32-byte header"},
         {"truncated", [](auto& b) { b.resize(b.size() - 8); }, "but it is"},
-        {"padded", [](auto& b) { b.insert(b.end(), {0, 0, 0, 0, 0, 0, 0, 0}); }, "(truncated or padded)"},
+        {"padded",
+         [](auto& b) {
+             b.insert(b.end(), {0, 0, 0, 0, 0, 0, 0, 0});
+         },
+         "(truncated or padded)"},
         {"header flags", [](auto& b) { b[12] = 1; }, "flags/reserved fields at offset 12/24"},
         {"header reserved", [](auto& b) { b[31] = 1; }, "flags/reserved fields at offset 12/24"},
         {"section count", [](auto& b) { put32(b, 8, 1000); }, "section count 1000 does not fit"},
-        {"unknown section id",
-         [&](auto& b) { put32(b, entry(b, SectionId::CONST), 9); },
+        {"unknown section id", [&](auto& b) { put32(b, entry(b, SectionId::CONST), 9); },
          "(offset 0x50): unknown section id 9"},
         {"duplicate section",
          [&](auto& b) { put32(b, entry(b, SectionId::CONST), uint32_t(SectionId::CODE)); },
@@ -140,17 +149,17 @@ TEST_CASE("verify: malformed files are rejected by the parser with a precise mes
          [&](auto& b) { put32(b, entry(b, SectionId::LAYOUT), uint32_t(SectionId::META)); },
          "required section LAYOUT is missing"},
         {"CODE not whole instructions",
-         [&](auto& b) { put64(b, entry(b, SectionId::CODE) + 16, section(b, SectionId::CODE).size - 4); },
+         [&](auto& b) {
+             put64(b, entry(b, SectionId::CODE) + 16, section(b, SectionId::CODE).size - 4);
+         },
          "section CODE: size 52 is not a multiple of 8 bytes"},
         {"LAYOUT short", [&](auto& b) { put64(b, entry(b, SectionId::LAYOUT) + 16, 40); },
          "section LAYOUT: truncated: 4 bytes needed"},
         {"LAYOUT long", [&](auto& b) { put64(b, entry(b, SectionId::LAYOUT) + 16, 48); },
          "section LAYOUT: 4 unused bytes at the end of the section"},
-        {"block count",
-         [&](auto& b) { put32(b, section(b, SectionId::BLOCKS).offset, 1000000); },
+        {"block count", [&](auto& b) { put32(b, section(b, SectionId::BLOCKS).offset, 1000000); },
          "section BLOCKS: block count 1000000 at offset"},
-        {"tensor count",
-         [&](auto& b) { put32(b, section(b, SectionId::TENSORS).offset, 5); },
+        {"tensor count", [&](auto& b) { put32(b, section(b, SectionId::TENSORS).offset, 5); },
          "section TENSORS: tensor count 5 at offset"},
         {"string past its section",
          [&](auto& b) { put32(b, section(b, SectionId::BLOCKS).offset + 4, 1000); },
@@ -216,7 +225,9 @@ void setField(Module& m, uint32_t instr, int field, uint8_t value) {
     f[field] = value;
     m.code[instr * 2] = encodeWord0(f[0], f[1], f[2], f[3]);
 }
-uint32_t& imm(Module& m, uint32_t instr) { return m.code[instr * 2 + 1]; }
+uint32_t& imm(Module& m, uint32_t instr) {
+    return m.code[instr * 2 + 1];
+}
 TensorDecl& tensor(Module& m, const char* name) {
     for (TensorDecl& t : m.tensors) {
         if (t.name == name) return t;
@@ -234,7 +245,8 @@ TEST_CASE("verify: control instructions with bad operands are rejected") {
         {"register B out of range", [](Module& m) { setField(m, kLdk, 2, 200); },
          "instruction 2 (byte offset 0x10) LDK: register r200 is out of range"},
         {"jump target outside code", [](Module& m) { imm(m, kBnez) = 7; },
-         "instruction 5 (byte offset 0x28) BNEZ: jump target 7 is outside the code (7 instructions)"},
+         "instruction 5 (byte offset 0x28) BNEZ: jump target 7 is outside the code (7 "
+         "instructions)"},
         {"unknown opcode", [](Module& m) { setField(m, kHalt, 0, 0x0F); },
          "instruction 6 (byte offset 0x30): unknown opcode 0x0f"},
         {"unknown opcode 0xff", [](Module& m) { setField(m, kHalt, 0, 0xFF); },
@@ -253,7 +265,8 @@ TEST_CASE("verify: control instructions with bad operands are rejected") {
          "HALT: unused operand field A is 1, must be 0"},
         {"unused operand field C", [](Module& m) { setField(m, kLi, 3, 4); },
          "LI: unused operand field C is 4, must be 0"},
-        {"unused immediate", [](Module& m) { imm(m, kHalt) = 1; }, "HALT: unused immediate must be 0"},
+        {"unused immediate", [](Module& m) { imm(m, kHalt) = 1; },
+         "HALT: unused immediate must be 0"},
         {"constant outside the pool", [](Module& m) { imm(m, kLdk) = 6; },
          "LDK: constant offset 6 is outside the pool (4 words)"},
         {"no string at the offset", [](Module& m) { imm(m, kOuts) = 3; },
@@ -267,7 +280,8 @@ TEST_CASE("verify: control instructions with bad operands are rejected") {
         {"no code", [](Module& m) { m.code.clear(); }, "code: the module has no instructions"},
         {"label past the code", [](Module& m) { m.syms[0].value = 7; },
          "symbol 'main' (kind 1) has invalid value 7"},
-        {"string symbol without a string", [](Module& m) {
+        {"string symbol without a string",
+         [](Module& m) {
              for (Symbol& s : m.syms) {
                  if (s.kind == SymKind::STRING) s.value = 3;
              }
@@ -293,20 +307,24 @@ TEST_CASE("verify: tensors, blocks and tensor instructions with bad declarations
          "tensor 1 'x': unknown type id 99"},
         {"zero dim", [](Module& m) { tensor(m, "x").ne[0] = 0; },
          "tensor 1 'x': dim 0 = 0 makes the tensor empty or too large"},
-        {"huge dims", [](Module& m) {
+        {"huge dims",
+         [](Module& m) {
              TensorDecl& t = tensor(m, "x");
              t.ndim = 2;
              t.ne[0] = uint64_t(1) << 30;
              t.ne[1] = uint64_t(1) << 20;
          },
          "tensor 1 'x': dim 1 = 1048576 makes the tensor empty or too large"},
-        {"activation over 4 GiB", [](Module& m) { tensor(m, "v").ne[0] = (uint64_t(1) << 30) + 64; },
+        {"activation over 4 GiB",
+         [](Module& m) { tensor(m, "v").ne[0] = (uint64_t(1) << 30) + 64; },
          "tensor 3 'v': needs 4294967552 bytes of storage, more than the 4 GiB limit"},
-        {"rows activation over 4 GiB in all", [](Module& m) {
+        {"rows activation over 4 GiB in all",
+         [](Module& m) {
              m.layout.max_rows = 65535;
              tensor(m, "x").ne[0] = 1 << 15;
          },
-         "tensor 1 'x': needs 8589803520 bytes of storage (max_rows rows), more than the 4 GiB limit"},
+         "tensor 1 'x': needs 8589803520 bytes of storage (max_rows rows), more than the 4 GiB "
+         "limit"},
         {"dim past ndim", [](Module& m) { tensor(m, "x").ne[2] = 3; },
          "tensor 1 'x': dim 2 = 3 past ndim must be 1"},
         {"ndim 0", [](Module& m) { tensor(m, "x").ndim = 0; }, "ndim 0 is outside [1, 4]"},
@@ -318,7 +336,8 @@ TEST_CASE("verify: tensors, blocks and tensor instructions with bad declarations
          "tensor 0 'w': stores 28 bytes but its shape and type need 32"},
         {"weight without data", [](Module& m) { tensor(m, "w").source = DataSource::NONE; },
          "tensor 0 'w': a WEIGHT tensor needs data"},
-        {"rows with data", [](Module& m) {
+        {"rows with data",
+         [](Module& m) {
              TensorDecl& t = tensor(m, "x");
              t.source = DataSource::DATA;
              t.bytes = 16;
@@ -326,7 +345,8 @@ TEST_CASE("verify: tensors, blocks and tensor instructions with bad declarations
          "tensor 1 'x': only WEIGHT and GLOBAL tensors can have initial data"},
         {"extern index", [](Module& m) { tensor(m, "w").source = DataSource::EXTERN; },
          "tensor 0 'w': extern file index 0, but the module names 0 files"},
-        {"extern for an instance tensor", [](Module& m) {
+        {"extern for an instance tensor",
+         [](Module& m) {
              m.externs.push_back("f.gguf");
              TensorDecl& t = tensor(m, "v");
              t.source = DataSource::EXTERN;
@@ -337,7 +357,8 @@ TEST_CASE("verify: tensors, blocks and tensor instructions with bad declarations
          "tensor 0 'w': unknown data source 9"},
         {"row not whole blocks", [](Module& m) { tensor(m, "w").dtype = DType::Q8_0; },
          "tensor 0 'w': row length 4 is not a whole number of Q8_0 blocks (32)"},
-        {"name used twice", [](Module& m) { tensor(m, "x").name = "w"; }, "tensor 1 'w': name used twice"},
+        {"name used twice", [](Module& m) { tensor(m, "x").name = "w"; },
+         "tensor 1 'w': name used twice"},
         {"empty name", [](Module& m) { tensor(m, "x").name = ""; }, "tensor 1 '': empty name"},
         {"too many block arguments",
          [](Module& m) {
@@ -457,8 +478,8 @@ TEST_CASE("verify: layout limits (vm/abi.h) are accepted at the limit and reject
 constexpr uint32_t kMutantsPerBase = 3000;  // half byte-level, half structured
 constexpr uint32_t kRefInstances = 3;
 constexpr uint64_t kMutantCycles = 200;
-constexpr uint32_t kMutantSteps = 256;            // max_steps is clamped to this for the runs
-constexpr uint64_t kRefBudget = 64ull << 20;      // bytes of machine state a run may allocate
+constexpr uint32_t kMutantSteps = 256;        // max_steps is clamped to this for the runs
+constexpr uint64_t kRefBudget = 64ull << 20;  // bytes of machine state a run may allocate
 constexpr uint64_t kGpuBudget = 4ull << 20;
 constexpr uint32_t kGpuMutants = 300;
 
@@ -495,8 +516,8 @@ std::vector<Base> mutationBases() {
         Result<Module> m = assembleFile(path);
         REQUIRE_MESSAGE(m.isOk(), m.message());
         std::string input = path.substr(0, path.size() - 5) + ".input";
-        bases.push_back({std::filesystem::path(path).filename().string(), m.value(),
-                         readInputFile(input)});
+        bases.push_back(
+            {std::filesystem::path(path).filename().string(), m.value(), readInputFile(input)});
     }
     Result<std::string> src = everyOpSource();
     REQUIRE(src.isOk());
@@ -507,10 +528,9 @@ std::vector<Base> mutationBases() {
 }
 
 uint32_t extremeWord(std::mt19937& rng, uint64_t file_size) {
-    static const uint32_t kValues[] = {0,          1,          2,          3,          4,
-                                       7,          8,          16,         31,         32,
-                                       0x7F,       0x80,       0xFF,       0x100,      0xFFFF,
-                                       0x10000,    0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF};
+    static const uint32_t kValues[] = {
+        0,    1,    2,    3,     4,      7,       8,          16,         31,         32,
+        0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE, 0xFFFFFFFF};
     uint32_t pick = rng() % 24;
     if (pick < 20) return kValues[pick];
     if (pick == 20) return uint32_t(file_size);
@@ -525,8 +545,12 @@ std::vector<uint8_t> mutateBytes(const std::vector<uint8_t>& in, std::mt19937& r
         case 0:  // bit flips
             for (uint32_t k = 1 + rng() % 3; k > 0; --k) b[rng() % n] ^= uint8_t(1u << (rng() % 8));
             break;
-        case 1: b[rng() % n] = uint8_t(rng()); break;
-        case 2: put32(b, (rng() % (n / 4)) * 4, extremeWord(rng, n)); break;
+        case 1:
+            b[rng() % n] = uint8_t(rng());
+            break;
+        case 2:
+            put32(b, (rng() % (n / 4)) * 4, extremeWord(rng, n));
+            break;
         case 3: {
             const uint64_t v[] = {0, ~uint64_t(0), uint64_t(1) << 63, n, n + 8, uint64_t(rng())};
             put64(b, (rng() % (n / 8)) * 8, v[rng() % 6]);
@@ -561,10 +585,18 @@ std::vector<uint8_t> mutateBytes(const std::vector<uint8_t>& in, std::mt19937& r
 Module mutateModule(Module m, std::mt19937& rng) {
     auto change = [&](uint32_t& w) {
         switch (rng() % 4) {
-            case 0: w ^= 1u << (rng() % 32); break;
-            case 1: w = extremeWord(rng, 0); break;
-            case 2: w = rng() % 16; break;
-            default: w ^= uint32_t(uint8_t(rng())) << (8 * (rng() % 4)); break;
+            case 0:
+                w ^= 1u << (rng() % 32);
+                break;
+            case 1:
+                w = extremeWord(rng, 0);
+                break;
+            case 2:
+                w = rng() % 16;
+                break;
+            default:
+                w ^= uint32_t(uint8_t(rng())) << (8 * (rng() % 4));
+                break;
         }
     };
     uint32_t target = rng() % 10;
@@ -573,8 +605,8 @@ Module mutateModule(Module m, std::mt19937& rng) {
     } else if (target < 8) {
         change(m.tcode[rng() % m.tcode.size()]);
     } else if (target == 8) {
-        uint32_t* fields[] = {&m.layout.regs,       &m.layout.local_words,   &m.layout.heap_words,
-                              &m.layout.heap_static, &m.layout.stack_depth,  &m.layout.mailbox_cap,
+        uint32_t* fields[] = {&m.layout.regs,        &m.layout.local_words,   &m.layout.heap_words,
+                              &m.layout.heap_static, &m.layout.stack_depth,   &m.layout.mailbox_cap,
                               &m.layout.in_slots,    &m.layout.in_slot_words, &m.layout.max_rows,
                               &m.layout.max_steps,   &m.layout.entry};
         change(*fields[rng() % 11]);
@@ -598,12 +630,16 @@ Module mutateModule(Module m, std::mt19937& rng) {
 uint64_t machineBytes(const Module& m, uint32_t instances) {
     const Layout& l = m.layout;
     uint64_t total = uint64_t(l.heap_words) * 4 +
-                     uint64_t(instances) * (uint64_t(l.local_words) + l.regs + l.stack_depth +
-                                            2 * l.mailbox_cap + BLUE_MAX_BLOCK_ARGS) * 4 +
+                     uint64_t(instances) *
+                         (uint64_t(l.local_words) + l.regs + l.stack_depth + 2 * l.mailbox_cap +
+                          BLUE_MAX_BLOCK_ARGS) *
+                         4 +
                      uint64_t(l.in_slots) * l.in_slot_words * 4;
     for (const TensorDecl& t : m.tensors) {
         uint64_t slice = tensorSliceBytes(t);
-        uint64_t count = t.cls == BLUE_TC_ROWS ? l.max_rows : t.cls == BLUE_TC_INSTANCE ? instances : 1;
+        uint64_t count = t.cls == BLUE_TC_ROWS       ? l.max_rows
+                         : t.cls == BLUE_TC_INSTANCE ? instances
+                                                     : 1;
         if (slice > (uint64_t(1) << 40) || count > (uint64_t(1) << 20)) return uint64_t(1) << 62;
         total += slice * count;
     }
@@ -611,7 +647,8 @@ uint64_t machineBytes(const Module& m, uint32_t instances) {
 }
 
 // Messages of the base's input that a mutant can take; `max_messages` bounds how many.
-std::vector<std::vector<uint32_t>> inputFor(const Module& m, const Base& base, size_t max_messages) {
+std::vector<std::vector<uint32_t>> inputFor(const Module& m, const Base& base,
+                                            size_t max_messages) {
     std::vector<std::vector<uint32_t>> out;
     if (m.layout.in_slots == 0) return out;
     for (const auto& msg : base.input) {
@@ -723,14 +760,15 @@ TEST_CASE("verify: mutants of real modules are rejected cleanly or run to a clea
             tryMutant(base, bytes, base.name + strFormat(" mutant %u", i), &n, &candidates[bi]);
         }
     }
-    MESSAGE(strFormat("%llu mutants: %llu rejected by the parser, %llu by the verifier, %llu by "
-                      "the weight loader; %llu ran (%llu halted, %llu faulted instances, %llu "
-                      "watchdog stops); %llu verified but need more than %llu MiB to run",
-                      (unsigned long long)n.mutants, (unsigned long long)n.parse_rejected,
-                      (unsigned long long)n.verify_rejected, (unsigned long long)n.weights_rejected,
-                      (unsigned long long)n.ran, (unsigned long long)n.halted,
-                      (unsigned long long)n.faulted, (unsigned long long)n.watchdog,
-                      (unsigned long long)n.too_big, (unsigned long long)(kRefBudget >> 20)));
+    MESSAGE(
+        strFormat("%llu mutants: %llu rejected by the parser, %llu by the verifier, %llu by "
+                  "the weight loader; %llu ran (%llu halted, %llu faulted instances, %llu "
+                  "watchdog stops); %llu verified but need more than %llu MiB to run",
+                  (unsigned long long)n.mutants, (unsigned long long)n.parse_rejected,
+                  (unsigned long long)n.verify_rejected, (unsigned long long)n.weights_rejected,
+                  (unsigned long long)n.ran, (unsigned long long)n.halted,
+                  (unsigned long long)n.faulted, (unsigned long long)n.watchdog,
+                  (unsigned long long)n.too_big, (unsigned long long)(kRefBudget >> 20)));
     CHECK(n.mutants == bases.size() * kMutantsPerBase);
     CHECK(n.parse_rejected > n.mutants / 10);
     CHECK(n.verify_rejected > n.mutants / 10);
@@ -760,7 +798,8 @@ TEST_CASE("verify: mutants of real modules are rejected cleanly or run to a clea
         opt.instances = 1;
         opt.max_cycles = kMutantCycles;
         opt.chain_cycles = 16;
-        auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, c->module, w.value(), opt);
+        auto machine =
+            GpuMachine::create(*gpu().device, *gpu().pipelines, c->module, w.value(), opt);
         if (!machine) {
             CHECK(!machine.message().empty());
             ++rejected;

@@ -18,7 +18,8 @@ namespace {
 
 // Tensors the generated block draws its operands from, f32 first so that the search prefers
 // combinations the GPU has kernels for. Weights hold small integers (exact in any order).
-constexpr const char* kTensorPool = R"(.tensor m44 weight f32 [4, 4] data f32 1 2 3 4 5 6 7 8 -1 -2 -3 -4 0 1 0 1
+constexpr const char* kTensorPool =
+    R"(.tensor m44 weight f32 [4, 4] data f32 1 2 3 4 5 6 7 8 -1 -2 -3 -4 0 1 0 1
 .tensor w4 weight f32 [4] data f32 0.5 1 -1 2
 .tensor x4 rows f32 [4]
 .tensor y4 rows f32 [4]
@@ -63,13 +64,17 @@ std::string tensorOperands(const Module& pool, const OpInfo& info) {
                 rest /= n;
             }
             if (!checkTensorOp(pool, ti).isOk()) continue;
-            if (need_kernel && !Pipelines::exists(kernelName(pool, uint32_t(info.op), ti.args))) continue;
+            if (need_kernel && !Pipelines::exists(kernelName(pool, uint32_t(info.op), ti.args)))
+                continue;
             std::string text;
             for (size_t i = 0; i < fmt.size(); ++i) {
                 text += i ? ", " : " ";
-                if (fmt[i] == 't') text += pool.tensors[ti.args[i]].name;
-                else if (fmt[i] == 'f') text += "0.5";
-                else text += "1";
+                if (fmt[i] == 't')
+                    text += pool.tensors[ti.args[i]].name;
+                else if (fmt[i] == 'f')
+                    text += "0.5";
+                else
+                    text += "1";
             }
             return text;
         }
@@ -85,16 +90,36 @@ std::string controlOperands(const OpInfo& info, const std::string& next_label) {
     for (size_t i = 0; i < info.format.size(); ++i) {
         text += i ? ", " : " ";
         switch (info.format[i]) {
-            case 'r': text += "r" + std::to_string(reg++); break;
-            case 'i': text += "1"; break;
-            case 'u': text += "3"; break;
-            case 'f': text += "0.5"; break;
-            case 'l': text += info.op == Op::CALL ? "sub" : next_label; break;
-            case 'b': text += "all"; break;
-            case 'k': text += "tbl"; break;
-            case 's': text += "str"; break;
-            case 't': text += "v4"; break;
-            default: text += "?"; break;
+            case 'r':
+                text += "r" + std::to_string(reg++);
+                break;
+            case 'i':
+                text += "1";
+                break;
+            case 'u':
+                text += "3";
+                break;
+            case 'f':
+                text += "0.5";
+                break;
+            case 'l':
+                text += info.op == Op::CALL ? "sub" : next_label;
+                break;
+            case 'b':
+                text += "all";
+                break;
+            case 'k':
+                text += "tbl";
+                break;
+            case 's':
+                text += "str";
+                break;
+            case 't':
+                text += "v4";
+                break;
+            default:
+                text += "?";
+                break;
         }
     }
     return text;
@@ -127,9 +152,10 @@ Result<std::string> everyOpSource() {
         if (op->tensor) {
             std::string operands = tensorOperands(pool.value(), *op);
             if (operands.empty()) {
-                return BLUE_ERROR("no combination of pool tensors satisfies the rules of %s; "
-                                  "extend kTensorPool in tests/vm_programs.cpp",
-                                  std::string(op->name).c_str());
+                return BLUE_ERROR(
+                    "no combination of pool tensors satisfies the rules of %s; "
+                    "extend kTensorPool in tests/vm_programs.cpp",
+                    std::string(op->name).c_str());
             }
             block += "    " + lower(op->name) + operands + "\n";
             continue;
@@ -141,11 +167,13 @@ Result<std::string> everyOpSource() {
         code += "    " + lower(op->name) + controlOperands(*op, next) + "\n" + next + ":\n";
     }
     code += "    halt\nsub:\n    ret\n";
-    return std::string(kLayout) + ".const tbl 1 2 3 4\n.string str \"every op\\n\"\n" + kTensorPool +
-           block + ".end\n" + code;
+    return std::string(kLayout) + ".const tbl 1 2 3 4\n.string str \"every op\\n\"\n" +
+           kTensorPool + block + ".end\n" + code;
 }
 
-std::vector<std::vector<uint32_t>> everyOpInput() { return {{5, 6, 7}}; }
+std::vector<std::vector<uint32_t>> everyOpInput() {
+    return {{5, 6, 7}};
+}
 
 std::vector<uint8_t> opcodesUsed(const Module& m) {
     std::vector<uint8_t> out;
