@@ -271,6 +271,21 @@ memory:
     halt
 )";
 
+TEST_CASE("gpu machine: max_cycles 0 runs nothing, as on the reference machine") {
+    const Loaded& l = load(kWatchdogSource);
+    BothRuns both = runBoth(l.module, l.weights, 3, {}, 0, 16);
+    CHECK(both.ref.cycles == 0);
+    CHECK(both.gpu.cycles == 0);
+    CHECK(both.gpu.output.empty());
+    CHECK(both.gpu.status.message() == both.ref.status.message());
+    for (uint32_t i = 0; i < 3; ++i) {
+        CHECK(both.gpu.instances[i].status == BLUE_ST_RUNNING);
+        CHECK(both.gpu.instances[i].pc == 0);
+    }
+    CHECK(both.stats.steps == 0);
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
 TEST_CASE("gpu machine: faults are reported per instance with their code and pc") {
     const Loaded& l = load(kFaultSource);
     BothRuns both = runBoth(l.module, l.weights, 7);
