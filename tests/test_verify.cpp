@@ -107,7 +107,7 @@ TEST_CASE("verify: malformed files are rejected by the parser with a precise mes
         {"version 2.0", [](auto& b) { b[4] = 2; }, "m.bir: format version 2.0 is not supported"},
         {"header shorter than 32 bytes", [](auto& b) { b.resize(20); },
          "file is 20 bytes, shorter than the 32-byte header"},
-        {"truncated", [](auto& b) { b.resize(b.size() - 8); }, "but it is"},
+        {"truncated", [](auto& b) { b.erase(b.end() - 8, b.end()); }, "but it is"},
         {"padded",
          [](auto& b) {
              b.insert(b.end(), {0, 0, 0, 0, 0, 0, 0, 0});
