@@ -126,7 +126,11 @@ Result<uint32_t> Assembler::immediate(const Line& line, const Token& tok, char l
         case 'l':
             if (tok.text.size() > 1 && tok.text[0] == '@') {
                 int64_t n = 0;
-                if (parseInt(tok.text.substr(1), &n) && n >= 0) return uint32_t(n);
+                if (parseInt(tok.text.substr(1), &n) && n >= 0) {
+                    if (uint64_t(n) < code_lines.size()) return uint32_t(n);
+                    return err(line, tok, strFormat("%s is outside the code (%zu instructions)",
+                                                    tok.text.c_str(), code_lines.size()));
+                }
             }
             if (lookup(labels, tok.text, &v, false)) return v;
             return err(line, tok, "unknown label '" + tok.text + "'");
@@ -143,9 +147,15 @@ Result<uint32_t> Assembler::immediate(const Line& line, const Token& tok, char l
         case 'k':
             if (lookup(consts, tok.text, &v, true)) return v;
             return word(line, tok);
-        case 's':
+        case 's': {
+            // A name, or a constant-pool offset as the disassembler prints unnamed strings.
             if (lookup(strings, tok.text, &v, false)) return v;
+            int64_t offset = 0;
+            if (tok.kind == Token::WORD && parseInt(tok.text, &offset) && offset >= 0) {
+                return uint32_t(offset);
+            }
             return err(line, tok, "unknown string '" + tok.text + "'");
+        }
     }
     return err(line, tok, "bad operand");
 }
@@ -166,6 +176,10 @@ Status Assembler::controlInstr(const Line& line, const OpInfo* info) {
         if (letter == 'r') {
             Result<uint32_t> r = parseRegister(ops[i]);
             if (!r) return err(line, ops[i], r.message());
+            if (r.value() >= m.layout.regs) {
+                return err(line, ops[i], strFormat("register r%u is past the layout's %u registers",
+                                                   r.value(), m.layout.regs));
+            }
             regs[nreg++] = uint8_t(r.value());
         } else {
             Result<uint32_t> v = immediate(line, ops[i], letter);

@@ -112,7 +112,8 @@ Status splitOperands(const Line& line, size_t first, std::vector<Token>* out,
         want_operand = comma;
     }
     if (!out->empty() && want_operand) {
-        return BLUE_ERROR("%s:%u: trailing ','", name.c_str(), line.number);
+        return BLUE_ERROR("%s:%u:%zu: trailing ','", name.c_str(), line.number,
+                          line.toks.back().col + 1);
     }
     return Status::ok();
 }

@@ -136,7 +136,9 @@ Status GpuMachine::Impl::initControl() {
         w[at + BLUE_D_TILE] = dispatches[d].tile;
     }
     uint32_t seq = layout.at(BLUE_O_INDIRECT) + uint32_t(dispatches.size()) * 3;
-    w[seq] = (n + BLUE_SEQ_WG - 1) / BLUE_SEQ_WG;
+    // The first cycle's sequencer groups; later cycles' are written by the plan, which also stops
+    // at max_cycles. With max_cycles 0 nothing runs, as on the reference machine.
+    w[seq] = opt.max_cycles > 0 ? (n + BLUE_SEQ_WG - 1) / BLUE_SEQ_WG : 0;
     w[seq + 1] = 1;
     w[seq + 2] = 1;
     for (uint32_t t = 0; t < m.tensors.size(); ++t) {

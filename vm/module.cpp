@@ -205,7 +205,7 @@ Status readWords(std::span<const uint8_t> file, const SectionRef& s, const std::
                           (unsigned long long)s.size, unit_bytes);
     }
     out->resize(s.size / 4);
-    std::memcpy(out->data(), file.data() + s.offset, s.size);
+    if (s.size > 0) std::memcpy(out->data(), file.data() + s.offset, s.size);  // data() may be null
     return Status::ok();
 }
 
@@ -236,7 +236,7 @@ Status readBlocks(Cursor& c, Module* m) {
 
 Status readTensors(Cursor& c, Module* m) {
     uint32_t n = 0;
-    if (c.count(&n, 80, "tensor")) {
+    if (c.count(&n, 72, "tensor")) {  // an empty name: 4 + 68 bytes of fields
         m->tensors.resize(n);
         for (TensorDecl& t : m->tensors) {
             uint32_t dtype = 0, source = 0;

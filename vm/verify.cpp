@@ -11,6 +11,10 @@ namespace blue {
 namespace {
 
 constexpr uint64_t kMaxTensorElements = uint64_t(1) << 40;
+// A tensor without data is allocated from its declaration alone, so a corrupt dimension must not
+// make a machine allocate terabytes: its storage (a ROWS tensor: max_rows slices; otherwise one
+// slice) is bounded by what one storage binding can address with 32-bit offsets.
+constexpr uint64_t kMaxActivationBytes = uint64_t(1) << 32;
 
 Status checkRange(const char* field, uint32_t v, uint32_t lo, uint32_t hi) {
     if (v < lo || v > hi) {
@@ -71,6 +75,13 @@ Status verifyTensor(const Module& m, uint32_t index, std::set<std::string>* name
                               info->block_elems));
     }
     uint64_t bytes = *row_bytes * (elements / t.ne[0]);
+    uint64_t storage = bytes * (t.cls == BLUE_TC_ROWS ? m.layout.max_rows : 1);
+    if (t.source == DataSource::NONE && storage > kMaxActivationBytes) {
+        return fail(strFormat("needs %llu bytes of storage%s, more than the %llu GiB limit",
+                              (unsigned long long)storage,
+                              t.cls == BLUE_TC_ROWS ? " (max_rows rows)" : "",
+                              (unsigned long long)(kMaxActivationBytes >> 30)));
+    }
     switch (t.source) {
         case DataSource::NONE:
             if (t.cls == BLUE_TC_WEIGHT) return fail("a WEIGHT tensor needs data");

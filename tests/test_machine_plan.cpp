@@ -1,0 +1,344 @@
+// GpuMachine's load-time planning (host/machine_plan.h), without a GPU: the control and I/O
+// buffer layouts, the packing of tensors into pages, and the push constants and grid of every
+// tensor dispatch. Expected offsets and sizes are derived here from the layout documented in
+// shaders/blue_config.h.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <set>
+
+#include "compiler/asm.h"
+#include "host/machine.h"
+#include "host/machine_plan.h"
+#include "host/pipelines.h"
+#include "vm/abi.h"
+
+namespace blue::test {
+namespace {
+
+Module assembleOrFail(const std::string& source) {
+    Result<Module> m = assemble(source, "plan");
+    REQUIRE_MESSAGE(m.isOk(), m.message());
+    return m.value();
+}
+
+constexpr const char* kControlSource = R"(.layout regs=12 local=5 heap=40 heap_static=8 stack=3
+.layout mailbox=4 in_slots=3 in_slot_words=7 max_rows=6
+.const k 1 2 3
+.tensor w weight f32 [4, 2] data f32 1 2 3 4 5 6 7 8
+.tensor x rows f32 [4]
+.tensor y rows f32 [2]
+.block a args=1
+    matmul y, w, x
+.end
+.block b args=0
+    tscale y, y, 2.0
+.end
+main:
+    halt
+)";
+
+TEST_CASE("plan: every index word of the control and I/O headers is distinct and in range") {
+    const uint32_t header_words[] = {
+        BLUE_H_NINST,         BLUE_H_NREGS,      BLUE_H_LOCAL_WORDS,  BLUE_H_STACK_DEPTH,
+        BLUE_H_MAILBOX_CAP,   BLUE_H_HEAP_WORDS, BLUE_H_MAX_STEPS,    BLUE_H_NBLOCKS,
+        BLUE_H_MAX_ROWS,      BLUE_H_CODE_WORDS, BLUE_H_CONST_WORDS,  BLUE_H_IN_SLOTS,
+        BLUE_H_IN_SLOT_WORDS, BLUE_H_NDISPATCH,  BLUE_H_OUT_CAP,      BLUE_H_MAX_CYCLES,
+        BLUE_H_NTENSORS,      BLUE_H_IO_ORDER,   BLUE_H_IO_SLOTSTATE, BLUE_H_IO_SLOTS,
+        BLUE_H_IO_OUT,        BLUE_O_STATE,      BLUE_O_REGS,         BLUE_O_STACK,
+        BLUE_O_LOCAL,         BLUE_O_MAILBOX,    BLUE_O_HEAP,         BLUE_O_BARGS,
+        BLUE_O_CODE,          BLUE_O_CONST,      BLUE_O_BLOCKS,       BLUE_O_LISTS,
+        BLUE_O_ROWMAP,        BLUE_O_DISPATCH,   BLUE_O_INDIRECT,     BLUE_O_TENSORS,
+        BLUE_C_CYCLE,         BLUE_C_LIVE,       BLUE_C_LIVE_ACC,     BLUE_C_BUMP,
+        BLUE_C_IN_CLAIM,      BLUE_C_OUT_HEAD,   BLUE_C_BLOCK_RUNS,   BLUE_C_IN_PUBLISHED,
+        BLUE_C_IN_CLOSED,     BLUE_C_OUT_TAIL};
+    std::set<uint32_t> seen;
+    for (uint32_t w : header_words) {
+        CAPTURE(w);
+        CHECK(seen.insert(w).second);
+        CHECK(w < BLUE_HEADER_WORDS);
+    }
+    // The snapshot copies the counters from BLUE_C_CYCLE on: they must be the GPU counters.
+    CHECK(BLUE_C_BLOCK_RUNS - BLUE_C_CYCLE < BLUE_SNAP_COUNTERS);
+    CHECK(BLUE_C_LIVE - BLUE_C_CYCLE < BLUE_SNAP_COUNTERS);
+    CHECK(BLUE_C_OUT_HEAD - BLUE_C_CYCLE < BLUE_SNAP_COUNTERS);
+    CHECK(BLUE_SNAP_COUNTERS <= BLUE_IO_SNAP_WORDS);
+    // The host's staging words are copied over the three counters from BLUE_C_IN_PUBLISHED on.
+    CHECK(BLUE_C_IN_CLOSED == BLUE_C_IN_PUBLISHED + 1);
+    CHECK(BLUE_C_OUT_TAIL == BLUE_C_IN_PUBLISHED + 2);
+    CHECK(BLUE_C_IN_PUBLISHED >= BLUE_C_CYCLE + BLUE_SNAP_COUNTERS);
+    // Staging quarters, then snapshots, then the dynamic I/O regions.
+    CHECK(BLUE_MAX_CHAINS * BLUE_IO_STAGE_WORDS <= BLUE_IO_SNAP_BASE);
+    CHECK(BLUE_IO_SNAP_BASE + BLUE_MAX_CHAINS * BLUE_IO_SNAP_WORDS <= BLUE_IO_DYNAMIC);
+    // Push constants: the header, then up to 6 tensor operands fit.
+    CHECK(BLUE_PC_OPERANDS + 6 * BLUE_TREF_WORDS <= BLUE_PUSH_WORDS);
+    CHECK(BLUE_PUSH_WORDS * 4 <= 128);  // the minimum maxPushConstantsSize Vulkan guarantees
+}
+
+TEST_CASE(
+    "plan: control regions follow the header in order, sized as documented, without overlap") {
+    Module m = assembleOrFail(kControlSource);
+    GpuOptions opt;
+    opt.instances = 10;
+    opt.out_records = 100;
+    opt.max_cycles = 1234;
+    const uint32_t ndispatch = 2;
+    Result<ControlLayout> c = planControl(m, opt, ndispatch, 128u << 20);
+    REQUIRE_MESSAGE(c.isOk(), c.message());
+    const ControlLayout& cl = c.value();
+    const uint64_t n = 10, nblocks = 2, ntensors = 3;
+    // {index word, expected size in words} in buffer order.
+    const std::pair<uint32_t, uint64_t> regions[] = {
+        {BLUE_O_STATE, n * 6},
+        {BLUE_O_REGS, n * 12},
+        {BLUE_O_STACK, n * 3},
+        {BLUE_O_LOCAL, n * 5},
+        {BLUE_O_MAILBOX, n * (2 + 2 * 4)},
+        {BLUE_O_HEAP, 40},
+        {BLUE_O_BARGS, n * 8},
+        {BLUE_O_CODE, 2},
+        {BLUE_O_CONST, 3},
+        {BLUE_O_BLOCKS, nblocks * 8},
+        {BLUE_O_LISTS, nblocks * 3 * n},
+        {BLUE_O_ROWMAP, nblocks * 6 * 2},
+        {BLUE_O_DISPATCH, ndispatch * 4},
+        {BLUE_O_INDIRECT, (ndispatch + 1) * 3},
+        {BLUE_O_TENSORS, ntensors * 4},
+    };
+    uint64_t at = BLUE_HEADER_WORDS;
+    for (const auto& [index, words] : regions) {
+        CAPTURE(index);
+        CHECK(cl.at(index) == at);
+        at += words;
+    }
+    CHECK(cl.control_words == at);
+    // Header values the shaders read.
+    CHECK(cl.at(BLUE_H_NINST) == 10);
+    CHECK(cl.at(BLUE_H_NREGS) == 12);
+    CHECK(cl.at(BLUE_H_LOCAL_WORDS) == 5);
+    CHECK(cl.at(BLUE_H_STACK_DEPTH) == 3);
+    CHECK(cl.at(BLUE_H_MAILBOX_CAP) == 4);
+    CHECK(cl.at(BLUE_H_HEAP_WORDS) == 40);
+    CHECK(cl.at(BLUE_H_MAX_STEPS) == 4096);
+    CHECK(cl.at(BLUE_H_NBLOCKS) == 2);
+    CHECK(cl.at(BLUE_H_MAX_ROWS) == 6);
+    CHECK(cl.at(BLUE_H_CODE_WORDS) == 2);
+    CHECK(cl.at(BLUE_H_CONST_WORDS) == 3);
+    CHECK(cl.at(BLUE_H_IN_SLOTS) == 3);
+    CHECK(cl.at(BLUE_H_IN_SLOT_WORDS) == 7);
+    CHECK(cl.at(BLUE_H_NDISPATCH) == 2);
+    CHECK(cl.at(BLUE_H_OUT_CAP) == 100);
+    CHECK(cl.at(BLUE_H_MAX_CYCLES) == 1234);
+    CHECK(cl.at(BLUE_H_NTENSORS) == 3);
+    // I/O buffer: order ring, slot states, slots, output records.
+    CHECK(cl.at(BLUE_H_IO_ORDER) == BLUE_IO_DYNAMIC);
+    CHECK(cl.at(BLUE_H_IO_SLOTSTATE) == BLUE_IO_DYNAMIC + 3);
+    CHECK(cl.at(BLUE_H_IO_SLOTS) == BLUE_IO_DYNAMIC + 6);
+    CHECK(cl.at(BLUE_H_IO_OUT) == BLUE_IO_DYNAMIC + 6 + 21);
+    CHECK(cl.io_words == BLUE_IO_DYNAMIC + 6 + 21 + 200);
+
+    // A watchdog bound past 32 bits saturates rather than wrapping to a small number.
+    opt.max_cycles = (uint64_t(1) << 32) + 5;
+    c = planControl(m, opt, ndispatch, 128u << 20);
+    REQUIRE(c.isOk());
+    CHECK(c.value().at(BLUE_H_MAX_CYCLES) == 0xFFFFFFFFu);
+}
+
+TEST_CASE("plan: control or I/O buffers larger than a binding are refused with the reason") {
+    Module m = assembleOrFail(kControlSource);
+    GpuOptions opt;
+    opt.instances = 100000;
+    Result<ControlLayout> c = planControl(m, opt, 2, 1u << 20);
+    REQUIRE(!c.isOk());
+    CHECK(c.message() ==
+          "the control buffer for 100000 instances needs more than the device's largest storage "
+          "binding (1 MiB); use fewer instances or smaller per-instance memory");
+    opt.instances = 1;
+    opt.out_records = 1u << 20;  // 8 MiB of records
+    c = planControl(m, opt, 2, 1u << 20);
+    REQUIRE(!c.isOk());
+    CHECK(c.message() ==
+          "the I/O rings (3 input slots of 7 words, 1048576 output records) exceed "
+          "the device's largest storage binding");
+}
+
+// Tensors: two weights declared after the activations, so the weights-first order shows.
+constexpr const char* kPageSource = R"(.layout regs=4 max_rows=3
+.tensor r rows f32 [100]
+.tensor i instance f32 [10, 2]
+.tensor g global i32 [7]
+.tensor w weight f32 [64] data f32 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+.tensor h weight f16 [6] data hex 000000000000000000000000
+halt
+)";
+
+TEST_CASE(
+    "plan: tensors are packed weights first, 256-byte aligned, without overlap, under the limit") {
+    Module m = assembleOrFail(kPageSource);
+    const uint32_t instances = 5;
+    // slice bytes and count of each tensor, from its class and shape
+    const uint64_t slice[] = {400, 80, 28, 256, 12};
+    const uint64_t count[] = {3, instances, 1, 1, 1};
+    for (uint64_t limit : {uint64_t(1) << 20, uint64_t(2048), uint64_t(1200)}) {
+        CAPTURE(limit);
+        Result<PagePlan> plan = planPages(m, instances, limit);
+        REQUIRE_MESSAGE(plan.isOk(), plan.message());
+        const PagePlan& p = plan.value();
+        REQUIRE(p.places.size() == 5);
+        for (uint64_t bytes : p.page_bytes) CHECK(bytes <= limit);
+        for (size_t t = 0; t < 5; ++t) {
+            CAPTURE(t);
+            const TensorPlace& tp = p.places[t];
+            CHECK(tp.slice == slice[t]);
+            CHECK(tp.bytes == slice[t] * count[t]);
+            CHECK(tp.offset % 256 == 0);
+            REQUIRE(tp.page < p.page_bytes.size());
+            CHECK(tp.offset + tp.bytes <= p.page_bytes[tp.page]);
+            for (size_t u = 0; u < t; ++u) {
+                const TensorPlace& o = p.places[u];
+                if (o.page != tp.page) continue;
+                CHECK((tp.offset + tp.bytes <= o.offset || o.offset + o.bytes <= tp.offset));
+            }
+        }
+        // The weights (tensors 3 and 4) come before every activation.
+        auto key = [&](size_t t) { return std::make_pair(p.places[t].page, p.places[t].offset); };
+        for (size_t a : {0, 1, 2}) {
+            CHECK(key(3) < key(a));
+            CHECK(key(4) < key(a));
+        }
+    }
+    // 1 MiB: one page holding w @0, h @256, r @512 (1200 bytes), i @1792 (400), g @2304 (28).
+    Result<PagePlan> one = planPages(m, instances, 1 << 20);
+    REQUIRE(one.isOk());
+    CHECK(one.value().page_bytes == std::vector<uint64_t>{2332});
+    CHECK(one.value().places[0].offset == 512);
+    CHECK(one.value().places[1].offset == 1792);
+    CHECK(one.value().places[2].offset == 2304);
+    // 1200 bytes: r alone fills a page.
+    Result<PagePlan> tight = planPages(m, instances, 1200);
+    REQUIRE(tight.isOk());
+    CHECK(tight.value().page_bytes.size() == 3);
+}
+
+TEST_CASE("plan: a tensor larger than a page, or too many pages, is refused naming the tensor") {
+    Module m = assembleOrFail(kPageSource);
+    Result<PagePlan> p = planPages(m, 5, 1024);  // r needs 1200 bytes
+    REQUIRE(!p.isOk());
+    CHECK(p.message().rfind("tensor 'r' needs ", 0) == 0);
+    Result<PagePlan> big = planPages(m, 1u << 20, 64u << 20);  // i: 80 bytes x 2^20 instances
+    REQUIRE(!big.isOk());
+    CHECK(big.message() ==
+          "tensor 'i' needs 80.0 MiB, more than the device's largest storage "
+          "binding (64.0 MiB)");
+    std::string src = ".layout regs=4\n";
+    for (uint32_t t = 0; t <= BLUE_MAX_PAGES; ++t)
+        src += strFormat(".tensor t%u global f32 [200]\n", t);
+    Module many = assembleOrFail(src + "halt\n");
+    Result<PagePlan> pages = planPages(many, 1, 1000);  // 800 bytes each: one per page
+    REQUIRE(!pages.isOk());
+    CHECK(pages.message() ==
+          strFormat("the module's tensors need more than %u pages of 0.0 MiB", BLUE_MAX_PAGES));
+    Result<PagePlan> fits = planPages(many, 1, 4096);
+    REQUIRE(fits.isOk());
+    CHECK(fits.value().page_bytes.size() == (BLUE_MAX_PAGES + 1 + 3) / 4);
+}
+
+constexpr const char* kDispatchSource = R"(.layout regs=4 max_rows=8
+.tensor w global f32 [1024, 130]
+.tensor x rows f32 [1024]
+.tensor y rows f32 [1024]
+.tensor n rows f32 [130]
+.tensor s instance f32 [1]
+.block first args=0
+    tadd y, x, x
+    tscale y, y, -1.5
+.end
+.block second args=2
+    matmul n, w, x
+    tsum s, n
+.end
+halt
+)";
+
+Module dispatchModule() {
+    return assembleOrFail(kDispatchSource);
+}
+
+TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in push constants") {
+    Module m = dispatchModule();
+    Result<PagePlan> pages = planPages(m, 4, 1u << 20);
+    REQUIRE(pages.isOk());
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    REQUIRE(d.value().size() == 4);
+    const PagePlan& p = pages.value();
+    auto tref = [&](const DispatchDesc& desc, size_t operand, uint32_t tensor) {
+        INFO("operand " << operand << " tensor " << tensor);
+        const uint32_t* w = desc.push.data() + BLUE_PC_OPERANDS + operand * BLUE_TREF_WORDS;
+        CHECK(w[0] == (p.places[tensor].page | m.tensors[tensor].cls << 16));
+        CHECK(w[1] == p.places[tensor].offset);
+        CHECK(w[2] == p.places[tensor].slice);
+        CHECK(w[3] == m.tensors[tensor].elements());
+    };
+    const DispatchDesc& add = d.value()[0];
+    CHECK(add.pipeline == "tadd");
+    CHECK(add.block == 0);
+    CHECK(add.mode == 0);
+    CHECK(add.fx == 4);  // ceil(1024 / 256)
+    CHECK(add.tile == 1);
+    CHECK(add.push[BLUE_PC_BLOCK] == 0);
+    CHECK(add.push[BLUE_PC_MODE] == 0);
+    CHECK(add.push[BLUE_PC_TILE] == 1);
+    tref(add, 0, 2);
+    tref(add, 1, 1);
+    tref(add, 2, 1);
+    const DispatchDesc& scale = d.value()[1];
+    CHECK(scale.pipeline == "tscale");
+    tref(scale, 0, 2);
+    tref(scale, 1, 2);
+    CHECK(scale.push[BLUE_PC_OPERANDS + 2 * BLUE_TREF_WORDS] == std::bit_cast<uint32_t>(-1.5f));
+    const DispatchDesc& mm = d.value()[2];
+    CHECK(mm.pipeline == "matmul_f32");
+    CHECK(mm.block == 1);
+    CHECK(mm.push[BLUE_PC_BLOCK] == 1);
+    CHECK(mm.fx == 3);  // ceil(130 / 64)
+    CHECK(mm.tile == BLUE_MATMUL_TILE);
+    CHECK(mm.push[BLUE_PC_TILE] == BLUE_MATMUL_TILE);
+    tref(mm, 0, 3);
+    tref(mm, 1, 0);
+    tref(mm, 2, 1);
+    const DispatchDesc& sum = d.value()[3];
+    CHECK(sum.pipeline == "tsum");
+    CHECK(sum.mode == 1);  // an INSTANCE destination: one item per instance
+    CHECK(sum.push[BLUE_PC_MODE] == 1);
+    CHECK(sum.fx == 1);
+    tref(sum, 0, 4);
+    tref(sum, 1, 3);
+    CHECK(kernelName(m, uint32_t(Op::MATMUL), {3, 0, 1}) == "matmul_f32");
+    CHECK(kernelName(m, uint32_t(Op::TADD), {2, 1, 1}) == "tadd");
+}
+
+TEST_CASE("plan: a grid past the device limit, or an op without a kernel, is refused") {
+    Module m = dispatchModule();
+    Result<PagePlan> pages = planPages(m, 4, 1u << 20);
+    REQUIRE(pages.isOk());
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 3);
+    REQUIRE(!d.isOk());
+    CHECK(d.message() ==
+          "block 'first': TADD on tensor 'y' needs 4 workgroups, the device allows 3");
+    // A matmul with a Q8_0 matrix passes no verifier yet and has no kernel.
+    Module q = m;
+    q.tensors[0].dtype = DType::Q8_0;
+    Result<PagePlan> qp = planPages(q, 4, 1u << 20);
+    REQUIRE(qp.isOk());
+    Result<std::vector<DispatchDesc>> qd = planDispatches(q, qp.value(), 65535);
+    REQUIRE(!qd.isOk());
+    CHECK(qd.message() == "block 'second': no GPU kernel for MATMUL with these operand types");
+    CHECK(!Pipelines::exists("matmul_q8_0"));
+    CHECK(Pipelines::exists("sequencer"));
+    CHECK(Pipelines::exists("plan"));
+}
+
+}  // namespace
+}  // namespace blue::test
