@@ -5,7 +5,7 @@ packages=(
   build-essential cmake pkg-config
   libvulkan-dev libvulkan-volk-dev glslang-dev glslang-tools spirv-tools
   mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
-  doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
+  doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libicu-dev
 )
 missing=()
 for p in "${packages[@]}"; do

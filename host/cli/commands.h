@@ -16,6 +16,7 @@ Command addRunCommand(CLI::App& app);
 Command addDevicesCommand(CLI::App& app);
 Command addInfoCommand(CLI::App& app);
 Command addQuantizeCommand(CLI::App& app);
+Command addGenerateCommand(CLI::App& app);
 
 // Prints "bluevm: message" to stderr and returns 1.
 int fail(const std::string& message);

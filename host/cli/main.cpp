@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
     add(&blue::cli::addDevicesCommand);
     add(&blue::cli::addInfoCommand);
     add(&blue::cli::addQuantizeCommand);
+    add(&blue::cli::addGenerateCommand);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -129,7 +129,9 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
         GenerationRequest r = requests[i];
         r.tag = uint32_t(i);
         BLUE_TRY(machine.value()->pushInput(encodeRequest(r)));
-        decoders.emplace_back(tokenizer_);
+        // Text continues the prompt unless the prompt was just BOS.
+        bool fresh = r.prompt.size() == 1 && int32_t(r.prompt[0]) == tokenizer_.bos();
+        decoders.emplace_back(tokenizer_, false, fresh);
     }
     machine.value()->closeInput();
     // An instance announces which request it serves (BEGIN), streams its tokens, then END.
