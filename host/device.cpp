@@ -117,6 +117,7 @@ DeviceInfo describe(VkPhysicalDevice pd, uint32_t index) {
     info.api = strFormat("%u.%u.%u", VK_API_VERSION_MAJOR(p.apiVersion),
                          VK_API_VERSION_MINOR(p.apiVersion), VK_API_VERSION_PATCH(p.apiVersion));
     info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
+    info.max_texel_buffer_elements = p.limits.maxTexelBufferElements;
     info.max_allocation = m3.maxMemoryAllocationSize;
     for (int i = 0; i < 3; ++i) info.max_workgroup_count[i] = p.limits.maxComputeWorkGroupCount[i];
     info.max_workgroup_invocations = p.limits.maxComputeWorkGroupInvocations;

@@ -5,6 +5,7 @@
 
 #include <volk.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,7 @@ struct DeviceInfo {
     std::string name, type, driver, api;
     uint64_t device_local_bytes = 0;
     uint64_t max_storage_buffer_range = 0;
+    uint64_t max_texel_buffer_elements = 0;
     uint64_t max_allocation = 0;
     uint32_t max_workgroup_count[3] = {0, 0, 0};
     uint32_t max_workgroup_invocations = 0;
@@ -62,6 +64,10 @@ public:
     const DeviceInfo& info() const { return info_; }
     // Largest range one storage-buffer binding may cover.
     uint64_t maxBindingBytes() const { return info_.max_storage_buffer_range; }
+    // Largest page: a storage binding, and a texel view of 16-byte texels, must both cover it.
+    uint64_t maxPageBytes() const {
+        return std::min(info_.max_storage_buffer_range, info_.max_texel_buffer_elements * 16);
+    }
     uint64_t maxAllocationBytes() const { return info_.max_allocation; }
 
     // Validation-layer errors seen since creation (0 when validation is off).

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstring>
 
 #include "host/machine_plan.h"
 #include "host/vk_check.h"
+#include "host/weight_layout.h"
 #include "vm/abi.h"
 
 namespace blue {
@@ -22,8 +24,11 @@ struct GpuMachine::Impl {
 
     Buffer control, io;
     std::vector<Buffer> page_buffers;
+    std::vector<VkBufferView> page_views;  // rgba32ui storage texel views of the pages
     VkDescriptorPool pool = VK_NULL_HANDLE;
     VkDescriptorSet set = VK_NULL_HANDLE;
+    VkDescriptorPool operand_pool = VK_NULL_HANDLE;
+    std::vector<VkDescriptorSet> operand_sets;  // per dispatch: its set 1
     VkCommandPool cmd_pool = VK_NULL_HANDLE;
     std::vector<VkCommandBuffer> chains;
     std::vector<VkFence> fences;
@@ -48,6 +53,7 @@ struct GpuMachine::Impl {
     Status initControl();
     Status uploadWeights(const WeightSource& weights);
     Status createDescriptors();
+    Status createOperandSets();
     Status recordChain(uint32_t c);
     void publishInput(uint32_t chain);
     void drainOutput(uint32_t chain, const OutputSink& sink, bool keep, RunReport* report,
@@ -87,6 +93,8 @@ GpuMachine::Impl::~Impl() {
     if (queries) vkDestroyQueryPool(d, queries, nullptr);
     if (cmd_pool) vkDestroyCommandPool(d, cmd_pool, nullptr);
     if (pool) vkDestroyDescriptorPool(d, pool, nullptr);
+    if (operand_pool) vkDestroyDescriptorPool(d, operand_pool, nullptr);
+    for (VkBufferView v : page_views) vkDestroyBufferView(d, v, nullptr);
     for (Buffer& b : page_buffers) destroyBuffer(dev, b);
     destroyBuffer(dev, control);
     destroyBuffer(dev, io);
@@ -106,10 +114,19 @@ Status GpuMachine::Impl::allocate() {
     std::memset(io.mapped, 0, layout.io_words * 4);
     for (size_t p = 0; p < pages.page_bytes.size(); ++p) {
         std::string what = strFormat("tensor page %zu", p);
-        Result<Buffer> b = createBuffer(dev, pages.page_bytes[p], VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+        Result<Buffer> b = createBuffer(dev, pages.page_bytes[p],
+                                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
+                                            VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT,
                                         MemKind::DEVICE, what.c_str());
         if (!b) return b.status();
         page_buffers.push_back(b.value());
+        VkBufferViewCreateInfo vi{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
+        vi.buffer = b->buffer;
+        vi.format = VK_FORMAT_R32G32B32A32_UINT;
+        vi.range = b->size / 16 * 16;
+        VkBufferView view;
+        BLUE_VK_TRY(vkCreateBufferView(dev.device(), &vi, nullptr, &view));
+        page_views.push_back(view);
     }
     return Status::ok();
 }
@@ -132,8 +149,11 @@ Status GpuMachine::Impl::initControl() {
         uint32_t at = layout.at(BLUE_O_DISPATCH) + uint32_t(d) * BLUE_DISPATCH_WORDS;
         w[at + BLUE_D_BLOCK] = dispatches[d].block;
         w[at + BLUE_D_MODE] = dispatches[d].mode;
-        w[at + BLUE_D_X] = dispatches[d].fx;
+        w[at + BLUE_D_FIXED] = dispatches[d].fixed;
         w[at + BLUE_D_TILE] = dispatches[d].tile;
+        w[at + BLUE_D_AXIS] = dispatches[d].axis;
+        w[at + BLUE_D_RANGE] = std::min(dispatches[d].min_items, 0xFFFFu) |
+                               std::min(dispatches[d].max_items, 0xFFFFu) << 16;
     }
     uint32_t seq = layout.at(BLUE_O_INDIRECT) + uint32_t(dispatches.size()) * 3;
     // The first cycle's sequencer groups; later cycles' are written by the plan, which also stops
@@ -168,7 +188,22 @@ Status GpuMachine::Impl::uploadWeights(const WeightSource& weights) {
         std::span<const uint8_t> bytes = weights.tensorBytes(t);
         if (bytes.empty()) continue;
         const TensorPlace& p = pages.places[t];
-        BLUE_TRY(uploadToBuffer(dev, page_buffers[p.page], p.offset, bytes.data(), bytes.size()));
+        Buffer& page = page_buffers[p.page];
+        if (!p.repacked) {
+            BLUE_TRY(uploadToBuffer(dev, page, p.offset, bytes.data(), bytes.size()));
+            continue;
+        }
+        const TensorDecl& d = m.tensors[t];
+        WeightLayout wl;
+        weightLayout(d.dtype, d.ne[0], d.ne[1], &wl);
+        if (page.mapped) {  // unified memory: repack straight into the page
+            repackMatrix(d.dtype, bytes.data(), d.ne[0], d.ne[1], wl,
+                         static_cast<uint8_t*>(page.mapped) + p.offset);
+        } else {
+            std::vector<uint8_t> packed(wl.bytes, 0);
+            repackMatrix(d.dtype, bytes.data(), d.ne[0], d.ne[1], wl, packed.data());
+            BLUE_TRY(uploadToBuffer(dev, page, p.offset, packed.data(), packed.size()));
+        }
     }
     return Status::ok();
 }
@@ -206,6 +241,44 @@ Status GpuMachine::Impl::createDescriptors() {
         writes[i].pBufferInfo = infos[i];
     }
     vkUpdateDescriptorSets(dev.device(), 3, writes, 0, nullptr);
+    return createOperandSets();
+}
+
+// One set-1 descriptor set per distinct combination of operand pages.
+Status GpuMachine::Impl::createOperandSets() {
+    if (dispatches.empty()) return Status::ok();
+    std::map<std::array<uint32_t, BLUE_MAX_TEX_OPERANDS>, VkDescriptorSet> unique;
+    for (const DispatchDesc& d : dispatches) unique[d.operand_pages] = VK_NULL_HANDLE;
+    uint32_t n = uint32_t(unique.size());
+    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER, n * BLUE_MAX_TEX_OPERANDS};
+    VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+    pi.maxSets = n;
+    pi.poolSizeCount = 1;
+    pi.pPoolSizes = &size;
+    BLUE_VK_TRY(vkCreateDescriptorPool(dev.device(), &pi, nullptr, &operand_pool));
+    std::vector<VkDescriptorSetLayout> layouts(n, pipelines.operandLayout());
+    std::vector<VkDescriptorSet> sets(n);
+    VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+    ai.descriptorPool = operand_pool;
+    ai.descriptorSetCount = n;
+    ai.pSetLayouts = layouts.data();
+    BLUE_VK_TRY(vkAllocateDescriptorSets(dev.device(), &ai, sets.data()));
+    uint32_t k = 0;
+    for (auto& [pages_of, s] : unique) {
+        s = sets[k++];
+        std::array<VkBufferView, BLUE_MAX_TEX_OPERANDS> views;
+        for (uint32_t i = 0; i < BLUE_MAX_TEX_OPERANDS; ++i) {
+            views[i] = page_views[pages_of[i] < page_views.size() ? pages_of[i] : 0];
+        }
+        VkWriteDescriptorSet w{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+        w.dstSet = s;
+        w.dstBinding = 0;
+        w.descriptorCount = BLUE_MAX_TEX_OPERANDS;
+        w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER;
+        w.pTexelBufferView = views.data();
+        vkUpdateDescriptorSets(dev.device(), 1, &w, 0, nullptr);
+    }
+    for (const DispatchDesc& d : dispatches) operand_sets.push_back(unique[d.operand_pages]);
     return Status::ok();
 }
 
@@ -275,9 +348,15 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
         stamp("plan");
         dispatches_per_chain += 2;
         VkPipeline bound = plan.value();
+        VkDescriptorSet bound_set = VK_NULL_HANDLE;
         for (size_t d = 0; d < dispatches.size(); ++d) {
             if (ops[d] != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, ops[d]);
             bound = ops[d];
+            if (operand_sets[d] != bound_set) {
+                vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipelines.layout(),
+                                        BLUE_SET_OPERANDS, 1, &operand_sets[d], 0, nullptr);
+                bound_set = operand_sets[d];
+            }
             vkCmdPushConstants(cb, pipelines.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                BLUE_PUSH_WORDS * 4, dispatches[d].push.data());
             vkCmdDispatchIndirect(cb, control.buffer, indirect + d * 12);
@@ -366,7 +445,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
         return BLUE_ERROR("chains must be 1..%u and chain cycles at least 1", BLUE_MAX_CHAINS);
     }
     auto impl = std::make_unique<Impl>(dev, pipelines, m, options);
-    uint64_t page_limit = std::min<uint64_t>({dev.maxBindingBytes(), dev.maxAllocationBytes(),
+    uint64_t page_limit = std::min<uint64_t>({dev.maxPageBytes(), dev.maxAllocationBytes(),
                                               0xFFFFFF00ull});
     Result<PagePlan> pages = planPages(m, options.instances, page_limit);
     if (!pages) return pages.status();

@@ -5,6 +5,7 @@
 
 #include "host/machine.h"
 #include "host/pipelines.h"
+#include "host/weight_layout.h"
 #include "vm/abi.h"
 #include "vm/isa.h"
 #include "vm/tensor_ops.h"
@@ -110,7 +111,13 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
             const TensorDecl& t = m.tensors[i];
             if ((t.cls == BLUE_TC_WEIGHT) != (pass == 0)) continue;
             TensorPlace& p = plan.places[i];
-            p.slice = tensorSliceBytes(t);
+            WeightLayout wl;
+            if (t.cls == BLUE_TC_WEIGHT && t.ndim == 2 && weightLayout(t.dtype, t.ne[0], t.ne[1], &wl)) {
+                p.repacked = true;
+                p.slice = wl.bytes;
+            } else {
+                p.slice = (tensorSliceBytes(t) + 15) / 16 * 16;
+            }
             uint64_t count = t.cls == BLUE_TC_ROWS       ? m.layout.max_rows
                              : t.cls == BLUE_TC_INSTANCE ? instances
                                                          : 1;
@@ -138,6 +145,20 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
         }
     }
     return plan;
+}
+
+uint32_t matmulRowsPerInvocation(DType type) {
+    switch (type) {
+        case DType::F32:
+        case DType::F16:
+        case DType::BF16: return BLUE_MM_R_PLAIN;
+        case DType::Q8_0:
+        case DType::Q4_0:
+        case DType::Q4_1:
+        case DType::Q5_0:
+        case DType::Q5_1: return BLUE_MM_R_SMALLQ;
+        default: return BLUE_MM_R_KQ;
+    }
 }
 
 std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>& args) {
@@ -170,8 +191,11 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             d.push[BLUE_PC_BLOCK] = b;
             d.push[BLUE_PC_MODE] = d.mode;
             uint32_t w = BLUE_PC_OPERANDS;
+            d.operand_pages.fill(DispatchDesc::kNoPage);
             for (size_t i = 0; i < ti.args.size(); ++i) {
                 char letter = info.format[i];
+                bool tensor = (letter == 't' || letter == 'o') && ti.args[i] != 0xFFFFFFFFu;
+                if (tensor && i < BLUE_MAX_TEX_OPERANDS) d.operand_pages[i] = pages.places[ti.args[i]].page;
                 if (letter == 'o' && ti.args[i] == 0xFFFFFFFFu) {
                     d.push[w++] = 0xFFFFFFFFu;  // no tensor: page 0xFFFF
                     w += BLUE_TREF_WORDS - 1;
@@ -190,23 +214,36 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             }
             uint64_t n = dst.elements();
             switch (info.grid) {
-                case Grid::ELEM: d.fx = uint32_t((n + BLUE_ELEM_WG - 1) / BLUE_ELEM_WG); break;
-                case Grid::MATMUL:
-                    d.fx = uint32_t((n + BLUE_MATMUL_ROWS - 1) / BLUE_MATMUL_ROWS);
-                    d.tile = BLUE_MATMUL_TILE;
-                    break;
-                case Grid::HEADS: {
-                    size_t first_u = info.format.find('u');
-                    d.fx = first_u == std::string_view::npos ? 1 : ti.args[first_u];
+                case Grid::ELEM: d.fixed = uint32_t((n + BLUE_ELEM_WG - 1) / BLUE_ELEM_WG); break;
+                case Grid::MATMUL: {
+                    uint32_t rows = BLUE_MATMUL_WG * matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
+                    d.fixed = uint32_t((n + rows - 1) / rows);
+                    d.axis = 1;
                     break;
                 }
-                default: d.fx = 1; break;
+                case Grid::HEADS: {
+                    size_t first_u = info.format.find('u');
+                    uint32_t heads = first_u == std::string_view::npos ? 1 : ti.args[first_u];
+                    d.fixed = (heads + BLUE_ATTN_WG - 1) / BLUE_ATTN_WG;
+                    break;
+                }
+                default: d.fixed = 1; break;
             }
-            if (d.fx > max_groups_x) {
+            if (d.fixed > max_groups_x) {
                 return BLUE_ERROR("block '%s': %s on tensor '%s' needs %u workgroups, the device "
                                   "allows %u",
                                   m.blocks[b].name.c_str(), std::string(info.name).c_str(),
-                                  dst.name.c_str(), d.fx, max_groups_x);
+                                  dst.name.c_str(), d.fixed, max_groups_x);
+            }
+            if (info.grid == Grid::MATMUL) {
+                // One item (decode of one instance): the single-item kernel; more: tiles of 4.
+                DispatchDesc single = d;
+                single.pipeline += "_b1";
+                single.max_items = 1;
+                single.push[BLUE_PC_TILE] = 1;
+                out.push_back(single);
+                d.min_items = 2;
+                d.tile = BLUE_MATMUL_TILE;
             }
             d.push[BLUE_PC_TILE] = d.tile;
             out.push_back(d);

@@ -29,6 +29,7 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
                                   uint64_t max_binding_bytes);
 
 struct TensorPlace {
+    bool repacked = false;  // a matrix in the GPU weight layout (host/weight_layout.h)
     uint32_t page = 0;
     uint64_t offset = 0;  // bytes into the page
     uint64_t slice = 0;   // bytes of one slice (row, instance or whole tensor)
@@ -41,19 +42,32 @@ struct PagePlan {
 };
 
 // Packs tensors into pages of at most `page_limit` bytes (each tensor inside one page, aligned to
-// 256 bytes). Fails naming the tensor when one is larger than a page or pages run out.
+// 256 bytes). 2-D WEIGHT tensors take their GPU weight layout's size; other slices are padded to
+// 16 bytes so kernels read them in whole texels. Fails naming the tensor when one is larger than a
+// page or pages run out.
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit);
 
 struct DispatchDesc {
     uint32_t block = 0;
     std::string pipeline;
     std::array<uint32_t, BLUE_PUSH_WORDS> push{};
-    uint32_t mode = 0;  // 0 rows, 1 instances
-    uint32_t fx = 1;    // groups along x
-    uint32_t tile = 1;  // items per group along y
+    uint32_t mode = 0;       // 0 rows, 1 instances
+    uint32_t fixed = 1;      // groups along the fixed axis
+    uint32_t tile = 1;       // items per group along the items axis
+    uint32_t axis = 0;       // 0: items along y; 1: items along x
+    uint32_t min_items = 0;  // runs only when min_items <= items <= max_items (0: no limit)
+    uint32_t max_items = 0;
+    // Page of each tensor operand, by operand position (kNoPage for scalars and absent tensors):
+    // the texel views the dispatch's descriptor set 1 binds.
+    std::array<uint32_t, BLUE_MAX_TEX_OPERANDS> operand_pages{};
+    static constexpr uint32_t kNoPage = 0xFFFFFFFFu;
 };
 
-// One dispatch per tensor instruction, block by block. Fails naming the instruction when no
+// Rows of a weight matrix one MATMUL invocation computes, by weight type.
+uint32_t matmulRowsPerInvocation(DType type);
+
+// One dispatch per tensor instruction, block by block (MATMUL: two, a single-item variant and a
+// batched one, of which the plan kernel enables one per cycle). Fails naming the instruction when no
 // kernel exists for its operand types or its grid exceeds `max_groups_x`.
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
                                                  uint32_t max_groups_x);

@@ -66,10 +66,16 @@ Result<std::unique_ptr<Pipelines>> Pipelines::create(Device& dev) {
     si.bindingCount = 3;
     si.pBindings = bindings;
     BLUE_VK_TRY(vkCreateDescriptorSetLayout(dev.device(), &si, nullptr, &p->set_layout_));
+    VkDescriptorSetLayoutBinding operands{0, VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER,
+                                          BLUE_MAX_TEX_OPERANDS, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    si.bindingCount = 1;
+    si.pBindings = &operands;
+    BLUE_VK_TRY(vkCreateDescriptorSetLayout(dev.device(), &si, nullptr, &p->operand_layout_));
+    VkDescriptorSetLayout sets[2] = {p->set_layout_, p->operand_layout_};
     VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, BLUE_PUSH_WORDS * 4};
     VkPipelineLayoutCreateInfo li{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
-    li.setLayoutCount = 1;
-    li.pSetLayouts = &p->set_layout_;
+    li.setLayoutCount = 2;
+    li.pSetLayouts = sets;
     li.pushConstantRangeCount = 1;
     li.pPushConstantRanges = &range;
     BLUE_VK_TRY(vkCreatePipelineLayout(dev.device(), &li, nullptr, &p->layout_));
@@ -137,6 +143,7 @@ Pipelines::~Pipelines() {
     if (cache_) vkDestroyPipelineCache(dev_.device(), cache_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_.device(), layout_, nullptr);
     if (set_layout_) vkDestroyDescriptorSetLayout(dev_.device(), set_layout_, nullptr);
+    if (operand_layout_) vkDestroyDescriptorSetLayout(dev_.device(), operand_layout_, nullptr);
 }
 
 }  // namespace blue

@@ -27,7 +27,8 @@ public:
     // The pipeline of an embedded kernel, created on first use.
     Result<VkPipeline> get(const std::string& name);
 
-    VkDescriptorSetLayout setLayout() const { return set_layout_; }
+    VkDescriptorSetLayout setLayout() const { return set_layout_; }          // set 0
+    VkDescriptorSetLayout operandLayout() const { return operand_layout_; }  // set 1
     VkPipelineLayout layout() const { return layout_; }
     // Writes the pipeline cache to disk (also done by the destructor).
     void saveCache();
@@ -38,6 +39,7 @@ private:
 
     Device& dev_;
     VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
+    VkDescriptorSetLayout operand_layout_ = VK_NULL_HANDLE;
     VkPipelineLayout layout_ = VK_NULL_HANDLE;
     VkPipelineCache cache_ = VK_NULL_HANDLE;
     std::map<std::string, VkPipeline> pipelines_;

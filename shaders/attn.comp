@@ -1,29 +1,36 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// ATTN: causal attention of one query head over a KV cache, one workgroup per (head, item).
-// Positions are taken in chunks: scores of a chunk go to shared memory, then the running max,
-// normaliser and output are rescaled and the chunk's values accumulated (the online softmax), so
-// any context length works in fixed shared memory. Each invocation owns output dims lid,
-// lid + WG, ... (head size at most 4 * WG). CACHE_F16: caches hold halves.
+// ATTN: causal attention, one invocation per (query head, item): it walks the positions 0..pos
+// with an online softmax (running max m, normaliser l, output o), reading K and V through texel
+// views. No shared memory, no barriers, no cross-lane reductions: the fast shape on CPU-backed
+// drivers, and plenty of parallelism on GPUs once many instances decode together.
+// Head size must be a multiple of 8 (F16 caches) or 4 (F32). CACHE_F16: caches hold halves.
+// Grid: x = ceil(heads / BLUE_ATTN_WG), y = items.
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
-#define REDUCE_WG BLUE_ITEM_WG
-#include "common/reduce.glsl"
 
-layout(local_size_x = BLUE_ITEM_WG) in;
+layout(local_size_x = BLUE_ATTN_WG) in;
 
-const uint kChunk = 256u;
-shared float scores[kChunk];
-shared float q_shared[256];
-
-float cacheAt(TRef c, uint base_word, uint index) {
+#define MAX_HEAD 256u
 #ifdef CACHE_F16
-    uint w = page_u[c.page].d[base_word + index / 2u];
-    return unpackHalf2x16(w)[index & 1u];
+#define PER_TEXEL 8u
 #else
-    return page_f[c.page].d[base_word + index];
+#define PER_TEXEL 4u
 #endif
+
+vec4 o[MAX_HEAD / 4u];
+vec4 qv[MAX_HEAD / 4u];
+
+// Elements 4j..4j+3 of a cache row starting at texel `base` (operand `op`).
+#ifdef CACHE_F16
+#define CACHE4(op, base, j) cacheHalf4(TEXEL(op, (base) + (j) / 2u), (j) & 1u)
+vec4 cacheHalf4(uvec4 t, uint half_sel) {
+    return half_sel == 0u ? vec4(unpackHalf2x16(t.x), unpackHalf2x16(t.y))
+                          : vec4(unpackHalf2x16(t.z), unpackHalf2x16(t.w));
 }
+#else
+#define CACHE4(op, base, j) TEXELF(op, (base) + (j))
+#endif
 
 void main() {
     TRef dst = tref(BLUE_PC_OPERANDS);
@@ -33,49 +40,34 @@ void main() {
     uint n_head = pc.w[BLUE_PC_OPERANDS + 16u], n_kv = pc.w[BLUE_PC_OPERANDS + 17u];
     uint arg = pc.w[BLUE_PC_OPERANDS + 18u];
     float scale = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 19u]);
-    uint h = gl_WorkGroupID.x, item = gl_WorkGroupID.y, lid = gl_LocalInvocationID.x;
-    if (item >= itemCount()) return;
+    uint h = gl_GlobalInvocationID.x, item = gl_WorkGroupID.y;
+    if (h >= n_head || item >= itemCount()) return;
     uint head = dst.n / n_head, kv_dim = head * n_kv, ctx = kc.n / kv_dim;
+    uint quads = head / 4u;
     uint kv_off = (h / (n_head / n_kv)) * head;
     uint last = min(blockArg(itemInstance(item), arg) + itemRowLocal(item), ctx - 1u);
-    uint qo = sliceOffset(q, item) / 4u + h * head;
-    for (uint i = lid; i < head; i += BLUE_ITEM_WG) q_shared[i] = page_f[q.page].d[qo + i];
-    barrier();
-    uint kbase = sliceOffset(kc, item) / 4u, vbase = sliceOffset(vc, item) / 4u;
+    uint qbase = sliceOffset(q, item) / 16u + h * quads;
+    for (uint j = 0u; j < quads; ++j) {
+        qv[j] = TEXELF(3, qbase + j) * scale;
+        o[j] = vec4(0.0);
+    }
+    // Texel index of position t's head slice: (slice + (t * kv_dim + kv_off) * elem) / 16.
+    uint row_texels = kv_dim / PER_TEXEL;
+    uint kbase = sliceOffset(kc, item) / 16u + kv_off / PER_TEXEL;
+    uint vbase = sliceOffset(vc, item) / 16u + kv_off / PER_TEXEL;
     float m = -1.0 / 0.0, l = 0.0;
-    float o[4] = float[4](0.0, 0.0, 0.0, 0.0);
-    for (uint c0 = 0u; c0 <= last; c0 += kChunk) {
-        uint len = min(kChunk, last + 1u - c0);
-        float local_max = -1.0 / 0.0;
-        for (uint t = lid; t < len; t += BLUE_ITEM_WG) {
-            uint row = (c0 + t) * kv_dim + kv_off;
-            float dot = 0.0;
-            for (uint i = 0u; i < head; ++i) dot += q_shared[i] * cacheAt(kc, kbase, row + i);
-            scores[t] = dot * scale;
-            local_max = max(local_max, dot * scale);
-        }
-        float new_m = max(m, workgroupMax(local_max));
-        float rescale = exp(m - new_m);
-        float local_sum = 0.0;
-        for (uint t = lid; t < len; t += BLUE_ITEM_WG) {
-            float p = exp(scores[t] - new_m);
-            scores[t] = p;
-            local_sum += p;
-        }
-        l = l * rescale + workgroupSum(local_sum);  // the barrier inside publishes scores[]
-        m = new_m;
-        for (uint r = 0u; r < 4u; ++r) {
-            uint i = lid + r * BLUE_ITEM_WG;
-            if (i >= head) break;
-            float acc = o[r] * rescale;
-            for (uint t = 0u; t < len; ++t) acc += scores[t] * cacheAt(vc, vbase, (c0 + t) * kv_dim + kv_off + i);
-            o[r] = acc;
-        }
-        barrier();
+    for (uint t = 0u; t <= last; ++t) {
+        float s = 0.0;
+        for (uint j = 0u; j < quads; ++j) s += dot(qv[j], CACHE4(1, kbase + t * row_texels, j));
+        float m_new = max(m, s);
+        float corr = exp(m - m_new), p = exp(s - m_new);
+        l = l * corr + p;
+        for (uint j = 0u; j < quads; ++j) o[j] = o[j] * corr + p * CACHE4(2, vbase + t * row_texels, j);
+        m = m_new;
     }
     uint d = sliceOffset(dst, item) / 4u + h * head;
-    for (uint r = 0u; r < 4u; ++r) {
-        uint i = lid + r * BLUE_ITEM_WG;
-        if (i < head) page_f[dst.page].d[d + i] = o[r] / l;
+    for (uint j = 0u; j < quads; ++j) {
+        vec4 r = o[j] / l;
+        for (uint c = 0u; c < 4u; ++c) page_f[dst.page].d[d + 4u * j + c] = r[c];
     }
 }

@@ -8,6 +8,11 @@
 #define BLUE_BIND_CONTROL 0  // control buffer: device-local, u32 words (layout below)
 #define BLUE_BIND_PAGES 1    // array of BLUE_MAX_PAGES data pages (tensors)
 #define BLUE_BIND_IO 2       // I/O buffer: host-visible (rings, staging halves, snapshots)
+// Set 1, bound per dispatch: binding 0 is an array with one rgba32ui storage texel view per tensor
+// operand (the page that holds it), indexed by the operand's constant position. Texel loads are
+// the fast read path on CPU-backed drivers, and constant indices need no dynamic-indexing feature.
+#define BLUE_SET_OPERANDS 1
+#define BLUE_MAX_TEX_OPERANDS 6
 #define BLUE_MAX_PAGES 24  // + 2 bindings: within the 32 storage buffers lavapipe allows per stage
 
 // ---- workgroup sizes ---------------------------------------------------------------------
@@ -16,8 +21,12 @@
 #define BLUE_ELEM_WG 256      // ELEM grid: elements per workgroup along x
 #define BLUE_ITEM_WG 64       // ITEM grid: invocations per item's workgroup
 #define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
-#define BLUE_MATMUL_ROWS 64   // MATMUL grid: output rows per workgroup (x)
-#define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (y)
+#define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (x) in the batched variant
+// MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).
+#define BLUE_MM_R_PLAIN 2     // F32, F16, BF16
+#define BLUE_MM_R_SMALLQ 4    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+#define BLUE_MM_R_KQ 2        // Q2_K .. Q6_K
+#define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 
 // ---- push constants (u32 words) ----------------------------------------------------------
 // Tensor dispatches: a header, then one 4-word reference per tensor operand and one word per
@@ -93,11 +102,13 @@
 #define BLUE_B_INSTS 3
 #define BLUE_B_NARGS 4
 
-#define BLUE_DISPATCH_WORDS 4  // block, mode, fixed x, items per group along y
+#define BLUE_DISPATCH_WORDS 6  // block, mode, fixed groups, items per group, axis, item range
 #define BLUE_D_BLOCK 0
 #define BLUE_D_MODE 1
-#define BLUE_D_X 2
-#define BLUE_D_TILE 3
+#define BLUE_D_FIXED 2   // groups along the fixed axis
+#define BLUE_D_TILE 3    // items per group along the items axis
+#define BLUE_D_AXIS 4    // 0: items along y (fixed along x); 1: items along x (fixed along y)
+#define BLUE_D_RANGE 5   // runs only when min <= items <= max: min | max << 16 (max 0: no limit)
 
 // ---- I/O buffer (host-visible) -------------------------------------------------------------
 // Words [0, 16): one staging quarter per chain (host -> GPU, copied into the control counters at

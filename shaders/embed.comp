@@ -1,9 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// EMBED: dst = row `token` of table [dim, vocab], token = local[arg + row index]; out-of-range
-// tokens give zeros. Compiled once per weight type (WTYPE_*).
+// EMBED: dst = row `token` of table [dim, vocab] (GPU weight layout, WTYPE_*), token =
+// local[arg + row index]; out-of-range tokens give zeros.
 #include "common/tensor.glsl"
-#include "common/dequant.glsl"
+#include "common/bytes.glsl"
+#include "common/wlayout.glsl"
 
 layout(local_size_x = BLUE_ELEM_WG) in;
 
@@ -18,6 +19,6 @@ void main() {
     uint token = addr < ctl[BLUE_H_LOCAL_WORDS] ? localWord(inst, addr) : 0xFFFFFFFFu;
     uint vocab = table.n / dst.n;
     float v = 0.0;
-    if (token < vocab) v = dequantElement(table.page, table.offset + token * wrowBytes(dst.n), i);
+    if (token < vocab) v = wElement(table.offset / 16u, (dst.n + WL_E - 1u) / WL_E, token, i);
     page_f[dst.page].d[sliceOffset(dst, item) / 4u + i] = v;
 }

@@ -1,35 +1,85 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// MATMUL for any weight type (WTYPE_*): dst[n] = sum_k w[n][k] * x[k] for each item. Each
-// invocation owns one output row n and BLUE_MATMUL_TILE items, so every weight it dequantizes
-// serves the whole tile. Grid: x = ceil(N / BLUE_MATMUL_ROWS), y = ceil(items / BLUE_MATMUL_TILE).
+// MATMUL: dst[n] = sum_k w[n][k] * x[k] for every item, weights in the GPU weight layout
+// (common/wlayout.glsl), any type (WTYPE_*). Lanes over output rows: each invocation owns MM_R
+// rows (n = base + r * WG) and MM_BT items, so the x it reads is the same for the whole workgroup
+// (one vectorized load) and every weight texel serves MM_BT items. Built twice: MM_BT = 1 for one
+// item (decode) and BLUE_MATMUL_TILE for batches; the plan enables one per cycle.
+// Grid: x = ceil(items / MM_BT), y = ceil(N / (WG * MM_R)).
 #include "common/tensor.glsl"
-#include "common/dequant.glsl"
+#include "common/wlayout.glsl"
+
+#if defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
+#define MM_R BLUE_MM_R_PLAIN
+#elif defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1)
+#define MM_R BLUE_MM_R_SMALLQ
+#else
+#define MM_R BLUE_MM_R_KQ
+#endif
 
 layout(local_size_x = BLUE_MATMUL_WG) in;
+
+uint g_xt;  // texels in an x row (zero beyond)
+
+vec4 xLoad(uint base, uint t) { return t < g_xt ? TEXELF(2, base + t) : vec4(0.0); }
 
 void main() {
     TRef dst = tref(BLUE_PC_OPERANDS);
     TRef w = tref(BLUE_PC_OPERANDS + BLUE_TREF_WORDS);
     TRef x = tref(BLUE_PC_OPERANDS + 2u * BLUE_TREF_WORDS);
-    uint n = gl_GlobalInvocationID.x;
     uint K = x.n, N = dst.n;
-    uint first = gl_WorkGroupID.y * BLUE_MATMUL_TILE;
     uint items = itemCount();
-    if (n >= N || first >= items) return;
-    uint count = min(items - first, BLUE_MATMUL_TILE);
-    uint xo[BLUE_MATMUL_TILE];
-    float acc[BLUE_MATMUL_TILE];
-    for (uint t = 0u; t < BLUE_MATMUL_TILE; ++t) {
-        xo[t] = sliceOffset(x, first + min(t, count - 1u)) / 4u;
-        acc[t] = 0.0;
+    uint first = gl_WorkGroupID.x * MM_BT;
+    if (first >= items) return;
+    uint count = min(items - first, MM_BT);
+    g_xt = (K + 3u) / 4u;
+    uint xb[MM_BT];
+    for (uint c = 0u; c < MM_BT; ++c) xb[c] = sliceOffset(x, first + min(c, count - 1u)) / 16u;
+    uint lid = gl_LocalInvocationID.x;
+    uint row0 = gl_WorkGroupID.y * BLUE_MATMUL_WG * MM_R + lid;
+    uint rows[MM_R];
+    for (uint r = 0u; r < MM_R; ++r) rows[r] = min(row0 + r * BLUE_MATMUL_WG, N - 1u);
+    float acc[MM_R][MM_BT];
+    for (uint r = 0u; r < MM_R; ++r) for (uint c = 0u; c < MM_BT; ++c) acc[r][c] = 0.0;
+    uint wbase = w.offset / 16u, bpr = (K + WL_E - 1u) / WL_E;
+
+#ifdef WL_PLAIN
+    for (uint g = 0u; g < bpr; ++g) {
+        vec4 xa[MM_BT], xq[MM_BT];
+        for (uint c = 0u; c < MM_BT; ++c) {
+            xa[c] = xLoad(xb[c], g * (WL_E / 4u));
+            xq[c] = WL_E == 8u ? xLoad(xb[c], g * 2u + 1u) : vec4(0.0);
+        }
+        for (uint r = 0u; r < MM_R; ++r) {
+            vec4 a, b;
+            plainTexel(wTexel(wbase, bpr, rows[r], g, 0u), a, b);
+            for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += dot(a, xa[c]) + dot(b, xq[c]);
+        }
     }
-    uint row = w.offset + n * wrowBytes(K);
-    for (uint k = 0u; k < K; ++k) {
-        float wv = dequantElement(w.page, row, k);
-        for (uint t = 0u; t < BLUE_MATMUL_TILE; ++t) acc[t] += wv * page_f[x.page].d[xo[t] + k];
+#else
+    for (uint g = 0u; g < bpr; ++g) {
+        for (uint s = 0u; s < 8u; ++s) {
+            uint xt = g * 64u + s * 8u;
+            if (xt >= g_xt) break;
+            vec4 xs[MM_BT][8];
+            for (uint c = 0u; c < MM_BT; ++c) for (uint j = 0u; j < 8u; ++j) xs[c][j] = xLoad(xb[c], xt + j);
+            for (uint r = 0u; r < MM_R; ++r) {
+                vec4 wv[8];
+                wGroup(wbase, bpr, rows[r], g, s, wv);
+                for (uint c = 0u; c < MM_BT; ++c) {
+                    float part = 0.0;
+                    for (uint j = 0u; j < 8u; ++j) part += dot(wv[j], xs[c][j]);
+                    acc[r][c] += part;
+                }
+            }
+        }
     }
-    for (uint t = 0u; t < count; ++t) {
-        page_f[dst.page].d[sliceOffset(dst, first + t) / 4u + n] = acc[t];
+#endif
+    for (uint r = 0u; r < MM_R; ++r) {
+        uint row = row0 + r * BLUE_MATMUL_WG;
+        if (row >= N) continue;
+        for (uint c = 0u; c < count; ++c) {
+            page_f[dst.page].d[sliceOffset(dst, first + c) / 4u + row] = acc[r][c];
+        }
     }
 }

@@ -11,9 +11,10 @@ layout(local_size_x = 1) in;
 
 void writeIndirect(uint index, uint x, uint y) {
     uint at = ctl[BLUE_O_INDIRECT] + index * 3u;
-    ctl[at] = x;
-    ctl[at + 1u] = x == 0u ? 0u : y;
-    ctl[at + 2u] = x == 0u ? 0u : 1u;
+    bool none = x == 0u || y == 0u;
+    ctl[at] = none ? 0u : x;
+    ctl[at + 1u] = none ? 0u : y;
+    ctl[at + 2u] = none ? 0u : 1u;
 }
 
 void main() {
@@ -33,8 +34,15 @@ void main() {
         uint blk = ctl[BLUE_O_BLOCKS] + ctl[desc + BLUE_D_BLOCK] * BLUE_BLOCK_WORDS;
         uint items = ctl[blk + (ctl[desc + BLUE_D_MODE] == 0u ? BLUE_B_ROWS : BLUE_B_INSTS)];
         uint tile = ctl[desc + BLUE_D_TILE];
-        uint y = (items + tile - 1u) / tile;
-        writeIndirect(d, y == 0u ? 0u : ctl[desc + BLUE_D_X], y);
+        uint range = ctl[desc + BLUE_D_RANGE];
+        uint lo = range & 0xFFFFu, hi = range >> 16;
+        uint groups = (items < lo || (hi != 0u && items > hi)) ? 0u : (items + tile - 1u) / tile;
+        uint fixed_groups = ctl[desc + BLUE_D_FIXED];
+        if (ctl[desc + BLUE_D_AXIS] == 0u) {
+            writeIndirect(d, fixed_groups, groups);
+        } else {
+            writeIndirect(d, groups, fixed_groups);
+        }
     }
     // The sequencer's own arguments sit after the tensor dispatches'.
     uint seq = ctl[BLUE_O_INDIRECT] + ndispatch * 3u;

@@ -271,7 +271,7 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     REQUIRE(pages.isOk());
     Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
     REQUIRE_MESSAGE(d.isOk(), d.message());
-    REQUIRE(d.value().size() == 4);
+    REQUIRE(d.value().size() == 5);  // MATMUL has a single-item and a batched dispatch
     const PagePlan& p = pages.value();
     auto tref = [&](const DispatchDesc& desc, size_t operand, uint32_t tensor) {
         INFO("operand " << operand << " tensor " << tensor);
@@ -285,7 +285,8 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(add.pipeline == "tadd");
     CHECK(add.block == 0);
     CHECK(add.mode == 0);
-    CHECK(add.fx == 4);  // ceil(1024 / 256)
+    CHECK(add.fixed == 4);  // ceil(1024 / 256)
+    CHECK(add.axis == 0);
     CHECK(add.tile == 1);
     CHECK(add.push[BLUE_PC_BLOCK] == 0);
     CHECK(add.push[BLUE_PC_MODE] == 0);
@@ -298,21 +299,27 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     tref(scale, 0, 2);
     tref(scale, 1, 2);
     CHECK(scale.push[BLUE_PC_OPERANDS + 2 * BLUE_TREF_WORDS] == std::bit_cast<uint32_t>(-1.5f));
-    const DispatchDesc& mm = d.value()[2];
+    const DispatchDesc& mm1 = d.value()[2];
+    CHECK(mm1.pipeline == "matmul_f32_b1");
+    CHECK(mm1.max_items == 1);
+    CHECK(mm1.push[BLUE_PC_TILE] == 1);
+    const DispatchDesc& mm = d.value()[3];
     CHECK(mm.pipeline == "matmul_f32");
     CHECK(mm.block == 1);
     CHECK(mm.push[BLUE_PC_BLOCK] == 1);
-    CHECK(mm.fx == 3);  // ceil(130 / 64)
+    CHECK(mm.axis == 1);  // items along x, weight rows along y
+    CHECK(mm.fixed == 2);  // ceil(130 / (64 invocations x 2 rows))
+    CHECK(mm.min_items == 2);
     CHECK(mm.tile == BLUE_MATMUL_TILE);
     CHECK(mm.push[BLUE_PC_TILE] == BLUE_MATMUL_TILE);
     tref(mm, 0, 3);
     tref(mm, 1, 0);
     tref(mm, 2, 1);
-    const DispatchDesc& sum = d.value()[3];
+    const DispatchDesc& sum = d.value()[4];
     CHECK(sum.pipeline == "tsum");
     CHECK(sum.mode == 1);  // an INSTANCE destination: one item per instance
     CHECK(sum.push[BLUE_PC_MODE] == 1);
-    CHECK(sum.fx == 1);
+    CHECK(sum.fixed == 1);
     tref(sum, 0, 4);
     tref(sum, 1, 3);
     CHECK(kernelName(m, uint32_t(Op::MATMUL), {3, 0, 1}) == "matmul_f32");

@@ -29,6 +29,14 @@ layout(set = 0, binding = BLUE_BIND_PAGES, std430) buffer PageV4 {
     vec4 d[];
 } page_v4[BLUE_MAX_PAGES];
 
+// Per-dispatch texel views of the tensor operands' pages (blue_config.h, set 1): the fast read
+// path on CPU-backed drivers (lavapipe vectorizes image loads; its storage-buffer loads are
+// per-lane scalar loops). `op` must be a constant: the operand's position in the instruction.
+layout(set = BLUE_SET_OPERANDS, binding = 0, rgba32ui) uniform readonly uimageBuffer tex[BLUE_MAX_TEX_OPERANDS];
+
+#define TEXEL(op, index) imageLoad(tex[op], int(index))
+#define TEXELF(op, index) uintBitsToFloat(imageLoad(tex[op], int(index)))
+
 layout(push_constant) uniform Push {
     uint w[BLUE_PUSH_WORDS];
 } pc;
