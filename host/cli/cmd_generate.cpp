@@ -140,6 +140,24 @@ int runMany(Engine& engine, const GenerateArgs& a) {
 
 }  // namespace
 
+int runGenerationModule(const std::string& path, const std::string& prompt, int32_t n_predict,
+                        float temperature, uint32_t seed, uint32_t instances, bool stats,
+                        const std::string& device) {
+    GenerateArgs a;
+    a.model = path;
+    a.prompt = prompt;
+    a.n_predict = n_predict;
+    a.sampling.temperature = temperature;
+    a.sampling.seed = seed;
+    a.stats = stats;
+    EngineOptions eo;
+    eo.device = device;
+    eo.instances = instances;
+    auto engine = Engine::open(path, eo);
+    if (!engine) return fail(engine.message());
+    return runOne(*engine.value(), a);
+}
+
 Command addGenerateCommand(CLI::App& app) {
     auto a = std::make_shared<GenerateArgs>();
     CLI::App* sub = app.add_subcommand("generate", "Generate text with a GGUF model on the GPU");

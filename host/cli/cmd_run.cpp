@@ -23,6 +23,11 @@ struct RunArgs {
     uint64_t max_cycles = 1000000;
     uint32_t chain_cycles = 64;
     bool stats = false, ref = false, profile = false;
+    // Generation programs (modules lowered from a model):
+    std::string prompt;
+    int32_t n_predict = 256;
+    float temperature = 0.8f;
+    uint32_t seed = 0;
 };
 
 std::string dirOf(const std::string& path) {
@@ -140,9 +145,17 @@ Command addRunCommand(CLI::App& app) {
     sub->add_flag("--stats", args->stats, "print execution counters as one JSON line on stderr");
     sub->add_flag("--ref", args->ref, "run on the CPU reference interpreter instead of the GPU");
     sub->add_flag("--profile", args->profile, "time every kernel with GPU timestamps (stderr)");
+    sub->add_option("--prompt", args->prompt, "generation programs: the prompt (empty: from BOS)");
+    sub->add_option("--n-predict", args->n_predict, "generation programs: tokens to generate at most");
+    sub->add_option("--temp", args->temperature, "generation programs: temperature (0: greedy)");
+    sub->add_option("--seed", args->seed, "generation programs: random seed");
     return [args] {
         auto m = loadProgram(args->program);
         if (!m) return fail(m.message());
+        if (const std::string* kind = m->metaValue("blue.kind"); kind && *kind == "llm-generate" && !args->ref) {
+            return runGenerationModule(args->program, args->prompt, args->n_predict, args->temperature,
+                                       args->seed, args->instances, args->stats, args->device);
+        }
         auto weights = WeightSource::open(m.value(), dirOf(args->program));
         if (!weights) return fail(weights.message());
         std::vector<std::vector<uint32_t>> inputs;

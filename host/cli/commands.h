@@ -17,6 +17,13 @@ Command addDevicesCommand(CLI::App& app);
 Command addInfoCommand(CLI::App& app);
 Command addQuantizeCommand(CLI::App& app);
 Command addGenerateCommand(CLI::App& app);
+Command addTokenizeCommand(CLI::App& app);
+Command addDetokenizeCommand(CLI::App& app);
+
+// `bluevm run M.bir --prompt ...` for a module lowered from a model: generates like `generate`.
+int runGenerationModule(const std::string& path, const std::string& prompt, int32_t n_predict,
+                        float temperature, uint32_t seed, uint32_t instances, bool stats,
+                        const std::string& device);
 
 // Prints "bluevm: message" to stderr and returns 1.
 int fail(const std::string& message);

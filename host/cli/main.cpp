@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
     add(&blue::cli::addInfoCommand);
     add(&blue::cli::addQuantizeCommand);
     add(&blue::cli::addGenerateCommand);
+    add(&blue::cli::addTokenizeCommand);
+    add(&blue::cli::addDetokenizeCommand);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
