@@ -143,7 +143,7 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
 // Registers of the generation program.
 enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
-    kTok, kI, kN, kWord, kHist, kNStop, kArgRows = 20, kArgPos, kArgTokens, kArgSampling,
+    kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling,
 };
 
 void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
@@ -176,6 +176,9 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.op(Op::OUTBEGIN, {kTag});
     cb.li(kTmp, BLUE_REQ_MAX_NEW);
     cb.op(Op::INLD, {kMaxNew, kSlot, kTmp});
+    cb.li(kTmp, BLUE_REQ_FLAGS);
+    cb.op(Op::INLD, {kFlags, kSlot, kTmp});
+    cb.op(Op::ANDI, {kFlags, kFlags}, BLUE_REQ_FLAG_IGNORE_EOG);
     // Sampling parameters: request words TEMP..SEED map in order onto SP_TEMP..SP_SEED.
     cb.li(kI, 0);
     cb.li(kN, BLUE_SP_SEED + 1);
@@ -231,6 +234,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.bind(gen);
     cb.jump(Op::BGEU, {kGenerated, kMaxNew}, finish);
     cb.op(Op::LD, {kTok, 0}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
+    cb.jump(Op::BNEZ, {kFlags}, stop_loop);
     cb.li(kI, 0);
     cb.li(kTmp2, 0);
     cb.op(Op::LDK, {kN, kTmp2}, eog_at);

@@ -21,7 +21,10 @@
 #define BLUE_REQ_N_STOP 12      // extra stop tokens (<= BLUE_REQ_MAX_STOP)
 #define BLUE_REQ_STOP 13        // [BLUE_REQ_MAX_STOP] stop token ids
 #define BLUE_REQ_MAX_STOP 8
-#define BLUE_REQ_HEADER 21      // prompt tokens follow
+#define BLUE_REQ_FLAGS 21       // BLUE_REQ_FLAG_*
+#define BLUE_REQ_HEADER 22      // prompt tokens follow
+
+#define BLUE_REQ_FLAG_IGNORE_EOG 1u  // do not stop at the model's end-of-generation tokens (benchmarks)
 
 // ---- sampling parameters and results: a block in the instance's local memory ---------------
 #define BLUE_SP_TEMP 0

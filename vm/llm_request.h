@@ -24,6 +24,7 @@ struct GenerationRequest {
     SamplingParams sampling;
     std::vector<uint32_t> stop_tokens;  // at most BLUE_REQ_MAX_STOP, besides the model's own
     std::vector<uint32_t> prompt;       // token ids
+    bool ignore_eog = false;            // generate max_new tokens whatever they are (benchmarks)
 };
 
 // The input-ring message for a request. Stop tokens beyond the limit are dropped (callers check).

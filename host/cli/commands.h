@@ -18,6 +18,7 @@ Command addInfoCommand(CLI::App& app);
 Command addQuantizeCommand(CLI::App& app);
 Command addGenerateCommand(CLI::App& app);
 Command addTokenizeCommand(CLI::App& app);
+Command addBenchCommand(CLI::App& app);
 Command addDetokenizeCommand(CLI::App& app);
 
 // `bluevm run M.bir --prompt ...` for a module lowered from a model: generates like `generate`.

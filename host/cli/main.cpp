@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
     add(&blue::cli::addQuantizeCommand);
     add(&blue::cli::addGenerateCommand);
     add(&blue::cli::addTokenizeCommand);
+    add(&blue::cli::addBenchCommand);
     add(&blue::cli::addDetokenizeCommand);
     try {
         app.parse(argc, argv);

@@ -123,6 +123,18 @@ Status Engine::validate(const GenerationRequest& r) const {
     return Status::ok();
 }
 
+uint64_t Engine::matmulWeightBytes() const {
+    uint64_t bytes = 0;
+    for (const BlockDecl& b : module_.blocks) {
+        std::vector<TensorInstr> instrs;
+        if (!decodeBlock(module_, b, &instrs)) continue;
+        for (const TensorInstr& ti : instrs) {
+            if (ti.op == Op::MATMUL) bytes += module_.tensors[ti.args[1]].bytes;
+        }
+    }
+    return bytes;
+}
+
 Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests,
                                             const TokenCallback& on_token) {
     for (size_t i = 0; i < requests.size(); ++i) {

@@ -70,6 +70,13 @@ public:
     Result<std::vector<Completion>> run(const std::vector<GenerationRequest>& requests,
                                         const TokenCallback& on_token = {});
 
+    // Instances the next run() uses.
+    void setInstances(uint32_t n) { options_.instances = n; }
+    uint32_t instances() const { return options_.instances; }
+
+    // Bytes of weight matrices one forward step reads (every MATMUL operand once), as stored.
+    uint64_t matmulWeightBytes() const;
+
     // Counters of the last run().
     const GpuStats& stats() const { return stats_; }
 

@@ -1,0 +1,146 @@
+// `bluevm bench --model M.gguf`: prompt-processing and generation speed, the weight-read
+// bandwidth generation reaches as a fraction of this machine's measured memory bandwidth, and
+// aggregate generation speed with many instances sharing the weights.
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <random>
+#include <sstream>
+
+#include "host/bench.h"
+#include "host/cli/commands.h"
+#include "host/llm/engine.h"
+
+namespace blue::cli {
+
+namespace {
+
+struct BenchArgs {
+    std::string model, device, instances = "1";
+    uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0;
+    bool json = false, no_bandwidth = false;
+};
+
+std::vector<uint32_t> randomPrompt(const Tokenizer& tok, uint32_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<uint32_t> out;
+    if (tok.bos() != kNoToken) out.push_back(uint32_t(tok.bos()));
+    while (out.size() < n) {
+        int32_t id = int32_t(rng() % uint32_t(tok.vocabSize()));
+        if (!tok.isControl(id) && !tok.isEog(id)) out.push_back(uint32_t(id));
+    }
+    return out;
+}
+
+struct Measure {
+    double tok_per_s = 0;
+    double ms = 0;
+    uint64_t submits = 0, tokens = 0;
+};
+
+// Runs `n_req` requests (prompt `p` tokens, `g` generated) `reps` times; best speed wins.
+Result<Measure> measure(Engine& e, uint32_t n_req, uint32_t p, uint32_t g, uint32_t reps, bool count_prompt) {
+    Measure best;
+    for (uint32_t r = 0; r < reps; ++r) {
+        std::vector<GenerationRequest> reqs(n_req);
+        for (uint32_t i = 0; i < n_req; ++i) {
+            reqs[i].prompt = randomPrompt(e.tokenizer(), p, 17 * i + r);
+            reqs[i].max_new = g;
+            reqs[i].ignore_eog = true;
+            reqs[i].sampling.temperature = 0;
+        }
+        auto res = e.run(reqs);
+        if (!res) return res.status();
+        const GpuStats& s = e.stats();
+        uint64_t tokens = count_prompt ? uint64_t(p) * n_req : 0;
+        for (const Completion& c : res.value()) tokens += count_prompt ? 0 : c.tokens.size();
+        double tps = s.wall_ms > 0 ? 1000.0 * double(tokens) / s.wall_ms : 0;
+        if (tps > best.tok_per_s) best = {tps, s.wall_ms, s.submits, tokens};
+    }
+    return best;
+}
+
+}  // namespace
+
+Command addBenchCommand(CLI::App& app) {
+    auto a = std::make_shared<BenchArgs>();
+    CLI::App* sub = app.add_subcommand("bench", "Measure prompt and generation speed of a model");
+    sub->add_option("--model,-m", a->model, "GGUF model")->required();
+    sub->add_option("-p,--prompt-tokens", a->prompt, "prompt tokens (pp test)")->check(CLI::Range(2u, 8192u));
+    sub->add_option("-n,--gen-tokens", a->gen, "generated tokens (tg test)")->check(CLI::Range(1u, 8192u));
+    sub->add_option("--reps", a->reps, "repetitions (best is reported)")->check(CLI::Range(1u, 100u));
+    sub->add_option("--instances", a->instances, "comma-separated instance counts for the batched test, e.g. 1,4,16,64");
+    sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
+    sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
+    sub->add_flag("--json", a->json, "print one JSON object instead of the table");
+    sub->add_flag("--no-bandwidth", a->no_bandwidth, "skip measuring this machine's memory bandwidth");
+    return [a] {
+        std::vector<uint32_t> counts;
+        std::stringstream ss(a->instances);
+        for (std::string item; std::getline(ss, item, ',');) {
+            char* end = nullptr;
+            unsigned long v = std::strtoul(item.c_str(), &end, 10);
+            if (item.empty() || *end || v == 0 || v > 4096) return fail("--instances: bad count '" + item + "'");
+            counts.push_back(uint32_t(v));
+        }
+        EngineOptions eo;
+        eo.device = a->device;
+        eo.ctx = a->ctx ? a->ctx : std::max(a->prompt, 1u) + a->gen + 8;
+        auto engine = Engine::open(a->model, eo);
+        if (!engine) return fail(engine.message());
+        Engine& e = *engine.value();
+        nlohmann::json j;
+        j["model"] = a->model;
+        j["device"] = e.device().info().name;
+        j["lavapipe_threads"] = std::getenv("LP_NUM_THREADS") ? std::getenv("LP_NUM_THREADS") : "default";
+        auto pp = measure(e, 1, a->prompt, 1, a->reps, true);
+        if (!pp) return fail(pp.message());
+        auto tg = measure(e, 1, 1, a->gen, a->reps, false);
+        if (!tg) return fail(tg.message());
+        uint64_t wbytes = e.matmulWeightBytes();
+        j["pp"] = {{"tokens", a->prompt}, {"tok_per_s", pp->tok_per_s}};
+        j["tg"] = {{"tokens", a->gen}, {"tok_per_s", tg->tok_per_s}, {"submits", tg->submits}};
+        j["weight_bytes_per_token"] = wbytes;
+        double used = double(wbytes) * tg->tok_per_s / 1e9;
+        j["weight_read_gb_per_s"] = used;
+        if (!a->no_bandwidth) {
+            BandwidthResult bw = measureReadBandwidth();
+            j["machine_read_gb_per_s"] = bw.gb_per_s;
+            j["machine_read_threads"] = bw.threads;
+            j["fraction_of_bandwidth"] = used / bw.gb_per_s;
+        }
+        double base = 0;
+        for (uint32_t n : counts) {
+            e.setInstances(n);
+            auto m = measure(e, n, std::min(a->prompt, 32u), a->gen, 1, false);
+            if (!m) return fail(m.message());
+            if (n == counts.front()) base = m->tok_per_s;
+            j["batched"].push_back({{"instances", n}, {"tok_per_s", m->tok_per_s},
+                                    {"ratio_to_first", base > 0 ? m->tok_per_s / base : 0},
+                                    {"submits_per_1000_tokens", m->tokens ? 1000.0 * double(m->submits) / double(m->tokens) : 0}});
+        }
+        if (a->json) {
+            std::printf("%s\n", j.dump().c_str());
+            return 0;
+        }
+        std::printf("model   %s\ndevice  %s (LP_NUM_THREADS=%s)\n", a->model.c_str(),
+                    e.device().info().name.c_str(), j["lavapipe_threads"].get<std::string>().c_str());
+        std::printf("pp%-5u %10.1f tok/s\n", a->prompt, pp->tok_per_s);
+        std::printf("tg%-5u %10.1f tok/s   (%llu submits)\n", a->gen, tg->tok_per_s, (unsigned long long)tg->submits);
+        std::printf("weights read per token %.2f MiB -> %.2f GB/s", double(wbytes) / (1 << 20), used);
+        if (!a->no_bandwidth) {
+            std::printf(" = %.1f%% of this machine's %.1f GB/s (native read, %u threads)",
+                        100.0 * j["fraction_of_bandwidth"].get<double>(), j["machine_read_gb_per_s"].get<double>(),
+                        j["machine_read_threads"].get<unsigned>());
+        }
+        std::printf("\n");
+        for (const auto& b : j["batched"]) {
+            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %.1f submits/1000 tokens\n",
+                        b["instances"].get<uint32_t>(), b["tok_per_s"].get<double>(),
+                        b["ratio_to_first"].get<double>(), b["submits_per_1000_tokens"].get<double>());
+        }
+        return 0;
+    };
+}
+
+}  // namespace blue::cli
