@@ -58,18 +58,27 @@ void main() {
     }
 #else
     for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MM_R];
+        for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
         for (uint s = 0u; s < 8u; ++s) {
             uint xt = g * 64u + s * 8u;
             if (xt >= g_xt) break;
             vec4 xs[MM_BT][8];
-            for (uint c = 0u; c < MM_BT; ++c) for (uint j = 0u; j < 8u; ++j) xs[c][j] = xLoad(xb[c], xt + j);
+            vec2 xsum[MM_BT];
+            for (uint c = 0u; c < MM_BT; ++c) {
+                for (uint j = 0u; j < 8u; ++j) xs[c][j] = xLoad(xb[c], xt + j);
+                vec4 lo = (xs[c][0] + xs[c][1]) + (xs[c][2] + xs[c][3]);
+                vec4 hi = (xs[c][4] + xs[c][5]) + (xs[c][6] + xs[c][7]);
+                xsum[c] = vec2(dot(lo, vec4(1.0)), dot(hi, vec4(1.0)));
+            }
             for (uint r = 0u; r < MM_R; ++r) {
-                vec4 wv[8];
-                wGroup(wbase, bpr, rows[r], g, s, wv);
+                vec4 q[8];
+                vec2 sc, mn;
+                wGroup(wbase, bpr, rows[r], g, s, head[r], q, sc, mn);
                 for (uint c = 0u; c < MM_BT; ++c) {
-                    float part = 0.0;
-                    for (uint j = 0u; j < 8u; ++j) part += dot(wv[j], xs[c][j]);
-                    acc[r][c] += part;
+                    float lo = dot(q[0], xs[c][0]) + dot(q[1], xs[c][1]) + dot(q[2], xs[c][2]) + dot(q[3], xs[c][3]);
+                    float hi = dot(q[4], xs[c][4]) + dot(q[5], xs[c][5]) + dot(q[6], xs[c][6]) + dot(q[7], xs[c][7]);
+                    acc[r][c] += sc.x * lo + sc.y * hi + dot(mn, xsum[c]);
                 }
             }
         }

@@ -78,128 +78,166 @@ vec4 bytes4(uint word) { return vec4((uvec4(word) >> uvec4(0u, 8u, 16u, 24u)) & 
 vec4 sbytes4(uint word) { return vec4(ivec4(uvec4(word) << uvec4(24u, 16u, 8u, 0u)) >> 24); }
 
 #ifndef WL_PLAIN
-// Elements 32s .. 32s+31 of gblock g, as 8 vec4.
-void wGroup(uint base, uint bpr, uint row, uint g, uint s, out vec4 w[8]) {
+// Quantized types decode a 32-element group s (0..7) of gblock g as raw quant values q[8] (vec4s)
+// plus, per 16-element half, a scale and an offset: the group's dot product with x is
+//   sc.x * dot(q[0..3], x[0..3]) + mn.x * sum(x[0..3]) + sc.y * dot(q[4..7], x[4..7]) + mn.y * sum(x[4..7]).
+// The per-gblock header (scales, mins, high bits) is loaded once by wHead and reused for all 8
+// groups; each group then loads only its own quant texels.
+struct WHead {
+    uvec4 t0, t1, t2, t3;
+};
+
+vec4 nib4(uint word, uint shift) { return vec4((uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 15u); }
+vec4 crumb4(uint word, uint shift) { return vec4((uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 3u); }
+uint bitsOf(uint word, uint shift) {  // bit `shift` of each byte, packed 0..3
+    uvec4 b = (uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 1u;
+    return b.x | (b.y << 1) | (b.z << 2) | (b.w << 3);
+}
+
+void wHead(uint base, uint bpr, uint row, uint g, out WHead h) {
+#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_K)
+    h.t0 = wTexel(base, bpr, row, g, 0u);
+#elif defined(WTYPE_Q4_1)
+    h.t0 = wTexel(base, bpr, row, g, 0u);
+    h.t1 = wTexel(base, bpr, row, g, 1u);
+#elif defined(WTYPE_Q5_0)
+    h.t0 = wTexel(base, bpr, row, g, 0u);
+    h.t1 = wTexel(base, bpr, row, g, 1u);
+    h.t2 = wTexel(base, bpr, row, g, 2u);
+#elif defined(WTYPE_Q5_1)
+    h.t0 = wTexel(base, bpr, row, g, 0u);
+    h.t1 = wTexel(base, bpr, row, g, 1u);
+    h.t2 = wTexel(base, bpr, row, g, 2u);
+    h.t3 = wTexel(base, bpr, row, g, 3u);
+#elif defined(WTYPE_Q5_K)
+    h.t0 = wTexel(base, bpr, row, g, 0u);
+    h.t1 = wTexel(base, bpr, row, g, 1u);
+    h.t2 = wTexel(base, bpr, row, g, 2u);
+#elif defined(WTYPE_Q6_K)
+    h.t0 = wTexel(base, bpr, row, g, 12u);  // scales
+    h.t1 = wTexel(base, bpr, row, g, 13u);  // d
+#elif defined(WTYPE_Q2_K)
+    h.t0 = wTexel(base, bpr, row, g, 0u);  // scales
+    h.t1 = wTexel(base, bpr, row, g, 5u);  // d, dmin
+#elif defined(WTYPE_Q3_K)
+    h.t0 = wTexel(base, bpr, row, g, 0u);  // hmask
+    h.t1 = wTexel(base, bpr, row, g, 1u);
+    h.t2 = wTexel(base, bpr, row, g, 6u);  // scales, d
+#endif
+}
+
+// Q4_K/Q5_K 6-bit scale and min of sub-block s, from the 12 scale bytes at bytes 4..15 of t0.
+uvec2 kScaleMin(uvec4 t0, uint s) {
+    uint b0 = byteOf(t0, 4u + s), b4 = byteOf(t0, 8u + s);
+    if (s < 4u) return uvec2(b0 & 63u, b4 & 63u);
+    uint bm4 = byteOf(t0, s), b8 = byteOf(t0, 8u + s);
+    return uvec2((b8 & 15u) | ((bm4 >> 6) << 4), (b8 >> 4) | ((byteOf(t0, 4u + s) >> 6) << 4));
+}
+
+void wGroup(uint base, uint bpr, uint row, uint g, uint s, WHead h, out vec4 q[8], out vec2 sc, out vec2 mn) {
 #if defined(WTYPE_Q8_0)
-    float d = halfOf(wTexel(base, bpr, row, g, 0u), s);
+    float d = halfOf(h.t0, s);
     uvec4 a = wTexel(base, bpr, row, g, 1u + 2u * s), b = wTexel(base, bpr, row, g, 2u + 2u * s);
     for (uint j = 0u; j < 4u; ++j) {
-        w[j] = d * sbytes4(a[j]);
-        w[j + 4u] = d * sbytes4(b[j]);
+        q[j] = sbytes4(a[j]);
+        q[j + 4u] = sbytes4(b[j]);
     }
+    sc = vec2(d);
+    mn = vec2(0.0);
 #elif defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1)
-    float d = halfOf(wTexel(base, bpr, row, g, 0u), s);
-#if defined(WTYPE_Q4_1) || defined(WTYPE_Q5_1)
-    float m = halfOf(wTexel(base, bpr, row, g, 1u), s);
-    const uint qh_t = 2u;
-#elif defined(WTYPE_Q4_0)
-    const float m_off = -8.0;
-    const uint qh_t = 1u;
+    float d = halfOf(h.t0, s);
+#if defined(WTYPE_Q4_0)
+    uvec4 t = wTexel(base, bpr, row, g, 1u + s);
+    float m = -8.0 * d;
+#elif defined(WTYPE_Q4_1)
+    uvec4 t = wTexel(base, bpr, row, g, 2u + s);
+    float m = halfOf(h.t1, s);
+#elif defined(WTYPE_Q5_0)
+    uvec4 t = wTexel(base, bpr, row, g, 3u + s);
+    uint qh = s < 4u ? h.t1[s] : h.t2[s - 4u];
+    float m = -16.0 * d;
 #else
-    const float m_off = -16.0;
-    const uint qh_t = 1u;
-#endif
-#if defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1)
-    uint qh = wTexel(base, bpr, row, g, qh_t + (s >> 2))[s & 3u];
-    uvec4 q = wTexel(base, bpr, row, g, qh_t + 2u + s);
-#else
-    uvec4 q = wTexel(base, bpr, row, g, qh_t + s);
+    uvec4 t = wTexel(base, bpr, row, g, 4u + s);
+    uint qh = s < 4u ? h.t2[s] : h.t3[s - 4u];
+    float m = halfOf(h.t1, s);
 #endif
     for (uint j = 0u; j < 4u; ++j) {
-        uvec4 lo = (uvec4(q[j]) >> uvec4(0u, 8u, 16u, 24u)) & 15u;
-        uvec4 hi = (uvec4(q[j]) >> uvec4(4u, 12u, 20u, 28u)) & 15u;
+        q[j] = nib4(t[j], 0u);
+        q[j + 4u] = nib4(t[j], 4u);
 #if defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1)
-        lo |= ((uvec4(qh) >> (uvec4(0u, 1u, 2u, 3u) + 4u * j)) & 1u) << 4;
-        hi |= ((uvec4(qh) >> (uvec4(16u, 17u, 18u, 19u) + 4u * j)) & 1u) << 4;
-#endif
-#if defined(WTYPE_Q4_1) || defined(WTYPE_Q5_1)
-        w[j] = d * vec4(lo) + m;
-        w[j + 4u] = d * vec4(hi) + m;
-#else
-        w[j] = d * (vec4(lo) + m_off);
-        w[j + 4u] = d * (vec4(hi) + m_off);
+        q[j] += 16.0 * vec4((uvec4(qh) >> (uvec4(0u, 1u, 2u, 3u) + 4u * j)) & 1u);
+        q[j + 4u] += 16.0 * vec4((uvec4(qh) >> (uvec4(16u, 17u, 18u, 19u) + 4u * j)) & 1u);
 #endif
     }
-#else  // K-quants: the whole llama block is in texels 0 .. WL_T-1
-    uvec4 blk[WL_T];
-    for (uint t = 0u; t < WL_T; ++t) blk[t] = wTexel(base, bpr, row, g, t);
-#define KB(i) ((blk[(i) >> 4][((i) >> 2) & 3u] >> (((i) & 3u) * 8u)) & 0xFFu)
-#define KH(i) unpackHalf2x16(blk[(i) >> 4][((i) >> 2) & 3u] >> (((i) & 2u) * 8u)).x
-#if defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
-    float d = KH(0u), dmin = KH(2u);
-    uint sc, mn;
-    if (s < 4u) {
-        sc = KB(4u + s) & 63u;
-        mn = KB(8u + s) & 63u;
-    } else {
-        sc = (KB(8u + s) & 15u) | ((KB(s) >> 6) << 4);
-        mn = (KB(8u + s) >> 4) | ((KB(4u + s) >> 6) << 4);
-    }
-    float scale = d * float(sc), minv = dmin * float(mn);
+    sc = vec2(d);
+    mn = vec2(m);
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+    float d = halfOf(h.t0, 0u), dmin = halfOf(h.t0, 1u);
+    uvec2 sm = kScaleMin(h.t0, s);
 #if defined(WTYPE_Q4_K)
-    const uint qs = 16u;
+    const uint qt = 1u;
 #else
-    const uint qs = 48u;
+    const uint qt = 3u;
 #endif
-    for (uint e = 0u; e < 32u; e += 4u) {
-        vec4 v;
-        for (uint k = 0u; k < 4u; ++k) {
-            uint l = e + k;
-            uint q = (KB(qs + 32u * (s >> 1) + l) >> (4u * (s & 1u))) & 15u;
+    uvec4 a = wTexel(base, bpr, row, g, qt + 2u * (s >> 1)), b = wTexel(base, bpr, row, g, qt + 1u + 2u * (s >> 1));
+    uint shift = 4u * (s & 1u);
+    for (uint j = 0u; j < 4u; ++j) {
+        q[j] = nib4(a[j], shift);
+        q[j + 4u] = nib4(b[j], shift);
 #if defined(WTYPE_Q5_K)
-            q |= ((KB(16u + l) >> s) & 1u) << 4;
+        // bit s of qh bytes 0..31 (t1: bytes 0..15, t2: 16..31)
+        q[j] += 16.0 * vec4((uvec4(h.t1[j]) >> (uvec4(0u, 8u, 16u, 24u) + s)) & 1u);
+        q[j + 4u] += 16.0 * vec4((uvec4(h.t2[j]) >> (uvec4(0u, 8u, 16u, 24u) + s)) & 1u);
 #endif
-            v[k] = scale * float(q) - minv;
-        }
-        w[e >> 2] = v;
     }
+    sc = vec2(d * float(sm.x));
+    mn = vec2(-dmin * float(sm.y));
 #elif defined(WTYPE_Q6_K)
-    float d = KH(208u);
-    uint h = s >> 2, k = s & 3u;
-    for (uint e = 0u; e < 32u; e += 4u) {
-        vec4 v;
-        for (uint c = 0u; c < 4u; ++c) {
-            uint l = e + c;
-            uint lo = (KB(64u * h + 32u * (k & 1u) + l) >> (4u * (k >> 1))) & 15u;
-            uint hi = (KB(128u + 32u * h + l) >> (2u * k)) & 3u;
-            int sc = int(KB(192u + 8u * h + 2u * k + l / 16u) << 24) >> 24;
-            v[c] = d * float(sc) * float(int(lo | (hi << 4)) - 32);
-        }
-        w[e >> 2] = v;
+    uint hh = s >> 2, k = s & 3u;
+    uvec4 la = wTexel(base, bpr, row, g, 4u * hh + 2u * (k & 1u));
+    uvec4 lb = wTexel(base, bpr, row, g, 4u * hh + 2u * (k & 1u) + 1u);
+    uvec4 ha = wTexel(base, bpr, row, g, 8u + 2u * hh), hb = wTexel(base, bpr, row, g, 9u + 2u * hh);
+    uint lshift = 4u * (k >> 1), hshift = 2u * k;
+    for (uint j = 0u; j < 4u; ++j) {
+        q[j] = nib4(la[j], lshift) + 16.0 * crumb4(ha[j], hshift);
+        q[j + 4u] = nib4(lb[j], lshift) + 16.0 * crumb4(hb[j], hshift);
     }
+    float d = halfOf(h.t1, 0u);  // byte 208 = texel 13, half 0
+    uint si = 8u * hh + 2u * k;
+    vec2 scale = d * vec2(float(int(byteOf(h.t0, si) << 24) >> 24), float(int(byteOf(h.t0, si + 1u) << 24) >> 24));
+    sc = scale;
+    mn = -32.0 * scale;
 #elif defined(WTYPE_Q2_K)
-    float d = KH(80u), dmin = KH(82u);
-    uint h = s >> 2, j = s & 3u;
-    for (uint e = 0u; e < 32u; e += 4u) {
-        vec4 v;
-        for (uint c = 0u; c < 4u; ++c) {
-            uint l = e + c;
-            uint q = (KB(16u + 32u * h + l) >> (2u * j)) & 3u;
-            uint sb = KB(8u * h + 2u * j + l / 16u);
-            v[c] = d * float(sb & 15u) * float(q) - dmin * float(sb >> 4);
-        }
-        w[e >> 2] = v;
+    uint hh = s >> 2, j2 = s & 3u;
+    uvec4 a = wTexel(base, bpr, row, g, 1u + 2u * hh), b = wTexel(base, bpr, row, g, 2u + 2u * hh);
+    for (uint j = 0u; j < 4u; ++j) {
+        q[j] = crumb4(a[j], 2u * j2);
+        q[j + 4u] = crumb4(b[j], 2u * j2);
     }
+    float d = halfOf(h.t1, 0u), dmin = halfOf(h.t1, 1u);  // bytes 80, 82 = texel 5, halves 0, 1
+    uint si = 8u * hh + 2u * j2;
+    uint s0 = byteOf(h.t0, si), s1 = byteOf(h.t0, si + 1u);
+    sc = d * vec2(float(s0 & 15u), float(s1 & 15u));
+    mn = -dmin * vec2(float(s0 >> 4), float(s1 >> 4));
 #elif defined(WTYPE_Q3_K)
-    float d = KH(108u);
-    uint h = s >> 2, j = s & 3u;
-    for (uint e = 0u; e < 32u; e += 4u) {
-        vec4 v;
-        for (uint c = 0u; c < 4u; ++c) {
-            uint l = e + c;
-            uint sidx = 8u * h + 2u * j + l / 16u;
-            uint low = sidx < 8u ? (KB(96u + sidx) & 15u) : (KB(96u + sidx - 8u) >> 4);
-            uint high = (KB(104u + (sidx & 3u)) >> (2u * (sidx >> 2))) & 3u;
-            int sc = int(low | (high << 4)) - 32;
-            uint q = (KB(32u + 32u * h + l) >> (2u * j)) & 3u;
-            uint hb = (KB(l) >> (4u * h + j)) & 1u;
-            v[c] = d * float(sc) * float(int(q | (hb << 2)) - 4);
-        }
-        w[e >> 2] = v;
+    uint hh = s >> 2, j2 = s & 3u;
+    uvec4 a = wTexel(base, bpr, row, g, 2u + 2u * hh), b = wTexel(base, bpr, row, g, 3u + 2u * hh);
+    uint hbit = 4u * hh + j2;
+    for (uint j = 0u; j < 4u; ++j) {
+        q[j] = crumb4(a[j], 2u * j2) + 4.0 * vec4((uvec4(h.t0[j]) >> (uvec4(0u, 8u, 16u, 24u) + hbit)) & 1u);
+        q[j + 4u] = crumb4(b[j], 2u * j2) + 4.0 * vec4((uvec4(h.t1[j]) >> (uvec4(0u, 8u, 16u, 24u) + hbit)) & 1u);
     }
-#endif
-#undef KB
-#undef KH
+    float d = halfOf(h.t2, 6u);  // byte 108 = texel 6 byte 12
+    uint si = 8u * hh + 2u * j2;
+    vec2 scv;
+    for (uint c = 0u; c < 2u; ++c) {
+        uint idx = si + c;
+        uint low = idx < 8u ? (byteOf(h.t2, idx) & 15u) : (byteOf(h.t2, idx - 8u) >> 4);
+        uint high = (byteOf(h.t2, 8u + (idx & 3u)) >> (2u * (idx >> 2))) & 3u;
+        scv[c] = d * float(int(low | (high << 4)) - 32);
+    }
+    sc = scv;
+    mn = -4.0 * scv;
 #endif
 }
 #endif
@@ -212,9 +250,13 @@ float wElement(uint base, uint bpr, uint row, uint i) {
     uint j = i % WL_E;
     return j < 4u ? a[j] : b[j - 4u];
 #else
-    vec4 w[8];
-    wGroup(base, bpr, row, i / WL_E, (i % WL_E) / 32u, w);
+    WHead h;
+    wHead(base, bpr, row, i / WL_E, h);
+    vec4 q[8];
+    vec2 sc, mn;
+    wGroup(base, bpr, row, i / WL_E, (i % WL_E) / 32u, h, q, sc, mn);
     uint j = i % 32u;
-    return w[j >> 2][j & 3u];
+    uint half_index = j / 16u;
+    return sc[half_index] * q[j >> 2][j & 3u] + mn[half_index];
 #endif
 }
