@@ -470,6 +470,7 @@ RunReport RefMachine::run() {
         for (BlockRun& r : runs) r = BlockRun{};
         runSequencer(&report, runs.data());
         runBlocks(runs.data(), &report);
+        if (after_cycle_) after_cycle_(cycle_);
         ++cycle_;
     }
     report.cycles = cycle_;

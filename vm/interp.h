@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -70,6 +71,10 @@ public:
 
     RunReport run();
 
+    // Called after every cycle's blocks have run, with the cycle number (tools that inspect
+    // tensors step by step, e.g. logits).
+    void setAfterCycle(std::function<void(uint64_t cycle)> hook) { after_cycle_ = std::move(hook); }
+
     // Reference tensor storage, for tests that inspect results.
     const RefTensors& tensors() const { return tensors_; }
 
@@ -99,6 +104,7 @@ private:
     std::vector<uint32_t> locals_;      // [instances * local_words], shared with tensor ops
     RefTensors tensors_;
     uint64_t cycle_ = 0;
+    std::function<void(uint64_t)> after_cycle_;
 
     // Input ring: messages wait in `pending_` until their slot (index % in_slots) is free.
     std::deque<std::vector<uint32_t>> pending_;
