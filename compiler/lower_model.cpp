@@ -143,7 +143,7 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
 // Registers of the generation program.
 enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
-    kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling,
+    kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kIid, kCancelMark, kFlagWord,
 };
 
 void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
@@ -168,12 +168,14 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
 
     cb.li(kMinus1, 0xFFFFFFFFu);
     cb.li(kCtx, ctx);
+    cb.op(Op::IID, {kIid});
     cb.bind(next);
     cb.op(Op::INRECV, {kSlot});
     cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
     cb.li(kTmp, BLUE_REQ_TAG);
     cb.op(Op::INLD, {kTag, kSlot, kTmp});
     cb.op(Op::OUTBEGIN, {kTag});
+    cb.op(Op::ADDI, {kCancelMark, kTag}, 1);  // the host sets this instance's flag to tag + 1 to cancel
     cb.li(kTmp, BLUE_REQ_MAX_NEW);
     cb.op(Op::INLD, {kMaxNew, kSlot, kTmp});
     cb.li(kTmp, BLUE_REQ_FLAGS);
@@ -256,6 +258,8 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.bind(emit);
     cb.op(Op::OUTT, {kTok});
     cb.op(Op::ADDI, {kGenerated, kGenerated}, 1);
+    cb.op(Op::INFLAG, {kFlagWord, kIid});
+    cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, finish);
     cb.jump(Op::BGEU, {kPos, kCtx}, finish);
     cb.op(Op::ST, {kTok, kPos}, BLUE_LM_HISTORY);
     cb.li(kArgRows, 1);

@@ -60,6 +60,12 @@ struct GpuMachine::Impl {
                      GpuStats* stats);
     Status readInstances(RunReport* report, GpuStats* stats);
     uint32_t profileSlot(const std::string& name);
+    Status submit(GpuStats* stats);
+
+    std::deque<uint32_t> inflight;  // submitted chains, oldest first
+    uint32_t next_chain = 0;
+    bool gpu_done = false;          // the last snapshot showed no live instance
+    std::chrono::steady_clock::time_point started;
     Status collectProfile(uint32_t chain);
 };
 
@@ -402,6 +408,7 @@ void GpuMachine::Impl::publishInput(uint32_t chain) {
 
 void GpuMachine::Impl::drainOutput(uint32_t chain, const OutputSink& sink, bool keep,
                                    RunReport* report, GpuStats* stats) {
+    keep = keep && report;
     const uint32_t* w = ioWords();
     const uint32_t* snap = w + BLUE_IO_SNAP_BASE + chain * BLUE_IO_SNAP_WORDS;
     uint32_t head = snap[BLUE_C_OUT_HEAD - BLUE_C_CYCLE];
@@ -505,61 +512,68 @@ Status GpuMachine::pushInput(std::vector<uint32_t> message) {
 
 void GpuMachine::closeInput() { impl_->input_closed = true; }
 
-Result<RunReport> GpuMachine::run(const OutputSink& sink, bool keep_output) {
+Status GpuMachine::Impl::submit(GpuStats* stats) {
+    VkDevice d = dev.device();
+    uint32_t c = next_chain;
+    if (stats->submits > 0 && inflight.empty()) ++stats->round_trips;
+    for (uint32_t o : inflight) {
+        if (vkGetFenceStatus(d, fences[o]) == VK_SUCCESS) ++stats->queue_drains;
+    }
+    if (stats->submits == 0) started = std::chrono::steady_clock::now();
+    publishInput(c);
+    BLUE_VK_TRY(vkResetFences(d, 1, &fences[c]));
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &chains[c];
+    BLUE_VK_TRY(vkQueueSubmit(dev.queue(), 1, &si, fences[c]));
+    inflight.push_back(c);
+    next_chain = (c + 1) % uint32_t(chains.size());
+    ++stats->submits;
+    stats->cycles_submitted += opt.chain_cycles;
+    stats->dispatches_recorded += dispatches_per_chain;
+    return Status::ok();
+}
+
+Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport* report) {
     Impl& im = *impl_;
-    VkDevice d = im.dev.device();
-    const uint32_t nchains = uint32_t(im.chains.size());
+    while (keep_going && !im.gpu_done && im.inflight.size() < im.chains.size()) {
+        BLUE_TRY(im.submit(&stats_));
+    }
+    if (im.inflight.empty()) return false;
+    uint32_t c = im.inflight.front();
+    im.inflight.pop_front();
+    BLUE_VK_TRY(vkWaitForFences(im.dev.device(), 1, &im.fences[c], VK_TRUE, UINT64_MAX));
+    ++stats_.host_waits;
+    BLUE_TRY(im.collectProfile(c));
+    im.drainOutput(c, sink, report != nullptr, report, &stats_);
+    const uint32_t* snap = im.ioWords() + BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS;
+    stats_.cycles = snap[0];
+    stats_.block_runs = snap[BLUE_C_BLOCK_RUNS - BLUE_C_CYCLE];
+    uint32_t live = snap[BLUE_C_LIVE - BLUE_C_CYCLE];
+    im.gpu_done = live == 0 || snap[0] >= im.layout.at(BLUE_H_MAX_CYCLES);
+    stats_.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - im.started).count();
+    return true;
+}
+
+bool GpuMachine::gpuDone() const { return impl_->gpu_done; }
+bool GpuMachine::inFlight() const { return !impl_->inflight.empty(); }
+
+void GpuMachine::setFlag(uint32_t index, uint32_t value) {
+    if (index >= impl_->opt.instances) return;
+    // A host-visible coherent word: the GPU sees it at the latest with the next submitted chain.
+    impl_->ioWords()[impl_->layout.at(BLUE_H_IO_FLAGS) + index] = value;
+}
+
+size_t GpuMachine::pendingInput() const { return impl_->pending.size(); }
+
+Result<RunReport> GpuMachine::run(const OutputSink& sink, bool keep_output) {
     RunReport report;
-    std::vector<bool> in_flight(nchains, false);
-    auto t0 = std::chrono::steady_clock::now();
-    auto submit = [&](uint32_t c) -> Status {
-        bool any = false;
-        for (bool f : in_flight) any |= f;
-        if (stats_.submits > 0 && !any) ++stats_.round_trips;
-        for (uint32_t o = 0; o < nchains; ++o) {
-            if (in_flight[o] && vkGetFenceStatus(d, im.fences[o]) == VK_SUCCESS) ++stats_.queue_drains;
-        }
-        im.publishInput(c);
-        BLUE_VK_TRY(vkResetFences(d, 1, &im.fences[c]));
-        VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-        si.commandBufferCount = 1;
-        si.pCommandBuffers = &im.chains[c];
-        BLUE_VK_TRY(vkQueueSubmit(im.dev.queue(), 1, &si, im.fences[c]));
-        in_flight[c] = true;
-        ++stats_.submits;
-        stats_.cycles_submitted += im.opt.chain_cycles;
-        stats_.dispatches_recorded += im.dispatches_per_chain;
-        return Status::ok();
-    };
-    for (uint32_t c = 0; c < nchains; ++c) BLUE_TRY(submit(c));
-    bool done = false;
-    uint32_t c = 0;
-    const uint32_t* io = im.ioWords();
-    while (!done) {
-        BLUE_VK_TRY(vkWaitForFences(d, 1, &im.fences[c], VK_TRUE, UINT64_MAX));
-        ++stats_.host_waits;
-        in_flight[c] = false;
-        BLUE_TRY(im.collectProfile(c));
-        im.drainOutput(c, sink, keep_output, &report, &stats_);
-        const uint32_t* snap = io + BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS;
-        stats_.cycles = snap[0];
-        uint32_t live = snap[BLUE_C_LIVE - BLUE_C_CYCLE];
-        done = live == 0 || snap[0] >= im.layout.at(BLUE_H_MAX_CYCLES);
-        if (!done) BLUE_TRY(submit(c));
-        c = (c + 1) % nchains;
+    for (;;) {
+        Result<bool> progressed = pump(sink, true, keep_output ? &report : nullptr);
+        if (!progressed) return progressed.status();
+        if (!progressed.value()) break;
     }
-    for (uint32_t k = 0; k < nchains; ++k, c = (c + 1) % nchains) {
-        if (!in_flight[c]) continue;
-        BLUE_VK_TRY(vkWaitForFences(d, 1, &im.fences[c], VK_TRUE, UINT64_MAX));
-        ++stats_.host_waits;
-        in_flight[c] = false;
-        BLUE_TRY(im.collectProfile(c));
-        im.drainOutput(c, sink, keep_output, &report, &stats_);
-        stats_.cycles = io[BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS];
-    }
-    stats_.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const uint32_t* last = io + BLUE_IO_SNAP_BASE + ((c + nchains - 1) % nchains) * BLUE_IO_SNAP_WORDS;
-    stats_.block_runs = last[BLUE_C_BLOCK_RUNS - BLUE_C_CYCLE];
+    Impl& im = *impl_;
     BLUE_TRY(im.readInstances(&report, &stats_));
     stats_.profile = im.profile;
     report.cycles = stats_.cycles;

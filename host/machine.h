@@ -88,6 +88,18 @@ public:
     Result<RunReport> run(const OutputSink& sink = {}, bool keep_output = true);
 
     const GpuStats& stats() const { return stats_; }
+    // Continuous use (serving). pump() submits chains while `keep_going` and the GPU still has
+    // live instances (up to `chains` in flight), then waits for the oldest chain, drains its
+    // output records to `sink` (and into `report` when given), and returns true; it returns
+    // false when no chain was in flight. The host decides keep_going from its own bookkeeping
+    // (requests it submitted that have not ended), never from GPU state.
+    Result<bool> pump(const OutputSink& sink, bool keep_going, RunReport* report = nullptr);
+    bool gpuDone() const;   // the GPU reported no live instance (every instance halted)
+    bool inFlight() const;  // a chain is submitted and not yet drained
+    size_t pendingInput() const;  // messages queued but not yet in the input ring
+    // Sets host flag word `index` (one per instance), read by the INFLAG instruction.
+    void setFlag(uint32_t index, uint32_t value);
+
     // Reads a tensor's whole storage back (tests).
     Status readTensor(uint32_t index, std::vector<uint8_t>* out);
 

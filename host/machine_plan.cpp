@@ -87,6 +87,7 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
         {BLUE_H_IO_SLOTSTATE, slots},
         {BLUE_H_IO_SLOTS, slots * l.in_slot_words},
         {BLUE_H_IO_OUT, uint64_t(options.out_records) * 2},
+        {BLUE_H_IO_FLAGS, n},
     };
     at = BLUE_IO_DYNAMIC;
     for (const auto& [index, words] : io_regions) {

@@ -125,6 +125,7 @@
 #define BLUE_H_IO_SLOTSTATE 18  // [in_slots] 1 full (host), 0 free (GPU, after INFREE)
 #define BLUE_H_IO_SLOTS 19   // [in_slots][in_slot_words]; word 0 = message length
 #define BLUE_H_IO_OUT 35     // [out_cap][2] records
+#define BLUE_H_IO_FLAGS 36   // [ninst] host flag words (INFLAG)
 #define BLUE_IO_SLOT_FREE 0u
 #define BLUE_IO_SLOT_FULL 1u
 

@@ -160,6 +160,8 @@ uint execInput(uint op, uint a, uint b, uint c) {
             }
             claimed = prev;
         }
+    } else if (op == OP_INFLAG) {
+        R(a) = R(b) < ctl[BLUE_H_NINST] ? io[ctl[BLUE_H_IO_FLAGS] + R(b)] : 0u;
     } else if (op == OP_INFREE) {
         if (!slotValid(R(a))) return fault(BLUE_FAULT_INPUT_OOB);
         io[ctl[BLUE_H_IO_SLOTSTATE] + R(a)] = BLUE_IO_SLOT_FREE;
@@ -415,7 +417,7 @@ uint slowStep(uint op, uint a, uint b, uint c, uint imm) {
         case OP_ALLOC: result = execAlloc(a, b); break;
         case OP_TLD: case OP_TST: result = execTensorWord(op, a, b, imm); break;
         case OP_SEND: case OP_RECV: result = execMailbox(op, a, b); break;
-        case OP_INRECV: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INFREE:
+        case OP_INRECV: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INFREE: case OP_INFLAG:
             result = execInput(op, a, b, c);
             break;
         default: result = fault(BLUE_FAULT_BAD_OPCODE); break;

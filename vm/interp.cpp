@@ -189,6 +189,7 @@ RefMachine::RefMachine(const Module& m, const WeightSource& weights, MachineOpti
         in.stack.assign(l.stack_depth, 0);
     }
     heap_.assign(l.heap_words, 0);
+    flags_.assign(options.instances, 0);
     bump_ = l.heap_static;
     block_args_.assign(size_t(options.instances) * BLUE_MAX_BLOCK_ARGS, 0);
     locals_.assign(size_t(options.instances) * l.local_words, 0);
@@ -280,6 +281,7 @@ RefMachine::Next RefMachine::execInput(uint32_t id, Inst& in, uint8_t op, uint32
             if (!slotOk(r[a])) return fault(in, BLUE_FAULT_INPUT_OOB);
             slot_busy_[r[a]] = false;
             break;
+        case Op::INFLAG: r[a] = r[b] < flags_.size() ? flags_[r[b]] : 0; break;
         default: return fault(in, BLUE_FAULT_BAD_OPCODE);
     }
     ++in.pc;
@@ -418,7 +420,8 @@ RefMachine::Next RefMachine::step(uint32_t id, Inst& in, BlockRun* runs, RunRepo
         case Op::INLEN:
         case Op::INLD:
         case Op::INCPY:
-        case Op::INFREE: return execInput(id, in, ins.op, a, b, c);
+        case Op::INFREE:
+        case Op::INFLAG: return execInput(id, in, ins.op, a, b, c);
         default: return fault(in, BLUE_FAULT_BAD_OPCODE);
     }
     ++in.pc;

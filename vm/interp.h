@@ -68,6 +68,10 @@ public:
     void pushInput(std::vector<uint32_t> message);
     // After this, INRECV returns -1 once every queued message has been claimed.
     void closeInput();
+    // Sets host flag word `index` (read by INFLAG); out-of-range indices are ignored.
+    void setFlag(uint32_t index, uint32_t value) {
+        if (index < flags_.size()) flags_[index] = value;
+    }
 
     RunReport run();
 
@@ -99,6 +103,7 @@ private:
     MachineOptions opt_;
     std::vector<Inst> insts_;
     std::vector<uint32_t> heap_;
+    std::vector<uint32_t> flags_;  // [instances] host flag words
     uint32_t bump_ = 0;
     std::vector<uint32_t> block_args_;  // [instances * BLUE_MAX_BLOCK_ARGS]
     std::vector<uint32_t> locals_;      // [instances * local_words], shared with tensor ops

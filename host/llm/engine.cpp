@@ -123,6 +123,16 @@ Status Engine::validate(const GenerationRequest& r) const {
     return Status::ok();
 }
 
+Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, uint32_t chain_cycles,
+                                                          uint64_t max_cycles) {
+    GpuOptions opt;
+    opt.instances = instances;
+    opt.chain_cycles = chain_cycles;
+    opt.max_cycles = max_cycles;
+    opt.profile = options_.profile;
+    return GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
+}
+
 uint64_t Engine::matmulWeightBytes() const {
     uint64_t bytes = 0;
     for (const BlockDecl& b : module_.blocks) {

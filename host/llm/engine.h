@@ -77,6 +77,10 @@ public:
     // Bytes of weight matrices one forward step reads (every MATMUL operand once), as stored.
     uint64_t matmulWeightBytes() const;
 
+    // A machine running the generation program on `instances` instances (serving keeps one up).
+    Result<std::unique_ptr<GpuMachine>> createMachine(uint32_t instances, uint32_t chain_cycles,
+                                                      uint64_t max_cycles);
+
     // Counters of the last run().
     const GpuStats& stats() const { return stats_; }
 
