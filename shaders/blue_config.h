@@ -25,7 +25,7 @@
 // MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).
 #define BLUE_MM_R_PLAIN 2     // F32, F16, BF16
 #define BLUE_MM_R_SMALLQ 4    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
-#define BLUE_MM_R_KQ 2        // Q2_K .. Q6_K
+#define BLUE_MM_R_KQ 4        // Q2_K .. Q6_K
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 
 // ---- push constants (u32 words) ----------------------------------------------------------

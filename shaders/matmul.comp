@@ -56,6 +56,93 @@ void main() {
             for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += dot(a, xa[c]) + dot(b, xq[c]);
         }
     }
+#elif defined(WTYPE_Q6_K) || defined(WTYPE_Q4_0)
+    // Masked decode: quants stay in place in their words and are masked per byte, and x is
+    // pre-scaled by each byte's place value (exact powers of two), so no shifts per element.
+    // Q6_K's groups are walked so that every texel of a block is fetched once per row.
+    const uvec4 kNib = uvec4(0xFu, 0xF00u, 0xF0000u, 0xF000000u);
+    const vec4 kPlace = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
+    for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MM_R];
+        for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
+#if defined(WTYPE_Q6_K)
+        for (uint hh = 0u; hh < 2u; ++hh) {
+            uvec4 ha[MM_R], hb[MM_R];
+            for (uint r = 0u; r < MM_R; ++r) {
+                ha[r] = wTexel(wbase, bpr, rows[r], g, 8u + 2u * hh);
+                hb[r] = wTexel(wbase, bpr, rows[r], g, 9u + 2u * hh);
+            }
+            for (uint kb = 0u; kb < 2u; ++kb) {
+                uvec4 la[MM_R], lb[MM_R];
+                for (uint r = 0u; r < MM_R; ++r) {
+                    la[r] = wTexel(wbase, bpr, rows[r], g, 4u * hh + 2u * kb);
+                    lb[r] = wTexel(wbase, bpr, rows[r], g, 4u * hh + 2u * kb + 1u);
+                }
+                for (uint kh = 0u; kh < 2u; ++kh) {
+                    uint k = kb + 2u * kh, s = 4u * hh + k;
+                    uint xt = g * 64u + s * 8u;
+                    if (xt >= g_xt) continue;
+                    uint ls = 4u * kh, hs = 2u * k;
+                    uvec4 mlo = kNib << ls, mhi = uvec4(0x3u, 0x300u, 0x30000u, 0x3000000u) << hs;
+                    vec4 plo = kPlace / float(1u << ls), phi = 16.0 * kPlace / float(1u << hs);
+                    vec4 xl[MM_BT][8], xh[MM_BT][8];
+                    vec2 xsum[MM_BT];
+                    for (uint c = 0u; c < MM_BT; ++c) {
+                        vec4 lo = vec4(0.0), hi = vec4(0.0);
+                        for (uint j = 0u; j < 8u; ++j) {
+                            vec4 xv = xLoad(xb[c], xt + j);
+                            xl[c][j] = xv * plo;
+                            xh[c][j] = xv * phi;
+                            if (j < 4u) lo += xv; else hi += xv;
+                        }
+                        xsum[c] = vec2(dot(lo, vec4(1.0)), dot(hi, vec4(1.0)));
+                    }
+                    for (uint r = 0u; r < MM_R; ++r) {
+                        float d = halfOf(head[r].t1, 0u);
+                        uint si = 8u * hh + 2u * k;
+                        vec2 sc = d * vec2(float(int(byteOf(head[r].t0, si) << 24) >> 24),
+                                           float(int(byteOf(head[r].t0, si + 1u) << 24) >> 24));
+                        for (uint c = 0u; c < MM_BT; ++c) {
+                            float p0 = 0.0, p1 = 0.0;
+                            for (uint j = 0u; j < 4u; ++j) {
+                                p0 += dot(vec4(uvec4(la[r][j]) & mlo), xl[c][j]) + dot(vec4(uvec4(ha[r][j]) & mhi), xh[c][j]);
+                                p1 += dot(vec4(uvec4(lb[r][j]) & mlo), xl[c][j + 4u]) + dot(vec4(uvec4(hb[r][j]) & mhi), xh[c][j + 4u]);
+                            }
+                            acc[r][c] += sc.x * (p0 - 32.0 * xsum[c].x) + sc.y * (p1 - 32.0 * xsum[c].y);
+                        }
+                    }
+                }
+            }
+        }
+#else  // Q4_0: byte j of the 16 quant bytes holds element j (low nibble) and j + 16 (high)
+        for (uint s = 0u; s < 8u; ++s) {
+            uint xt = g * 64u + s * 8u;
+            if (xt >= g_xt) break;
+            vec4 xl[MM_BT][8];
+            float xsum[MM_BT];
+            for (uint c = 0u; c < MM_BT; ++c) {
+                vec4 tot = vec4(0.0);
+                for (uint j = 0u; j < 8u; ++j) {
+                    vec4 xv = xLoad(xb[c], xt + j);
+                    xl[c][j] = xv * (j < 4u ? kPlace : kPlace / 16.0);
+                    tot += xv;
+                }
+                xsum[c] = dot(tot, vec4(1.0));
+            }
+            for (uint r = 0u; r < MM_R; ++r) {
+                uvec4 q = wTexel(wbase, bpr, rows[r], g, 1u + s);
+                float d = halfOf(head[r].t0, s);
+                for (uint c = 0u; c < MM_BT; ++c) {
+                    float p = 0.0;
+                    for (uint j = 0u; j < 4u; ++j) {
+                        p += dot(vec4(uvec4(q[j]) & kNib), xl[c][j]) + dot(vec4(uvec4(q[j]) & (kNib << 4)), xl[c][j + 4u]);
+                    }
+                    acc[r][c] += d * (p - 8.0 * xsum[c]);
+                }
+            }
+        }
+#endif
+    }
 #else
     for (uint g = 0u; g < bpr; ++g) {
         WHead head[MM_R];
