@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <set>
 
 #include "compiler/asm.h"
@@ -13,6 +14,8 @@
 #include "host/machine_plan.h"
 #include "host/pipelines.h"
 #include "vm/abi.h"
+#include "vm/tensor_ops.h"
+#include "vm/verify.h"
 
 namespace blue::test {
 namespace {
@@ -265,6 +268,12 @@ Module dispatchModule() {
     return assembleOrFail(kDispatchSource);
 }
 
+std::string kernelSuffix(DType t) {
+    std::string r(dtypeName(t));
+    for (char& c : r) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return r;
+}
+
 TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in push constants") {
     Module m = dispatchModule();
     Result<PagePlan> pages = planPages(m, 4, 1u << 20);
@@ -319,6 +328,50 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(kernelName(m, uint32_t(Op::TADD), {2, 1, 1}) == "tadd");
 }
 
+TEST_CASE("plan: an absent optional tensor and a HEADS grid") {
+    Module m = assembleOrFail(R"(.layout regs=4 max_rows=4
+.tensor q rows f32 [16]
+.tensor ff weight f32 [2] data f32 1 2
+.tensor kc instance f16 [8, 32]
+.tensor vc instance f16 [8, 32]
+.block b args=2
+    rope q, q, none, 1, 8, 4, 0, 10000, 1.0
+    rope q, q, ff, 1, 8, 4, 2, 10000, 1.0
+    attn q, kc, vc, q, 2, 1, 1, 0.5
+.end
+halt
+)");
+    Result<PagePlan> pages = planPages(m, 2, 1u << 20);
+    REQUIRE(pages.isOk());
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    REQUIRE(d.value().size() == 3);
+    const uint32_t ff_at = BLUE_PC_OPERANDS + 2 * BLUE_TREF_WORDS;
+    const uint32_t scalars_at = BLUE_PC_OPERANDS + 3 * BLUE_TREF_WORDS;
+    const DispatchDesc& none = d.value()[0];
+    CHECK(none.pipeline == "rope");
+    CHECK(none.fx == 1);  // ceil(16 / 256)
+    // `none` is a reference to page 0xFFFF that the kernel tests; the scalars follow it in place.
+    CHECK(none.push[ff_at] == 0xFFFFFFFFu);
+    CHECK(none.push[scalars_at] == 1);
+    CHECK(none.push[scalars_at + 1] == 8);
+    CHECK(none.push[scalars_at + 2] == 4);
+    CHECK(none.push[scalars_at + 3] == 0);
+    CHECK(none.push[scalars_at + 4] == std::bit_cast<uint32_t>(10000.0f));
+    CHECK(none.push[scalars_at + 5] == std::bit_cast<uint32_t>(1.0f));
+    const DispatchDesc& with = d.value()[1];
+    const TensorPlace& ffp = pages.value().places[1];
+    CHECK(with.push[ff_at] == ffp.page);  // class WEIGHT is 0
+    CHECK(with.push[ff_at + 1] == ffp.offset);
+    CHECK(with.push[ff_at + 3] == 2);
+    CHECK(with.push[scalars_at + 3] == 2);
+    const DispatchDesc& attn = d.value()[2];
+    CHECK(attn.pipeline == "attn_f16");
+    CHECK(attn.fx == 2);  // one workgroup per query head
+    CHECK(attn.tile == 1);
+    CHECK(attn.mode == 0);
+}
+
 TEST_CASE("plan: a grid past the device limit, or an op without a kernel, is refused") {
     Module m = dispatchModule();
     Result<PagePlan> pages = planPages(m, 4, 1u << 20);
@@ -327,15 +380,30 @@ TEST_CASE("plan: a grid past the device limit, or an op without a kernel, is ref
     REQUIRE(!d.isOk());
     CHECK(d.message() ==
           "block 'first': TADD on tensor 'y' needs 4 workgroups, the device allows 3");
-    // A matmul with a Q8_0 matrix passes no verifier yet and has no kernel.
+    // A matmul whose matrix type the verifier accepts but no kernel variant is built for (the
+    // first such type in the table; Q8_0 and Q4_0 have kernels now).
     Module q = m;
-    q.tensors[0].dtype = DType::Q8_0;
+    const std::vector<DType> candidates = {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K,
+                                           DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+    std::string missing;
+    for (DType t : candidates) {
+        q.tensors[0].dtype = t;
+        std::vector<TensorInstr> instrs;
+        REQUIRE(decodeBlock(q, q.blocks[1], &instrs).isOk());
+        REQUIRE(checkTensorOp(q, instrs[0]).isOk());
+        missing = "matmul_" + kernelSuffix(t);
+        if (!Pipelines::exists(missing)) break;
+    }
+    REQUIRE_MESSAGE(!Pipelines::exists(missing), "every matrix type has a kernel: pick another op");
+    CAPTURE(missing);
+    CHECK(kernelName(q, uint32_t(Op::MATMUL), {3, 0, 1}) == "matmul");
     Result<PagePlan> qp = planPages(q, 4, 1u << 20);
     REQUIRE(qp.isOk());
     Result<std::vector<DispatchDesc>> qd = planDispatches(q, qp.value(), 65535);
     REQUIRE(!qd.isOk());
     CHECK(qd.message() == "block 'second': no GPU kernel for MATMUL with these operand types");
-    CHECK(!Pipelines::exists("matmul_q8_0"));
+    CHECK(Pipelines::exists("matmul_q8_0"));
+    CHECK(Pipelines::exists("matmul_q4_0"));
     CHECK(Pipelines::exists("sequencer"));
     CHECK(Pipelines::exists("plan"));
 }

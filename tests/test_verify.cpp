@@ -677,7 +677,7 @@ void checkCleanEnd(const RunReport& r, uint32_t instances, uint64_t max_cycles) 
     for (const OutputRecord& rec : r.output) {
         CHECK(rec.inst < instances);
         CHECK(rec.kind >= BLUE_OUT_INT);
-        CHECK(rec.kind <= BLUE_OUT_END);
+        CHECK(rec.kind <= BLUE_OUT_BEGIN);
     }
 }
 
