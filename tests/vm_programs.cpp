@@ -11,8 +11,8 @@
 #include "host/pipelines.h"
 #include "tests/test_paths.h"
 #include "vm/abi.h"
-#include "vm/llm_abi.h"
 #include "vm/isa.h"
+#include "vm/llm_abi.h"
 #include "vm/tensor_ops.h"
 #include "vm/verify.h"
 
@@ -195,9 +195,10 @@ std::string llmSetup() {
 // RUN with the forward block's arguments in r1..r4, then outputs the sampled token.
 std::string runBlock() {
     const uint32_t first_token = BLUE_LM_HISTORY + uint32_t(std::size(kHistory)) - kBlockRows;
-    return "    li r1, " + std::to_string(kBlockRows) + "\n    li r2, " + std::to_string(kBlockPos) +
-           "\n    li r3, " + std::to_string(first_token) + "\n    li r4, " +
-           std::to_string(BLUE_LM_SAMPLING) + "\n    run all, r1\n    li r5, 0\n    ld r5, r5, " +
+    return "    li r1, " + std::to_string(kBlockRows) + "\n    li r2, " +
+           std::to_string(kBlockPos) + "\n    li r3, " + std::to_string(first_token) +
+           "\n    li r4, " + std::to_string(BLUE_LM_SAMPLING) +
+           "\n    run all, r1\n    li r5, 0\n    ld r5, r5, " +
            std::to_string(BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN) + "\n    out r5\n";
 }
 
