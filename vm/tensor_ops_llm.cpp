@@ -239,7 +239,8 @@ void refSwiglu(const Items& it, const TensorInstr& ti) {
     }
 }
 
-// The sampling rule (vm/llm_abi.h's parameter block): penalties, then top-k, top-p and min-p
+// The sampling rule (vm/llm_abi.h's parameter block): penalties (written back into the logits
+// tensor, as the GPU kernel penalises in place), then top-k, top-p and min-p
 // filters on the temperature-1 distribution, then temperature, then one draw walking the kept
 // tokens in id order. Entropy and log-probability describe the penalized T = 1 distribution.
 struct SampleParams {
@@ -322,11 +323,12 @@ void refSample(const Items& it, const TensorInstr& ti) {
                        bitsToFloat(sp[BLUE_SP_MIN_P]),    bitsToFloat(sp[BLUE_SP_REPEAT_PENALTY]),
                        bitsToFloat(sp[BLUE_SP_PRESENCE]), bitsToFloat(sp[BLUE_SP_FREQUENCY]),
                        sp[BLUE_SP_TOP_K], sp[BLUE_SP_REPEAT_LAST_N], sp[BLUE_SP_SEED], sp[BLUE_SP_COUNTER]};
-        const float* logits = it.f32(ti.args[0], item);
+        float* logits = it.f32(ti.args[0], item);
         std::vector<float> l(logits, logits + n);
         uint32_t hist_addr = sp[BLUE_SP_HIST_ADDR], hist_len = sp[BLUE_SP_HIST_LEN];
         const uint32_t* hist = it.local(item, uint64_t(hist_addr) + hist_len - 1) && hist_len ? it.local(item, hist_addr) : nullptr;
         if (hist) applyPenalties(l, p, hist, hist_len);
+        std::copy(l.begin(), l.end(), logits);  // the penalties apply to the logits in place
         float entropy = 0, logprob = 0;
         sp[BLUE_SP_OUT_TOKEN] = sampleToken(std::move(l), p, &entropy, &logprob);
         std::memcpy(&sp[BLUE_SP_OUT_ENTROPY], &entropy, 4);
