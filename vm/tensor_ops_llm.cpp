@@ -40,6 +40,14 @@ Status cacheTensor(const Checker& c, size_t i, uint64_t row_elems) {
     return Status::ok();
 }
 
+// The kernels are built per cache type (of the K cache) and take the context length from the K
+// cache, so the V cache must match it in both.
+Status sameCaches(const Checker& c, size_t k, size_t v) {
+    if (c.t(k).ne[1] != c.t(v).ne[1]) return c.fail(v, "K and V caches differ in context length");
+    if (c.t(k).dtype != c.t(v).dtype) return c.fail(v, "K and V caches differ in type");
+    return Status::ok();
+}
+
 Status checkRmsnorm(const Checker& c) {
     BLUE_TRY(c.dst(0));
     BLUE_TRY(c.dtype(0, DType::F32));
@@ -85,7 +93,7 @@ Status checkKvstore(const Checker& c) {
     BLUE_TRY(c.elements(2, c.t(0).elements()));
     BLUE_TRY(cacheTensor(c, 1, c.t(0).elements()));
     BLUE_TRY(cacheTensor(c, 3, c.t(0).elements()));
-    if (c.t(1).ne[1] != c.t(3).ne[1]) return c.fail(3, "K and V caches differ in context length");
+    BLUE_TRY(sameCaches(c, 1, 3));
     return argSlot(c.ti.args[4]);
 }
 
@@ -100,6 +108,7 @@ Status checkAttn(const Checker& c) {
     }
     BLUE_TRY(cacheTensor(c, 1, n / n_head * n_kv));
     BLUE_TRY(cacheTensor(c, 2, n / n_head * n_kv));
+    BLUE_TRY(sameCaches(c, 1, 2));
     return argSlot(c.ti.args[6]);
 }
 
