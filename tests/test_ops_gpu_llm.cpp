@@ -10,6 +10,8 @@
 
 #include "tests/test_ops_gpu.h"
 #include "vm/abi.h"
+#include "vm/tensor_ops.h"
+#include "vm/verify.h"
 
 namespace blue::test {
 
@@ -31,12 +33,20 @@ void ropeCase() {
     uint32_t r1 = om.tensor("r_head8", BLUE_TC_ROWS, DType::F32, {176});
     uint32_t r2 = om.tensor("r_neox_ff", BLUE_TC_ROWS, DType::F32, {192});
     uint32_t r3 = om.tensor("r_ff_rows", BLUE_TC_ROWS, DType::F32, {192});
+    uint32_t r4 = om.tensor("r_adjacent_partial", BLUE_TC_ROWS, DType::F32, {192});
+    uint32_t x15 = om.rowsInput("x15", 15, -2, 2);
+    uint32_t r5 = om.tensor("r_odd_head", BLUE_TC_ROWS, DType::F32, {15});
+    // The rules refuse odd head sizes: the kernel rotates and copies pairs of dims.
+    TensorInstr odd{Op::ROPE, 0, {r5, x15, 0xFFFFFFFFu, BLUE_FA_POS, 5, 4, 0, bits(1e4f), bits(1)}};
+    CHECK(checkTensorOp(om.module(), odd).message() ==
+          "head size 5 is odd (the kernel works on pairs of dims)");
     const uint32_t kNone = 0xFFFFFFFFu, pos = BLUE_FA_POS;
     // dst, src, factors, position arg, head size, rotated dims, mode, base, scale
     om.step(Op::ROPE, {r1, x8, kNone, pos, 8, 8, 0, bits(10000.0f), bits(1.0f)});
     om.step(Op::ROPE, {r2, x, ffw, pos, 64, 32, 2, bits(1e6f), bits(0.25f)});
     om.step(Op::ROPE, {r3, x, ffr, pos, 64, 64, 0, bits(10000.0f), bits(1.0f)});
     om.step(Op::ROPE, {z, z, kNone, pos, 64, 48, 2, bits(500000.0f), bits(1.0f)});
+    om.step(Op::ROPE, {r4, x, kNone, pos, 64, 16, 0, bits(10000.0f), bits(1.0f)});
     std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {7, 299, 1030});
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
@@ -49,6 +59,7 @@ void ropeCase() {
     expectClose(*both, r2, rows, 2e-3, "ROPE head 64, neox, half rotated, factors");
     expectClose(*both, r3, rows, 2e-3, "ROPE head 64, per-row factors");
     expectClose(*both, z, rows, 2e-3, "ROPE in place, neox, 48 of 64 rotated");
+    expectClose(*both, r4, rows, 2e-3, "ROPE adjacent pairs, 16 of 64 rotated");
 }
 
 // K and V rows of 172 into caches of 16 positions: rows at 15-16, 9-11 and 3. Position 16 is
