@@ -18,6 +18,7 @@
 #define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
 #define BLUE_MATMUL_ROWS 64   // MATMUL grid: output rows per workgroup (x)
 #define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (y)
+#define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp: q_shared, 4 dims per invocation)
 
 // ---- push constants (u32 words) ----------------------------------------------------------
 // Tensor dispatches: a header, then one 4-word reference per tensor operand and one word per

@@ -372,6 +372,48 @@ halt
     CHECK(attn.mode == 0);
 }
 
+// Instructions the op's rules accept (the reference machine runs them) but whose kernel cannot:
+// the plan refuses them at load with the reason, and accepts the nearest shape that fits.
+TEST_CASE("plan: shapes a kernel cannot run are refused with the reason") {
+    struct Case {
+        const char* tensors;
+        const char* instr;
+        const char* message;  // empty: plans
+    };
+    const Case cases[] = {
+        {".tensor q rows f32 [15]", "rope q, q, none, 1, 5, 4, 0, 10000, 1.0",
+         "block 'b': ROPE: head size 5 is odd; the kernel rotates pairs of dims"},
+        {".tensor q rows f32 [16]", "rope q, q, none, 1, 8, 4, 0, 10000, 1.0", ""},
+        {".tensor k rows f32 [7]\n.tensor kc instance f16 [7, 4]\n.tensor vc instance f16 [7, 4]",
+         "kvstore k, kc, k, vc, 1",
+         "block 'b': KVSTORE: an F16 KV cache needs an even row length, not 7"},
+        {".tensor k rows f32 [7]\n.tensor kc instance f32 [7, 4]\n.tensor vc instance f32 [7, 4]",
+         "kvstore k, kc, k, vc, 1", ""},
+        {".tensor q rows f32 [14]\n.tensor kc instance f16 [7, 4]\n.tensor vc instance f16 [7, 4]",
+         "attn q, kc, vc, q, 2, 1, 1, 0.5",
+         "block 'b': ATTN: an F16 KV cache needs an even row length, not 7"},
+        {".tensor q rows f32 [640]\n.tensor kc instance f32 [320, 4]\n.tensor vc instance f32 "
+         "[320, 4]",
+         "attn q, kc, vc, q, 2, 1, 1, 0.5",
+         "block 'b': ATTN: head size 320 is more than the kernel's 256"},
+        {".tensor q rows f32 [512]\n.tensor kc instance f32 [256, 4]\n.tensor vc instance f32 "
+         "[256, 4]",
+         "attn q, kc, vc, q, 2, 1, 1, 0.5", ""},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.instr);
+        Module m = assembleOrFail(std::string(".layout regs=4 max_rows=2\n") + c.tensors +
+                                  "\n.block b args=2\n    " + c.instr + "\n.end\nhalt\n");
+        REQUIRE(verifyModule(m).isOk());
+        Result<PagePlan> pages = planPages(m, 2, 1u << 20);
+        REQUIRE(pages.isOk());
+        Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
+        CHECK(d.isOk() == (*c.message == 0));
+        if (!d.isOk()) CHECK(d.message() == c.message);
+    }
+    CHECK(BLUE_ATTN_MAX_HEAD == 4 * BLUE_ITEM_WG);  // attn.comp: 4 output dims per invocation
+}
+
 TEST_CASE("plan: a grid past the device limit, or an op without a kernel, is refused") {
     Module m = dispatchModule();
     Result<PagePlan> pages = planPages(m, 4, 1u << 20);

@@ -76,7 +76,6 @@ Status checkRope(const Checker& c, const Module& m) {
     uint32_t head = a[4], n_rot = a[5], mode = a[6];
     BLUE_TRY(argSlot(a[3]));
     if (head == 0 || c.t(0).elements() % head) return BLUE_ERROR("head size %u does not divide the row", head);
-    if (head % 2) return BLUE_ERROR("head size %u is odd (the kernel works on pairs of dims)", head);
     if (n_rot == 0 || n_rot > head || n_rot % 2) return BLUE_ERROR("rotated dims %u must be even and at most the head size", n_rot);
     if (mode != 0 && mode != 2) return BLUE_ERROR("rope mode %u is neither 0 (adjacent pairs) nor 2 (neox)", mode);
     if (a[2] != kNone) {
