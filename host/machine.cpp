@@ -588,9 +588,27 @@ Result<RunReport> GpuMachine::run(const OutputSink& sink, bool keep_output) {
 }
 
 Status GpuMachine::readTensor(uint32_t index, std::vector<uint8_t>* out) {
-    const TensorPlace& p = impl_->pages.places.at(index);
-    out->resize(p.bytes);
-    return downloadFromBuffer(impl_->dev, impl_->page_buffers[p.page], p.offset, out->data(), p.bytes);
+    if (index >= impl_->pages.places.size()) {
+        return BLUE_ERROR("tensor %u is out of range (the module has %zu)", index,
+                          impl_->pages.places.size());
+    }
+    const TensorPlace& p = impl_->pages.places[index];
+    const TensorDecl& t = impl_->m.tensors[index];
+    if (p.repacked) {
+        return BLUE_ERROR("tensor '%s' is held in the GPU weight layout; read it from its source",
+                          t.name.c_str());
+    }
+    std::vector<uint8_t> raw(p.bytes);
+    Status s = downloadFromBuffer(impl_->dev, impl_->page_buffers[p.page], p.offset, raw.data(),
+                                  p.bytes);
+    if (!s.isOk()) return s;
+    // Slices are padded to whole texels on the GPU; hand back the reference machine's packing.
+    const uint64_t natural = tensorSliceBytes(t), count = p.slice ? p.bytes / p.slice : 0;
+    out->resize(natural * count);
+    for (uint64_t i = 0; i < count; ++i) {
+        std::memcpy(out->data() + i * natural, raw.data() + i * p.slice, natural);
+    }
+    return Status::ok();
 }
 
 std::string formatProfile(const GpuStats& stats) {

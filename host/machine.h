@@ -100,7 +100,9 @@ public:
     // Sets host flag word `index` (one per instance), read by the INFLAG instruction.
     void setFlag(uint32_t index, uint32_t value);
 
-    // Reads a tensor's whole storage back (tests).
+    // Reads a tensor back in the reference machine's packing: its slices (rows, instances or
+    // the whole tensor) back to back, without the GPU's texel padding. Weights held in the GPU
+    // layout are refused (read them from their source).
     Status readTensor(uint32_t index, std::vector<uint8_t>* out);
 
 private:

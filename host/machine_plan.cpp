@@ -23,6 +23,44 @@ std::string lower(std::string_view s) {
     return r;
 }
 
+// Why an op's kernel cannot run an instruction that the op's rules (and the reference machine)
+// accept; empty when it can. MATMUL reads its matrix repacked (host/weight_layout.h); ROPE
+// rotates pairs of dims; F16 caches pack two halves per word, so
+// their slices must be whole words; ATTN holds one head's query in fixed shared memory.
+std::string kernelLimit(const Module& m, const TensorInstr& ti) {
+    const auto& a = ti.args;
+    switch (ti.op) {
+        case Op::ROPE:
+            if (a[4] % 2) {
+                return strFormat("head size %u is odd; the kernel rotates pairs of dims", a[4]);
+            }
+            break;
+        case Op::MATMUL:
+            if (m.tensors[a[1]].cls != BLUE_TC_WEIGHT) {
+                return strFormat("the matrix '%s' is not a WEIGHT tensor; the kernels read "
+                                 "matrices in the GPU weight layout, which only weights have",
+                                 m.tensors[a[1]].name.c_str());
+            }
+            break;
+        case Op::KVSTORE:
+        case Op::ATTN: {
+            const TensorDecl& kc = m.tensors[a[1]];
+            if (kc.dtype == DType::F16 && kc.ne[0] % 2) {
+                return strFormat("an F16 KV cache needs an even row length, not %llu",
+                                 (unsigned long long)kc.ne[0]);
+            }
+            uint64_t head = ti.op == Op::ATTN ? m.tensors[a[0]].elements() / a[4] : 0;
+            if (head > BLUE_ATTN_MAX_HEAD) {
+                return strFormat("head size %llu is more than the kernel's %u",
+                                 (unsigned long long)head, BLUE_ATTN_MAX_HEAD);
+            }
+            break;
+        }
+        default: break;
+    }
+    return {};
+}
+
 }  // namespace
 
 Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
@@ -186,6 +224,10 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             if (!Pipelines::exists(d.pipeline)) {
                 return BLUE_ERROR("block '%s': no GPU kernel for %s with these operand types",
                                   m.blocks[b].name.c_str(), std::string(info.name).c_str());
+            }
+            if (std::string limit = kernelLimit(m, ti); !limit.empty()) {
+                return BLUE_ERROR("block '%s': %s: %s", m.blocks[b].name.c_str(),
+                                  std::string(info.name).c_str(), limit.c_str());
             }
             const TensorDecl& dst = m.tensors[ti.args[0]];
             d.mode = dst.cls == BLUE_TC_ROWS ? 0 : 1;

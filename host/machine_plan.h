@@ -68,7 +68,9 @@ uint32_t matmulRowsPerInvocation(DType type);
 
 // One dispatch per tensor instruction, block by block (MATMUL: two, a single-item variant and a
 // batched one, of which the plan kernel enables one per cycle). Fails naming the instruction when no
-// kernel exists for its operand types or its grid exceeds `max_groups_x`.
+// kernel exists for its operand types, its kernel cannot run its shape (an odd ROPE head size,
+// an F16 KV cache with odd rows, an ATTN head larger than BLUE_ATTN_MAX_HEAD) or its grid
+// exceeds `max_groups_x`.
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
                                                  uint32_t max_groups_x);
 

@@ -11,7 +11,7 @@
 
 layout(local_size_x = BLUE_ATTN_WG) in;
 
-#define MAX_HEAD 256u
+#define MAX_HEAD BLUE_ATTN_MAX_HEAD
 #ifdef CACHE_F16
 #define PER_TEXEL 8u
 #else

@@ -27,6 +27,7 @@
 #define BLUE_MM_R_SMALLQ 4    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 #define BLUE_MM_R_KQ 4        // Q2_K .. Q6_K
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
+#define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)
 
 // ---- push constants (u32 words) ----------------------------------------------------------
 // Tensor dispatches: a header, then one 4-word reference per tensor operand and one word per

@@ -20,7 +20,7 @@ void main() {
     if (group == 0u) group = n;
     uint lid = gl_LocalInvocationID.x;
     uint src = sliceOffset(a, item) / 4u, out_at = sliceOffset(dst, item) / 4u;
-    uint wo = w.offset / 4u;
+    uint wo = sliceOffset(w, item) / 4u;  // a ROWS or INSTANCE weight is read per item
     for (uint g = 0u; g < n; g += group) {
         float ss = 0.0;
         for (uint i = lid; i < group; i += BLUE_ITEM_WG) {

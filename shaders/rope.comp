@@ -36,7 +36,7 @@ void main() {
         uint inst = itemInstance(item);
         float pos = float(blockArg(inst, arg) + itemRowLocal(item));
         float theta = pos * scale * pow(base, -2.0 * float(j) / float(n_rot));
-        if (ff.page != 0xFFFFu) theta /= page_f[ff.page].d[ff.offset / 4u + j];
+        if (ff.page != 0xFFFFu) theta /= page_f[ff.page].d[sliceOffset(ff, item) / 4u + j];
         float c = cos(theta), s = sin(theta);
         float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
         x0 = y0;

@@ -95,18 +95,19 @@ void applyPenalties(uint inst, uint sp) {
     barrier();
 }
 
-// The largest key T such that `kept` values with key >= T number at least `k` (top-k), or
-// carry at least `mass` of exp(l - m) (top-p), among keys >= floor.
+// The largest key T >= floor such that the values with key >= T number at least `k` (top-k), or
+// carry at least `mass` of exp(l - m) (top-p). Bit by bit from the top, over the predicate on
+// max(T, floor), which is monotone in T.
 uint searchThreshold(uint floor_key, bool by_mass, uint k, float mass, float m) {
-    uint t = floor_key;
+    uint t = 0u;
     for (int bit = 31; bit >= 0; --bit) {
         uint cand = t | (1u << uint(bit));
-        if (cand <= t) continue;
+        uint lowest = max(cand, floor_key);
         uint cnt = 0u;
         float acc = 0.0;
         for (uint i = gl_LocalInvocationID.x; i < g_n; i += SAMPLE_WG) {
             float v = logit(i);
-            if (orderKey(v) >= cand) {
+            if (orderKey(v) >= lowest) {
                 cnt += 1u;
                 acc += exp(v - m);
             }
@@ -114,7 +115,7 @@ uint searchThreshold(uint floor_key, bool by_mass, uint k, float mass, float m) 
         bool ok = by_mass ? workgroupSum(acc) >= mass : workgroupCount(cnt) >= k;
         if (ok) t = cand;
     }
-    return t;
+    return max(t, floor_key);
 }
 
 void main() {

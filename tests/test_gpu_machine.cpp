@@ -369,6 +369,72 @@ TEST_CASE("gpu machine: 12,345 instances each compute and print their own value"
     CHECK_NO_VALIDATION_ERRORS();
 }
 
+// Host flags: each instance marks the start of its response (OUTBEGIN), then yields until the
+// host sets its flag word, prints the flag and halts. Flags past the last instance read 0.
+constexpr const char* kFlagSource = R"(.layout regs=8
+    iid r1
+    outbegin r1
+    li r6, 1000000
+    inflag r7, r6
+    out r7
+wait:
+    yield
+    inflag r2, r1
+    beq r2, r0, wait
+    out r2
+    halt
+)";
+
+TEST_CASE("gpu machine: INFLAG reads the flags the host sets while the chain runs") {
+    const Loaded& l = load(kFlagSource);
+    const uint32_t n = 5;
+    GpuOptions opt;
+    opt.instances = n;
+    opt.chain_cycles = 4;
+    opt.max_cycles = 100000;
+    auto machine = makeMachine(l, opt);
+    machine->closeInput();
+    std::vector<OutputRecord> got;
+    auto sink = [&](std::span<const OutputRecord> rs) { got.insert(got.end(), rs.begin(), rs.end()); };
+    // A few chains with no flag set: every instance keeps waiting.
+    for (int k = 0; k < 3; ++k) {
+        Result<bool> p = machine->pump(sink, true);
+        REQUIRE_MESSAGE(p.isOk(), p.message());
+    }
+    CHECK(!machine->gpuDone());
+    for (uint32_t i = 0; i < n; ++i) machine->setFlag(i, 100 + i);
+    machine->setFlag(n + 7, 1);  // out of range: ignored
+    for (int k = 0; k < 100 && !machine->gpuDone(); ++k) {
+        Result<bool> p = machine->pump(sink, true);
+        REQUIRE_MESSAGE(p.isOk(), p.message());
+    }
+    while (machine->inFlight()) REQUIRE(machine->pump(sink, false).isOk());
+    REQUIRE(machine->gpuDone());
+    CHECK(machine->stats().cycles > 3 * opt.chain_cycles);
+    for (uint32_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        std::vector<OutputRecord> mine = recordsOf(got, i);
+        REQUIRE(mine.size() == 3);
+        CHECK(mine[0].kind == BLUE_OUT_BEGIN);
+        CHECK(mine[0].value == i);
+        CHECK(mine[1].value == 0);  // flag word 1000000: past the last instance
+        CHECK(mine[2].value == 100 + i);
+    }
+    // The reference machine reads the same flags.
+    RefMachine ref(l.module, l.weights, MachineOptions{n, 1000});
+    for (uint32_t i = 0; i < n; ++i) ref.setFlag(i, 100 + i);
+    ref.closeInput();
+    RunReport r = ref.run();
+    REQUIRE(r.status.isOk());
+    for (uint32_t i = 0; i < n; ++i) {
+        std::vector<OutputRecord> mine = recordsOf(r.output, i);
+        REQUIRE(mine.size() == 3);
+        CHECK(mine[0].kind == BLUE_OUT_BEGIN);
+        CHECK(mine[2].value == 100 + i);
+    }
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
 TEST_CASE("gpu machine: API misuse gives clear errors") {
     const Loaded& plain = load(kCountSource);
     auto machine = makeMachine(plain, GpuOptions{});

@@ -312,6 +312,7 @@ TEST_CASE("interp: every ALU, compare, float, move and branch case gives its exp
         bool not_alu = op->op == Op::LD || op->op == Op::ST || op->op == Op::LDG ||
                        op->op == Op::STG || op->op == Op::SEND || op->op == Op::INLEN ||
                        op->op == Op::INLD || op->op == Op::INCPY || op->op == Op::ALLOC ||
+                       op->op == Op::INFLAG ||
                        (op->op >= Op::ATOMADD && op->op <= Op::ATOMCAS);
         if (alu && !not_alu) {
             CAPTURE(op->name);
@@ -1019,10 +1020,15 @@ TEST_CASE("interp: the every-opcode program halts on one instance") {
     CHECK(r.status.isOk());
     CHECK(r.instances[0].status == BLUE_ST_HALTED);
     CHECK(r.block_runs == 1);
+    // The block's SAMPLE draws token 2, worked out by hand from the sampling block the generator
+    // writes: penalised logits 1.0, 1.77, 1.39, -1.45; top-k 3, top-p 0.95 and min-p keep tokens
+    // 0-2; at T = 0.8 their shares end at 0.19, 0.69 and 1; Philox(1234, 0) gives u = 0.916.
+    REQUIRE(!r.output.empty());
+    CHECK(r.output[0] == OutputRecord{0, BLUE_OUT_INT, 2});
     std::set<uint32_t> kinds;
     for (const OutputRecord& rec : r.output) kinds.insert(rec.kind);
     CHECK(kinds == std::set<uint32_t>{BLUE_OUT_INT, BLUE_OUT_UINT, BLUE_OUT_FLOAT, BLUE_OUT_CHAR,
-                                      BLUE_OUT_STR, BLUE_OUT_TOKEN, BLUE_OUT_END});
+                                      BLUE_OUT_STR, BLUE_OUT_TOKEN, BLUE_OUT_END, BLUE_OUT_BEGIN});
 }
 
 // ---- the same programs on the GPU ------------------------------------------------------------

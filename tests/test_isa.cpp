@@ -75,10 +75,17 @@ TEST_CASE("isa: control ops are below 0x80 with well-formed formats; tensor ops 
         } else {
             CHECK(op->grid != Grid::NONE);
             REQUIRE(!op->format.empty());
-            CHECK(op->format[0] == 't');  // the destination
-            for (char c : op->format) CHECK(std::string("tuif").find(c) != std::string::npos);
+            CHECK(op->format[0] == 't');  // the destination (or the item source); never optional
+            for (char c : op->format) CHECK(std::string("tuifo").find(c) != std::string::npos);
+            // The host sizes a HEADS grid by the first uint operand, so there must be one.
+            if (op->grid == Grid::HEADS) CHECK(op->format.find('u') != std::string_view::npos);
         }
     }
+    // Optional tensors and head grids where the kernels expect them: ROPE's frequency factors
+    // may be `none`; ATTN runs one workgroup per query head, its first uint operand.
+    CHECK(opInfo(Op::ROPE).format == "ttouuuuff");
+    CHECK(opInfo(Op::ATTN).grid == Grid::HEADS);
+    CHECK(opInfo(Op::ATTN).format.find('u') == 4);
     // The flow ops whose semantics the machines special-case keep their formats.
     CHECK(opInfo(Op::RUN).format == "br");
     CHECK(opInfo(Op::CALL).format == "l");

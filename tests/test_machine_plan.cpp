@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <set>
 
 #include "compiler/asm.h"
@@ -13,6 +14,8 @@
 #include "host/machine_plan.h"
 #include "host/pipelines.h"
 #include "vm/abi.h"
+#include "vm/tensor_ops.h"
+#include "vm/verify.h"
 
 namespace blue::test {
 namespace {
@@ -102,7 +105,7 @@ TEST_CASE(
         {BLUE_O_BLOCKS, nblocks * 8},
         {BLUE_O_LISTS, nblocks * 3 * n},
         {BLUE_O_ROWMAP, nblocks * 6 * 2},
-        {BLUE_O_DISPATCH, ndispatch * 4},
+        {BLUE_O_DISPATCH, ndispatch * BLUE_DISPATCH_WORDS},
         {BLUE_O_INDIRECT, (ndispatch + 1) * 3},
         {BLUE_O_TENSORS, ntensors * 4},
     };
@@ -136,7 +139,8 @@ TEST_CASE(
     CHECK(cl.at(BLUE_H_IO_SLOTSTATE) == BLUE_IO_DYNAMIC + 3);
     CHECK(cl.at(BLUE_H_IO_SLOTS) == BLUE_IO_DYNAMIC + 6);
     CHECK(cl.at(BLUE_H_IO_OUT) == BLUE_IO_DYNAMIC + 6 + 21);
-    CHECK(cl.io_words == BLUE_IO_DYNAMIC + 6 + 21 + 200);
+    CHECK(cl.at(BLUE_H_IO_FLAGS) == BLUE_IO_DYNAMIC + 6 + 21 + 200);
+    CHECK(cl.io_words == BLUE_IO_DYNAMIC + 6 + 21 + 200 + n);  // one host-flag word per instance
 
     // A watchdog bound past 32 bits saturates rather than wrapping to a small number.
     opt.max_cycles = (uint64_t(1) << 32) + 5;
@@ -178,7 +182,7 @@ TEST_CASE(
     Module m = assembleOrFail(kPageSource);
     const uint32_t instances = 5;
     // slice bytes and count of each tensor, from its class and shape
-    const uint64_t slice[] = {400, 80, 28, 256, 12};
+    const uint64_t slice[] = {400, 80, 32, 256, 16};  // activations padded to whole texels
     const uint64_t count[] = {3, instances, 1, 1, 1};
     for (uint64_t limit : {uint64_t(1) << 20, uint64_t(2048), uint64_t(1200)}) {
         CAPTURE(limit);
@@ -208,10 +212,10 @@ TEST_CASE(
             CHECK(key(4) < key(a));
         }
     }
-    // 1 MiB: one page holding w @0, h @256, r @512 (1200 bytes), i @1792 (400), g @2304 (28).
+    // 1 MiB: one page holding w @0, h @256, r @512 (1200 bytes), i @1792 (400), g @2304 (32).
     Result<PagePlan> one = planPages(m, instances, 1 << 20);
     REQUIRE(one.isOk());
-    CHECK(one.value().page_bytes == std::vector<uint64_t>{2332});
+    CHECK(one.value().page_bytes == std::vector<uint64_t>{2336});
     CHECK(one.value().places[0].offset == 512);
     CHECK(one.value().places[1].offset == 1792);
     CHECK(one.value().places[2].offset == 2304);
@@ -261,8 +265,18 @@ constexpr const char* kDispatchSource = R"(.layout regs=4 max_rows=8
 halt
 )";
 
+// The matrix is made a WEIGHT after assembly (planning needs its shape, not its bytes): MATMUL
+// kernels read matrices in the GPU weight layout, which only weights have.
 Module dispatchModule() {
-    return assembleOrFail(kDispatchSource);
+    Module m = assembleOrFail(kDispatchSource);
+    m.tensors[0].cls = BLUE_TC_WEIGHT;
+    return m;
+}
+
+std::string kernelSuffix(DType t) {
+    std::string r(dtypeName(t));
+    for (char& c : r) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return r;
 }
 
 TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in push constants") {
@@ -326,7 +340,93 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(kernelName(m, uint32_t(Op::TADD), {2, 1, 1}) == "tadd");
 }
 
-TEST_CASE("plan: a grid past the device limit, or an op without a kernel, is refused") {
+TEST_CASE("plan: an absent optional tensor and a HEADS grid") {
+    Module m = assembleOrFail(R"(.layout regs=4 max_rows=4
+.tensor q rows f32 [16]
+.tensor ff weight f32 [2] data f32 1 2
+.tensor kc instance f16 [8, 32]
+.tensor vc instance f16 [8, 32]
+.block b args=2
+    rope q, q, none, 1, 8, 4, 0, 10000, 1.0
+    rope q, q, ff, 1, 8, 4, 2, 10000, 1.0
+    attn q, kc, vc, q, 2, 1, 1, 0.5
+.end
+halt
+)");
+    Result<PagePlan> pages = planPages(m, 2, 1u << 20);
+    REQUIRE(pages.isOk());
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    REQUIRE(d.value().size() == 3);
+    const uint32_t ff_at = BLUE_PC_OPERANDS + 2 * BLUE_TREF_WORDS;
+    const uint32_t scalars_at = BLUE_PC_OPERANDS + 3 * BLUE_TREF_WORDS;
+    const DispatchDesc& none = d.value()[0];
+    CHECK(none.pipeline == "rope");
+    CHECK(none.fixed == 1);  // ceil(16 / 256)
+    // `none` is a reference to page 0xFFFF that the kernel tests; the scalars follow it in place.
+    CHECK(none.push[ff_at] == 0xFFFFFFFFu);
+    CHECK(none.push[scalars_at] == 1);
+    CHECK(none.push[scalars_at + 1] == 8);
+    CHECK(none.push[scalars_at + 2] == 4);
+    CHECK(none.push[scalars_at + 3] == 0);
+    CHECK(none.push[scalars_at + 4] == std::bit_cast<uint32_t>(10000.0f));
+    CHECK(none.push[scalars_at + 5] == std::bit_cast<uint32_t>(1.0f));
+    const DispatchDesc& with = d.value()[1];
+    const TensorPlace& ffp = pages.value().places[1];
+    CHECK(with.push[ff_at] == ffp.page);  // class WEIGHT is 0
+    CHECK(with.push[ff_at + 1] == ffp.offset);
+    CHECK(with.push[ff_at + 3] == 2);
+    CHECK(with.push[scalars_at + 3] == 2);
+    const DispatchDesc& attn = d.value()[2];
+    CHECK(attn.pipeline == "attn_f16");
+    CHECK(attn.fixed == 1);  // one invocation per query head, BLUE_ATTN_WG heads per group
+    CHECK(attn.tile == 1);
+    CHECK(attn.mode == 0);
+}
+
+// Instructions the op's rules accept (the reference machine runs them) but whose kernel cannot:
+// the plan refuses them at load with the reason, and accepts the nearest shape that fits.
+TEST_CASE("plan: shapes a kernel cannot run are refused with the reason") {
+    struct Case {
+        const char* tensors;
+        const char* instr;
+        const char* message;  // empty: plans
+    };
+    const Case cases[] = {
+        {".tensor q rows f32 [15]", "rope q, q, none, 1, 5, 4, 0, 10000, 1.0",
+         "block 'b': ROPE: head size 5 is odd; the kernel rotates pairs of dims"},
+        {".tensor q rows f32 [16]", "rope q, q, none, 1, 8, 4, 0, 10000, 1.0", ""},
+        {".tensor k rows f32 [7]\n.tensor kc instance f16 [7, 4]\n.tensor vc instance f16 [7, 4]",
+         "kvstore k, kc, k, vc, 1",
+         "block 'b': KVSTORE: an F16 KV cache needs an even row length, not 7"},
+        {".tensor k rows f32 [7]\n.tensor kc instance f32 [7, 4]\n.tensor vc instance f32 [7, 4]",
+         "kvstore k, kc, k, vc, 1", ""},
+        {".tensor q rows f32 [14]\n.tensor kc instance f16 [7, 4]\n.tensor vc instance f16 [7, 4]",
+         "attn q, kc, vc, q, 2, 1, 1, 0.5",
+         "block 'b': ATTN: an F16 KV cache needs an even row length, not 7"},
+        {".tensor q rows f32 [640]\n.tensor kc instance f32 [320, 4]\n.tensor vc instance f32 "
+         "[320, 4]",
+         "attn q, kc, vc, q, 2, 1, 1, 0.5",
+         "block 'b': ATTN: head size 320 is more than the kernel's 256"},
+        {".tensor q rows f32 [512]\n.tensor kc instance f32 [256, 4]\n.tensor vc instance f32 "
+         "[256, 4]",
+         "attn q, kc, vc, q, 2, 1, 1, 0.5", ""},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.instr);
+        Module m = assembleOrFail(std::string(".layout regs=4 max_rows=2\n") + c.tensors +
+                                  "\n.block b args=2\n    " + c.instr + "\n.end\nhalt\n");
+        REQUIRE(verifyModule(m).isOk());
+        Result<PagePlan> pages = planPages(m, 2, 1u << 20);
+        REQUIRE(pages.isOk());
+        Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
+        CHECK(d.isOk() == (*c.message == 0));
+        if (!d.isOk()) CHECK(d.message() == c.message);
+    }
+    CHECK(BLUE_ATTN_MAX_HEAD % 4 == 0);  // attn.comp: one head in vec4 registers per invocation
+}
+
+TEST_CASE("plan: a grid past the device limit is refused; every matrix type has its kernels") {
     Module m = dispatchModule();
     Result<PagePlan> pages = planPages(m, 4, 1u << 20);
     REQUIRE(pages.isOk());
@@ -334,15 +434,34 @@ TEST_CASE("plan: a grid past the device limit, or an op without a kernel, is ref
     REQUIRE(!d.isOk());
     CHECK(d.message() ==
           "block 'first': TADD on tensor 'y' needs 4 workgroups, the device allows 3");
-    // A matmul with a Q8_0 matrix passes no verifier yet and has no kernel.
+    // Every matrix type the verifier accepts for MATMUL (and EMBED) plans to its own kernels:
+    // no accepted module can reach the "no GPU kernel" refusal through a weight type.
     Module q = m;
-    q.tensors[0].dtype = DType::Q8_0;
-    Result<PagePlan> qp = planPages(q, 4, 1u << 20);
-    REQUIRE(qp.isOk());
-    Result<std::vector<DispatchDesc>> qd = planDispatches(q, qp.value(), 65535);
-    REQUIRE(!qd.isOk());
-    CHECK(qd.message() == "block 'second': no GPU kernel for MATMUL with these operand types");
-    CHECK(!Pipelines::exists("matmul_q8_0"));
+    const std::vector<DType> types = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
+                                      DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                                      DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
+                                      DType::Q6_K};
+    for (DType t : types) {
+        CAPTURE(dtypeName(t));
+        q.tensors[0].dtype = t;
+        std::vector<TensorInstr> instrs;
+        REQUIRE(decodeBlock(q, q.blocks[1], &instrs).isOk());
+        REQUIRE(checkTensorOp(q, instrs[0]).isOk());
+        const std::string name = "matmul_" + kernelSuffix(t);
+        CHECK(kernelName(q, uint32_t(Op::MATMUL), {3, 0, 1}) == name);
+        CHECK(Pipelines::exists(name));
+        CHECK(Pipelines::exists(name + "_b1"));
+        CHECK(Pipelines::exists("embed_" + kernelSuffix(t)));
+        Result<PagePlan> qp = planPages(q, 4, 1u << 20);
+        REQUIRE(qp.isOk());
+        Result<std::vector<DispatchDesc>> qd = planDispatches(q, qp.value(), 65535);
+        REQUIRE_MESSAGE(qd.isOk(), qd.message());
+        CHECK(qd.value()[2].pipeline == name + "_b1");
+        CHECK(qd.value()[3].pipeline == name);
+    }
+    CHECK(!Pipelines::exists("matmul"));
+    CHECK(Pipelines::exists("matmul_q8_0"));
+    CHECK(Pipelines::exists("matmul_q4_0"));
     CHECK(Pipelines::exists("sequencer"));
     CHECK(Pipelines::exists("plan"));
 }

@@ -2,13 +2,17 @@
 #include "tests/vm_programs.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <iterator>
 
 #include "compiler/asm.h"
 #include "host/machine_plan.h"
 #include "host/pipelines.h"
 #include "tests/test_paths.h"
+#include "vm/abi.h"
 #include "vm/isa.h"
+#include "vm/llm_abi.h"
 #include "vm/tensor_ops.h"
 #include "vm/verify.h"
 
@@ -17,7 +21,8 @@ namespace blue::test {
 namespace {
 
 // Tensors the generated block draws its operands from, f32 first so that the search prefers
-// combinations the GPU has kernels for. Weights hold small integers (exact in any order).
+// combinations the GPU has kernels for. Weights hold small integers (exact in any order); `ff2`
+// is a RoPE frequency-factor table and `kc48`/`vc48` are KV caches of 8 positions.
 constexpr const char* kTensorPool =
     R"(.tensor m44 weight f32 [4, 4] data f32 1 2 3 4 5 6 7 8 -1 -2 -3 -4 0 1 0 1
 .tensor w4 weight f32 [4] data f32 0.5 1 -1 2
@@ -31,55 +36,170 @@ constexpr const char* kTensorPool =
 .tensor m84 weight f32 [8, 4] data f32 1 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 1 0 0 0 0
 .tensor m48 weight f32 [4, 8] data f32 1 0 0 0 0 1 0 0 0 0 1 0 0 0 0 1 1 0 0 0 0 1 0 0 0 0 1 0 0 0 0 1
 .tensor c84 instance f32 [8, 4]
+.tensor ff2 weight f32 [2] data f32 1 4
+.tensor kc48 instance f32 [4, 8]
+.tensor vc48 instance f32 [4, 8]
 .tensor n4 instance i32 [4]
 .tensor k4 rows i32 [4]
 .tensor k1 rows i32 [1]
 .tensor h44 weight f16 [4, 4] data hex 003c0040004200440045004600470048003c0040004200440045004600470048
 .tensor q324 weight q8_0 [32, 4] data hex 003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101
 )";
+
+// Local memory follows vm/llm_abi.h: the sampling block at BLUE_LM_SAMPLING, stop tokens, then
+// the token history. The block takes the forward block's arguments (BLUE_FA_*).
 constexpr const char* kLayout =
-    ".layout regs=8 local=16 heap=16 heap_static=4 stack=4 mailbox=2 in_slots=2 in_slot_words=8 "
+    ".layout regs=8 local=32 heap=16 heap_static=4 stack=4 mailbox=2 in_slots=2 in_slot_words=8 "
     "max_rows=4 max_steps=4096\n";
+constexpr uint32_t kHistory[] = {1, 3, 2};  // at BLUE_LM_HISTORY; the block runs the last 2
+constexpr uint32_t kBlockRows = 2;
+constexpr uint32_t kBlockPos = 5;
+
+// Scalar operands (in format order) of ops whose scalars carry meaning: which block argument an
+// op reads (BLUE_FA_*), head counts and sizes that must divide the rows. Ops not listed get 1
+// for integers and 0.5 for floats.
+struct ScalarHint {
+    Op op;
+    std::vector<std::string> values;
+};
+const std::vector<ScalarHint>& scalarHints() {
+    static const std::vector<ScalarHint> hints = {
+        {Op::RMSNORM, {"1e-5", "0"}},
+        {Op::EMBED, {std::to_string(BLUE_FA_TOKENS)}},
+        // position arg, head size 4, 4 rotated dims, neox pairs, base, scale
+        {Op::ROPE, {std::to_string(BLUE_FA_POS), "4", "4", "2", "10000", "0.5"}},
+        {Op::KVSTORE, {std::to_string(BLUE_FA_POS)}},
+        // 2 query heads of 2 dims over 2 KV heads, position arg, scale
+        {Op::ATTN, {"2", "2", std::to_string(BLUE_FA_POS), "0.7"}},
+        {Op::SAMPLE, {std::to_string(BLUE_FA_SAMPLING)}},
+    };
+    return hints;
+}
+
+std::vector<std::string> scalarValues(const OpInfo& info) {
+    for (const ScalarHint& h : scalarHints()) {
+        if (h.op == info.op) return h.values;
+    }
+    std::vector<std::string> out;
+    for (char c : info.format) {
+        if (c == 'f') out.push_back("0.5");
+        if (c == 'u' || c == 'i') out.push_back("1");
+    }
+    return out;
+}
+
+uint32_t scalarWord(char letter, const std::string& text) {
+    if (letter != 'f') return uint32_t(std::stoul(text));
+    float f = std::stof(text);
+    uint32_t w;
+    std::memcpy(&w, &f, 4);
+    return w;
+}
+
+bool distinctTensors(const std::vector<uint32_t>& args, const std::vector<size_t>& slots) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+        for (size_t j = 0; j < i; ++j) {
+            if (args[slots[i]] == args[slots[j]] && args[slots[i]] != 0xFFFFFFFFu) return false;
+        }
+    }
+    return true;
+}
 
 // Finds tensor operands for a tensor op that checkTensorOp accepts, searching the pool in order
-// with fixed values for scalar operands; combinations the GPU has a kernel for are preferred.
-// Returns the operand text, or empty when no combination passes.
+// (an optional operand tries `none` after every pool tensor) with the op's scalar values.
+// Preferred, in this order: combinations the GPU has a kernel for, then ones whose tensors are
+// all different (so data flows from inputs to a separate output). Returns the operand text, or
+// empty when no combination passes.
 std::string tensorOperands(const Module& pool, const OpInfo& info) {
     const std::string fmt(info.format);
+    const std::vector<std::string> scalars = scalarValues(info);
     std::vector<size_t> tensor_slots;
+    std::vector<std::string> scalar_text(fmt.size());
     TensorInstr ti{info.op, 0, std::vector<uint32_t>(fmt.size(), 0)};
+    size_t next_scalar = 0;
     for (size_t i = 0; i < fmt.size(); ++i) {
-        if (fmt[i] == 't') tensor_slots.push_back(i);
-        if (fmt[i] == 'f') ti.args[i] = 0x3F000000u;  // 0.5
-        if (fmt[i] == 'u' || fmt[i] == 'i') ti.args[i] = 1;
+        if (fmt[i] == 't' || fmt[i] == 'o') {
+            tensor_slots.push_back(i);
+            continue;
+        }
+        if (next_scalar == scalars.size()) return {};  // a hint with too few values
+        scalar_text[i] = scalars[next_scalar++];
+        ti.args[i] = scalarWord(fmt[i], scalar_text[i]);
     }
     const size_t n = pool.tensors.size();
     uint64_t combos = 1;
-    for (size_t k = 0; k < tensor_slots.size() && combos < (1u << 22); ++k) combos *= n;
-    for (bool need_kernel : {true, false}) {
+    for (size_t slot : tensor_slots) {
+        if (combos < (1u << 22)) combos *= fmt[slot] == 'o' ? n + 1 : n;
+    }
+    for (int pass = 0; pass < 4; ++pass) {
+        const bool need_kernel = pass < 2, distinct = pass % 2 == 0;
         for (uint64_t c = 0; c < combos; ++c) {
             uint64_t rest = c;
             for (size_t slot : tensor_slots) {
-                ti.args[slot] = uint32_t(rest % n);
-                rest /= n;
+                const size_t choices = fmt[slot] == 'o' ? n + 1 : n;
+                ti.args[slot] = rest % choices == n ? 0xFFFFFFFFu : uint32_t(rest % choices);
+                rest /= choices;
             }
+            if (distinct && !distinctTensors(ti.args, tensor_slots)) continue;
             if (!checkTensorOp(pool, ti).isOk()) continue;
             if (need_kernel && !Pipelines::exists(kernelName(pool, uint32_t(info.op), ti.args)))
                 continue;
             std::string text;
             for (size_t i = 0; i < fmt.size(); ++i) {
                 text += i ? ", " : " ";
-                if (fmt[i] == 't')
-                    text += pool.tensors[ti.args[i]].name;
-                else if (fmt[i] == 'f')
-                    text += "0.5";
+                if (fmt[i] != 't' && fmt[i] != 'o')
+                    text += scalar_text[i];
+                else if (ti.args[i] == 0xFFFFFFFFu)
+                    text += "none";
                 else
-                    text += "1";
+                    text += pool.tensors[ti.args[i]].name;
             }
             return text;
         }
     }
     return {};
+}
+
+// Stores a word into local memory (r5 holds the value, r6 zero).
+std::string storeLocal(uint32_t addr, const std::string& li) {
+    return "    " + li + "\n    st r5, r6, " + std::to_string(addr) + "\n";
+}
+
+// Fills local memory as vm/llm_abi.h lays it out (a sampling block with every filter and
+// penalty on, a token history) and v4, the logits SAMPLE finds in the pool.
+std::string llmSetup() {
+    const uint32_t sp = BLUE_LM_SAMPLING;
+    std::string s = "    li r6, 0\n";
+    s += storeLocal(sp + BLUE_SP_TEMP, "lf r5, 0.8");
+    s += storeLocal(sp + BLUE_SP_TOP_K, "li r5, 3");
+    s += storeLocal(sp + BLUE_SP_TOP_P, "lf r5, 0.95");
+    s += storeLocal(sp + BLUE_SP_MIN_P, "lf r5, 0.05");
+    s += storeLocal(sp + BLUE_SP_REPEAT_PENALTY, "lf r5, 1.3");
+    s += storeLocal(sp + BLUE_SP_REPEAT_LAST_N, "li r5, 8");
+    s += storeLocal(sp + BLUE_SP_PRESENCE, "lf r5, 0.1");
+    s += storeLocal(sp + BLUE_SP_FREQUENCY, "lf r5, 0.05");
+    s += storeLocal(sp + BLUE_SP_SEED, "li r5, 1234");
+    s += storeLocal(sp + BLUE_SP_HIST_ADDR, "li r5, " + std::to_string(BLUE_LM_HISTORY));
+    s += storeLocal(sp + BLUE_SP_HIST_LEN, "li r5, " + std::to_string(std::size(kHistory)));
+    for (size_t i = 0; i < std::size(kHistory); ++i) {
+        s += storeLocal(uint32_t(BLUE_LM_HISTORY + i), "li r5, " + std::to_string(kHistory[i]));
+    }
+    const char* logits[] = {"1.0", "2.5", "2.0", "-1.0"};
+    for (size_t i = 0; i < std::size(logits); ++i) {
+        s += std::string("    lf r5, ") + logits[i] + "\n    li r7, " + std::to_string(i) +
+             "\n    tst r5, r7, v4\n";
+    }
+    return s;
+}
+
+// RUN with the forward block's arguments in r1..r4, then outputs the sampled token.
+std::string runBlock() {
+    const uint32_t first_token = BLUE_LM_HISTORY + uint32_t(std::size(kHistory)) - kBlockRows;
+    return "    li r1, " + std::to_string(kBlockRows) + "\n    li r2, " +
+           std::to_string(kBlockPos) + "\n    li r3, " + std::to_string(first_token) +
+           "\n    li r4, " + std::to_string(BLUE_LM_SAMPLING) +
+           "\n    run all, r1\n    li r5, 0\n    ld r5, r5, " +
+           std::to_string(BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN) + "\n    out r5\n";
 }
 
 // A control instruction's operands: registers r1, r2, r3 in turn; immediates that keep the
@@ -145,8 +265,8 @@ std::vector<std::string> goldenProgramPaths() {
 Result<std::string> everyOpSource() {
     Result<Module> pool = assemble(std::string(kTensorPool) + "halt\n", "pool");
     if (!pool) return pool.status();
-    std::string block = ".block all args=0\n";
-    std::string code = ".entry main\nmain:\n";
+    std::string block = ".block all args=" + std::to_string(BLUE_FA_COUNT) + "\n";
+    std::string code = ".entry main\nmain:\n" + llmSetup();
     uint32_t label = 0;
     for (const OpInfo* op = opTableBegin(); op != opTableEnd(); ++op) {
         if (op->tensor) {
@@ -154,7 +274,7 @@ Result<std::string> everyOpSource() {
             if (operands.empty()) {
                 return BLUE_ERROR(
                     "no combination of pool tensors satisfies the rules of %s; "
-                    "extend kTensorPool in tests/vm_programs.cpp",
+                    "extend kTensorPool or scalarHints() in tests/vm_programs.cpp",
                     std::string(op->name).c_str());
             }
             block += "    " + lower(op->name) + operands + "\n";
@@ -162,6 +282,10 @@ Result<std::string> everyOpSource() {
         }
         // HALT ends the program and RET ends the subroutine CALL goes to; both come last.
         if (op->op == Op::HALT || op->op == Op::RET) continue;
+        if (op->op == Op::RUN) {
+            code += runBlock();
+            continue;
+        }
         std::string next = "n" + std::to_string(label++);
         code += "    li r1, 0\n    li r2, 0\n    li r3, 1\n";
         code += "    " + lower(op->name) + controlOperands(*op, next) + "\n" + next + ":\n";

@@ -1,8 +1,11 @@
 // Programs shared by the VM core's tests: the golden programs under programs/, and a program
 // generated from the opcode table that uses every control opcode (with operands that let it run
 // to HALT on one instance) and every tensor opcode in a block (with operand tensors found by
-// searching a pool for a combination that the op's rules accept). A new opcode is covered by the
-// generated program without touching the tests.
+// searching a pool for a combination that the op's rules accept, and scalar operands from a
+// short list of hints where they carry meaning). The block runs with the forward block's
+// arguments (vm/llm_abi.h) over a local memory holding a sampling block and a token history, so
+// the LLM ops read meaningful values; the program outputs the sampled token. A new opcode is
+// covered by the generated program without touching the tests.
 #pragma once
 
 #include <string>

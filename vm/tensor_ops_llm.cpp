@@ -40,6 +40,14 @@ Status cacheTensor(const Checker& c, size_t i, uint64_t row_elems) {
     return Status::ok();
 }
 
+// The kernels are built per cache type (of the K cache) and take the context length from the K
+// cache, so the V cache must match it in both.
+Status sameCaches(const Checker& c, size_t k, size_t v) {
+    if (c.t(k).ne[1] != c.t(v).ne[1]) return c.fail(v, "K and V caches differ in context length");
+    if (c.t(k).dtype != c.t(v).dtype) return c.fail(v, "K and V caches differ in type");
+    return Status::ok();
+}
+
 Status checkRmsnorm(const Checker& c) {
     BLUE_TRY(c.dst(0));
     BLUE_TRY(c.dtype(0, DType::F32));
@@ -85,7 +93,7 @@ Status checkKvstore(const Checker& c) {
     BLUE_TRY(c.elements(2, c.t(0).elements()));
     BLUE_TRY(cacheTensor(c, 1, c.t(0).elements()));
     BLUE_TRY(cacheTensor(c, 3, c.t(0).elements()));
-    if (c.t(1).ne[1] != c.t(3).ne[1]) return c.fail(3, "K and V caches differ in context length");
+    BLUE_TRY(sameCaches(c, 1, 3));
     return argSlot(c.ti.args[4]);
 }
 
@@ -100,6 +108,7 @@ Status checkAttn(const Checker& c) {
     }
     BLUE_TRY(cacheTensor(c, 1, n / n_head * n_kv));
     BLUE_TRY(cacheTensor(c, 2, n / n_head * n_kv));
+    BLUE_TRY(sameCaches(c, 1, 2));
     return argSlot(c.ti.args[6]);
 }
 
@@ -239,7 +248,8 @@ void refSwiglu(const Items& it, const TensorInstr& ti) {
     }
 }
 
-// The sampling rule (vm/llm_abi.h's parameter block): penalties, then top-k, top-p and min-p
+// The sampling rule (vm/llm_abi.h's parameter block): penalties (written back into the logits
+// tensor, as the GPU kernel penalises in place), then top-k, top-p and min-p
 // filters on the temperature-1 distribution, then temperature, then one draw walking the kept
 // tokens in id order. Entropy and log-probability describe the penalized T = 1 distribution.
 struct SampleParams {
@@ -322,11 +332,12 @@ void refSample(const Items& it, const TensorInstr& ti) {
                        bitsToFloat(sp[BLUE_SP_MIN_P]),    bitsToFloat(sp[BLUE_SP_REPEAT_PENALTY]),
                        bitsToFloat(sp[BLUE_SP_PRESENCE]), bitsToFloat(sp[BLUE_SP_FREQUENCY]),
                        sp[BLUE_SP_TOP_K], sp[BLUE_SP_REPEAT_LAST_N], sp[BLUE_SP_SEED], sp[BLUE_SP_COUNTER]};
-        const float* logits = it.f32(ti.args[0], item);
+        float* logits = it.f32(ti.args[0], item);
         std::vector<float> l(logits, logits + n);
         uint32_t hist_addr = sp[BLUE_SP_HIST_ADDR], hist_len = sp[BLUE_SP_HIST_LEN];
         const uint32_t* hist = it.local(item, uint64_t(hist_addr) + hist_len - 1) && hist_len ? it.local(item, hist_addr) : nullptr;
         if (hist) applyPenalties(l, p, hist, hist_len);
+        std::copy(l.begin(), l.end(), logits);  // the penalties apply to the logits in place
         float entropy = 0, logprob = 0;
         sp[BLUE_SP_OUT_TOKEN] = sampleToken(std::move(l), p, &entropy, &logprob);
         std::memcpy(&sp[BLUE_SP_OUT_ENTROPY], &entropy, 4);

@@ -1,0 +1,347 @@
+// The generic per-op test: every tensor opcode of the table (vm/opcodes.def), in every kernel
+// variant built (each MATMUL/EMBED weight type, F32 and F16 KV caches), runs on the GPU and on the
+// reference machine (vm/tensor_ops*.cpp, the specification), and the tensors it writes must
+// match by normalised error max |gpu - ref| / (max |ref| + 1e-30), within a bound stated and
+// justified beside each case. Instances ask for the block together with ragged row counts
+// (1, 3, 2, ...), at positions that do not start at 0, with widths that are not multiples of
+// the workgroup sizes; inputs are seeded random values (embedded ROWS rows, TST-written INSTANCE
+// slices, WEIGHT and GLOBAL data, quantized with quantizeRow). SAMPLE is checked draw by draw
+// (test_ops_gpu_sample.cpp); RoPE, KV store and attention live in test_ops_gpu_llm.cpp. A tensor op
+// without a case here fails the test, and so does a kernel that is built but that no case
+// dispatches.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <numeric>
+
+#include "host/pipelines.h"
+#include "shaders/embedded.h"
+#include "tests/gpu_fixture.h"
+#include "host/machine_plan.h"
+#include "tests/op_harness.h"
+#include "tests/test_ops_gpu.h"
+#include "vm/abi.h"
+#include "vm/isa.h"
+#include "vm/tensor_ops.h"
+#include "vm/verify.h"
+
+namespace blue::test {
+
+std::vector<OpMeasure>& opMeasures() {
+    static std::vector<OpMeasure> all;
+    return all;
+}
+
+void expectClose(const BothMachines& b, uint32_t tensor, uint32_t rows, double bound,
+                 const std::string& what) {
+    ErrorStat e = compareTensor(b, tensor, rows);
+    INFO(what << ": max normalised error " << e.normalised() << " over " << e.compared
+              << " values (bound " << bound << ")");
+    CHECK(e.compared > 0);
+    CHECK(e.normalised() <= bound);
+    opMeasures().push_back({what, e.normalised(), bound});
+}
+
+std::vector<InstancePlan> raggedPlans(OpModule& om, const std::vector<uint32_t>& rows,
+                                      const std::vector<uint32_t>& pos) {
+    std::vector<uint32_t> tokens(om.vocab());
+    std::iota(tokens.begin(), tokens.end(), 0u);
+    std::shuffle(tokens.begin(), tokens.end(), om.rng());
+    std::vector<InstancePlan> plans(rows.size());
+    size_t next = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+        plans[i].rows = rows[i];
+        plans[i].pos = pos[i];
+        for (uint32_t r = 0; r < rows[i]; ++r) plans[i].tokens.push_back(tokens.at(next++));
+    }
+    return plans;
+}
+
+uint32_t totalRows(const std::vector<InstancePlan>& plans) {
+    uint32_t n = 0;
+    for (const InstancePlan& p : plans) n += p.rows;
+    return n;
+}
+
+std::string lowerName(DType t) {
+    std::string r(dtypeName(t));
+    for (char& c : r) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return r;
+}
+
+namespace {
+
+constexpr uint32_t kVocab = 64;
+constexpr uint32_t kWide = 172;  // a row width that is no multiple of 32, 64 or 256
+
+// Variants that must be built: MATMUL and EMBED weight types, KVSTORE and ATTN cache types.
+// Whatever else shaders/CMakeLists.txt builds is found and tested too.
+constexpr std::initializer_list<DType> kWeightTypes = {DType::F32, DType::F16, DType::BF16,
+                                                       DType::Q8_0, DType::Q4_0};
+constexpr std::initializer_list<DType> kCacheTypes = {DType::F32, DType::F16};
+
+uint32_t roundUp(uint32_t n, uint32_t block) {
+    return (n + block - 1) / block * block;
+}
+
+std::vector<DType> allTypes() {
+#define BLUE_TYPE_ITEM(name, id, be, bb, sup) DType::name,
+    return {BLUE_DTYPES(BLUE_TYPE_ITEM)};
+#undef BLUE_TYPE_ITEM
+}
+
+// The types `<op>_<type>` kernels are built for, e.g. every MATMUL weight type.
+std::vector<DType> kernelTypes(const char* op) {
+    std::vector<DType> out;
+    for (DType t : allTypes()) {
+        if (Pipelines::exists(std::string(op) + "_" + lowerName(t))) out.push_back(t);
+    }
+    return out;
+}
+
+// The types of `op`'s typed kernels, checking that `required` are among them.
+std::vector<DType> kernelTypes(const char* op, std::initializer_list<DType> required) {
+    std::vector<DType> types = kernelTypes(op);
+    for (DType t : required) {
+        CHECK_MESSAGE(std::count(types.begin(), types.end(), t) == 1,
+                      "no " << op << "_" << lowerName(t) << " kernel");
+    }
+    return types;
+}
+
+// TADD, TMUL, SWIGLU (binary) and TSCALE (times a float): a ROWS destination from two ROWS
+// inputs and from a ROWS input and a broadcast WEIGHT; an INSTANCE destination from a ROWS input
+// (the instance's last row) and a broadcast GLOBAL, and from an INSTANCE input. Variants the
+// op's rules reject (SWIGLU writes only ROWS) are left out.
+void elementwiseCase(Op op, double bound) {
+    constexpr uint32_t kWidth = 300;  // two 256-wide workgroups, the second partial
+    OpModule om(kVocab, 8, kTokens + 8, 0xE1E0 + uint32_t(op));
+    const bool binary = opInfo(op).format[2] == 't';
+    uint32_t a = om.rowsInput("a", kWidth, -4, 4), b = om.rowsInput("b", kWidth, -4, 4);
+    uint32_t w = om.data("w", BLUE_TC_WEIGHT, DType::F32, {kWidth}, om.random(kWidth, -2, 2));
+    uint32_t g = om.data("g", BLUE_TC_GLOBAL, DType::F32, {kWidth}, om.random(kWidth, -2, 2));
+    uint32_t bi = om.tensor("b_inst", BLUE_TC_INSTANCE, DType::F32, {kWidth});
+    struct Variant {
+        const char* what;
+        uint32_t cls, in1, in2;
+    };
+    std::vector<Variant> variants = {{"rows", BLUE_TC_ROWS, a, b},
+                                     {"rows x weight", BLUE_TC_ROWS, a, w},
+                                     {"instance x global", BLUE_TC_INSTANCE, a, g},
+                                     {"instance", BLUE_TC_INSTANCE, bi, a}};
+    if (!binary) {
+        variants = {{"rows", BLUE_TC_ROWS, a, std::bit_cast<uint32_t>(-1.75f)},
+                    {"instance", BLUE_TC_INSTANCE, bi, std::bit_cast<uint32_t>(0.3f)}};
+    }
+    std::vector<std::pair<uint32_t, std::string>> outputs;
+    for (const Variant& v : variants) {
+        uint32_t dst = om.tensor(std::string("out ") + v.what, v.cls, DType::F32, {kWidth});
+        TensorInstr ti{op, 0, {dst, v.in1, v.in2}};
+        if (!checkTensorOp(om.module(), ti).isOk()) continue;
+        om.step(op, ti.args);
+        outputs.push_back({dst, std::string(opInfo(op).name) + " " + v.what});
+    }
+    REQUIRE(outputs.size() >= 2);
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {5, 0, 9});
+    for (InstancePlan& p : plans) p.tensor_words.push_back({bi, om.random(kWidth, -4, 4)});
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    for (const auto& [dst, what] : outputs) expectClose(*both, dst, totalRows(plans), bound, what);
+}
+
+// MATMUL with a [K, N] weight of type t: K = 172 rounded up to the type's block, N = 172 (three
+// 64-row workgroups, the last partial); a ROWS and an INSTANCE destination. Run twice: 11 rows in
+// 5 instances (three 4-item tiles, the last partial: the batched kernel), and one row in one
+// instance (the plan kernel picks the single-item `_b1` variant when one item asks).
+void matmulCase(DType t) {
+    const uint32_t k = roundUp(kWide, dtypeInfo(t)->block_elems), n = kWide;
+    const std::vector<std::pair<std::vector<uint32_t>, std::vector<uint32_t>>> runs = {
+        {{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}}, {{1}, {3}}};
+    for (const auto& [rows, starts] : runs) {
+        OpModule om(kVocab, 16, kTokens + 8, 0x3A7 + uint32_t(t));
+        uint32_t x = om.rowsInput("x", k, -1, 1);
+        std::vector<float> wv = om.random(size_t(k) * n, -1, 1);
+        uint32_t w = om.data("w", BLUE_TC_WEIGHT, t, {k, n}, wv);
+        uint32_t y = om.tensor("y", BLUE_TC_ROWS, DType::F32, {n});
+        uint32_t yi = om.tensor("y_inst", BLUE_TC_INSTANCE, DType::F32, {n});
+        om.step(Op::MATMUL, {y, w, x});
+        om.step(Op::MATMUL, {yi, w, x});
+        std::vector<InstancePlan> plans = raggedPlans(om, rows, starts);
+        Module m = om.build(plans);
+        auto both = runOnBoth(m, uint32_t(plans.size()));
+        const bool single = totalRows(plans) == 1;
+        if (single) kernelsRun().insert(kernelName(m, uint32_t(Op::MATMUL), {y, w, x}) + "_b1");
+        // The GPU accumulates K products in float, the reference in double. Recursive summation
+        // errs by at most K * 2^-24 * sum |w x| (~1.1e-5 * 48 for K = 192, |w|, |x| <= 1),
+        // against max |ref| of about 10: 1e-4 holds in any summation order. Weights dequantize
+        // exactly (d * q has at most 19 significant bits) on both machines.
+        const double bound = 1e-4;
+        const std::string name = "MATMUL " + lowerName(t) + (single ? " single item" : "");
+        expectClose(*both, y, totalRows(plans), bound, name + " rows");
+        expectClose(*both, yi, 0, bound, name + " instance");
+    }
+}
+
+// A matrix that is not a WEIGHT is refused at load with the reason: the kernels read matrices in
+// the GPU weight layout.
+TEST_CASE("ops gpu: a MATMUL over a GLOBAL matrix is refused at load") {
+    OpModule om(kVocab, 16, kTokens + 8, 0x3A7);
+    uint32_t x = om.rowsInput("x", 64, -1, 1);
+    uint32_t wg = om.data("wg", BLUE_TC_GLOBAL, DType::F32, {64, 8}, om.random(64 * 8, -1, 1));
+    uint32_t y = om.tensor("y", BLUE_TC_ROWS, DType::F32, {8});
+    om.step(Op::MATMUL, {y, wg, x});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1}, {0});
+    Module m = om.build(plans);
+    Result<WeightSource> w = WeightSource::open(m, "");
+    REQUIRE(w.isOk());
+    GpuOptions opt;
+    auto g = GpuMachine::create(*gpu().device, *gpu().pipelines, m, w.value(), opt);
+    REQUIRE(!g.isOk());
+    CHECK(g.message().find("MATMUL: the matrix 'wg' is not a WEIGHT tensor") != std::string::npos);
+}
+
+// EMBED from a [D, vocab] table of type t (D = 172 rounded up to the block); the rows' tokens
+// include the last one and one past the vocabulary (a zero row).
+void embedCase(DType t) {
+    const uint32_t d = roundUp(kWide, dtypeInfo(t)->block_elems);
+    OpModule om(kVocab, 8, kTokens + 8, 0xE3B + uint32_t(t));
+    uint32_t table =
+        om.data("table", BLUE_TC_WEIGHT, t, {d, kVocab}, om.random(size_t(d) * kVocab, -2, 2));
+    uint32_t e = om.tensor("e", BLUE_TC_ROWS, DType::F32, {d});
+    om.step(Op::EMBED, {e, table, BLUE_FA_TOKENS});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {0, 0, 0});
+    plans[0].tokens = {kVocab - 1};
+    plans[1].tokens = {3, kVocab + 7, 0};
+    plans[2].tokens = {17, 42};
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    // Dequantization is exact in float for the plain types, Q8_0 and Q4_0 (a copy, or d * q
+    // with at most 19 significant bits): identical rows. Formats with a second term (d * q - m)
+    // may round once more where a device fuses the multiply-add: 1e-6.
+    const bool exact = dtypeInfo(t)->block_elems == 1 || t == DType::Q8_0 || t == DType::Q4_0;
+    expectClose(*both, e, totalRows(plans), exact ? 0.0 : 1e-6, "EMBED " + lowerName(t));
+}
+
+// TSUM of 300-wide slices: ROWS into ROWS, an INSTANCE slice, and a row read per instance.
+void tsumCase() {
+    constexpr uint32_t kWidth = 300;
+    OpModule om(kVocab, 8, kTokens + 8, 0x75);
+    uint32_t a = om.rowsInput("a", kWidth, -1, 3);
+    uint32_t ai = om.tensor("a_inst", BLUE_TC_INSTANCE, DType::F32, {kWidth});
+    uint32_t s = om.tensor("s", BLUE_TC_ROWS, DType::F32, {1});
+    uint32_t si = om.tensor("s_inst", BLUE_TC_INSTANCE, DType::F32, {1});
+    uint32_t sl = om.tensor("s_last", BLUE_TC_INSTANCE, DType::F32, {1});
+    om.step(Op::TSUM, {s, a});
+    om.step(Op::TSUM, {si, ai});
+    om.step(Op::TSUM, {sl, a});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {2, 0, 1});
+    for (InstancePlan& p : plans) p.tensor_words.push_back({ai, om.random(kWidth, -1, 3)});
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    // A float tree sum of n = 300 terms errs by at most log2(n) * 2^-24 * sum |a| (~5e-7 * 900)
+    // against sums of about 300 (values in [-1, 3)): 1e-5 is ample.
+    expectClose(*both, s, totalRows(plans), 1e-5, "TSUM rows");
+    expectClose(*both, si, 0, 1e-5, "TSUM instance");
+    expectClose(*both, sl, 0, 1e-5, "TSUM last row per instance");
+}
+
+// RMSNORM over whole 172-wide rows, over groups of 64 and of 32 (the latter with a weight that is
+// itself a ROWS tensor, read per row), and into an INSTANCE destination.
+void rmsnormCase() {
+    OpModule om(kVocab, 8, kTokens + 8, 0x4A5);
+    uint32_t a = om.rowsInput("a", kWide, -3, 3), c = om.rowsInput("c", 192, -3, 3);
+    uint32_t wr = om.rowsInput("w_rows", 32, 0.5f, 1.5f);
+    uint32_t w172 =
+        om.data("w172", BLUE_TC_WEIGHT, DType::F32, {kWide}, om.random(kWide, 0.5f, 1.5f));
+    uint32_t w64 = om.data("w64", BLUE_TC_WEIGHT, DType::F32, {64}, om.random(64, 0.5f, 1.5f));
+    uint32_t n1 = om.tensor("n_row", BLUE_TC_ROWS, DType::F32, {kWide});
+    uint32_t n2 = om.tensor("n_group64", BLUE_TC_ROWS, DType::F32, {192});
+    uint32_t n3 = om.tensor("n_group32_rowweight", BLUE_TC_ROWS, DType::F32, {192});
+    uint32_t ni = om.tensor("n_inst", BLUE_TC_INSTANCE, DType::F32, {kWide});
+    const uint32_t eps5 = std::bit_cast<uint32_t>(1e-5f), eps6 = std::bit_cast<uint32_t>(1e-6f);
+    om.step(Op::RMSNORM, {n1, a, w172, eps5, 0});
+    om.step(Op::RMSNORM, {n2, c, w64, eps6, 64});
+    om.step(Op::RMSNORM, {n3, c, wr, eps5, 32});
+    om.step(Op::RMSNORM, {ni, a, w172, eps5, 0});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {3, 0, 6});
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    // Float sum of squares (a few 2^-24 relative per term, tree order), inversesqrt (2 ULP in
+    // Vulkan) and two products: a few 1e-7 relative per element; 1e-5 leaves margin.
+    const uint32_t rows = totalRows(plans);
+    expectClose(*both, n1, rows, 1e-5, "RMSNORM row");
+    expectClose(*both, n2, rows, 1e-5, "RMSNORM groups of 64");
+    expectClose(*both, n3, rows, 1e-5, "RMSNORM groups of 32, per-row weight");
+    expectClose(*both, ni, 0, 1e-5, "RMSNORM instance");
+}
+
+void runOpCase(Op op) {
+    switch (op) {
+        // Single IEEE operations, correctly rounded in Vulkan as in C++: identical results.
+        case Op::TADD:
+        case Op::TMUL:
+        case Op::TSCALE:
+            elementwiseCase(op, 0.0);
+            return;
+        // silu uses exp (3 + 2|x| ULP in Vulkan, |x| <= 4 here) and a division (2.5 ULP):
+        // ~2e-6 relative at worst; 1e-5.
+        case Op::SWIGLU:
+            elementwiseCase(op, 1e-5);
+            return;
+        case Op::MATMUL:
+            for (DType t : kernelTypes("matmul", kWeightTypes)) matmulCase(t);
+            return;
+        case Op::EMBED:
+            for (DType t : kernelTypes("embed", kWeightTypes)) embedCase(t);
+            return;
+        case Op::TSUM:
+            tsumCase();
+            return;
+        case Op::RMSNORM:
+            rmsnormCase();
+            return;
+        case Op::ROPE:
+            ropeCase();
+            return;
+        case Op::KVSTORE:
+            for (DType t : kernelTypes("kvstore", kCacheTypes)) kvstoreCase(t);
+            return;
+        case Op::ATTN:
+            for (DType t : kernelTypes("attn", kCacheTypes)) attnCase(t);
+            return;
+        case Op::SAMPLE:
+            sampleCase();
+            return;
+        default:
+            FAIL(
+                "tensor op " << opInfo(op).name
+                             << " has no GPU-vs-reference case: add one to tests/test_ops_gpu.cpp");
+    }
+}
+
+}  // namespace
+
+TEST_CASE("ops gpu: every tensor op of the table matches the reference, in every kernel variant") {
+    opMeasures().clear();
+    for (const OpInfo* op = opTableBegin(); op != opTableEnd(); ++op) {
+        if (!op->tensor) continue;
+        INFO("op " << op->name);
+        runOpCase(op->op);
+    }
+    for (size_t i = 0; i < kEmbeddedShaderCount; ++i) {
+        std::string name = kEmbeddedShaders[i].name;
+        if (name == "sequencer" || name == "plan") continue;
+        CHECK_MESSAGE(kernelsRun().count(name) == 1,
+                      "kernel " << name << " is built but no case in test_ops_gpu.cpp runs it");
+    }
+    std::string table = "max normalised GPU-vs-reference error per op (bound):";
+    for (const OpMeasure& m : opMeasures()) {
+        table += strFormat("\n  %-44s %.3g (%.3g)", m.what.c_str(), m.err, m.bound);
+    }
+    MESSAGE(table);
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
+}  // namespace blue::test

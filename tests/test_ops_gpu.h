@@ -1,0 +1,36 @@
+// Shared by the per-op GPU-vs-reference test files (test_ops_gpu*.cpp): the measurement log,
+// ragged instance plans, and the cases that live outside test_ops_gpu.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tests/op_harness.h"
+
+namespace blue::test {
+
+// One compared tensor: its label, the measured max normalised error and its bound.
+struct OpMeasure {
+    std::string what;
+    double err = 0, bound = 0;
+};
+std::vector<OpMeasure>& opMeasures();
+
+// Checks that `tensor` (ROWS: the first `rows` rows of the last block run) matches within
+// `bound`, and logs the measurement.
+void expectClose(const BothMachines& b, uint32_t tensor, uint32_t rows, double bound,
+                 const std::string& what);
+
+// One plan per instance with rows[i] rows at position pos[i]; every row gets a different random
+// token of the module's vocabulary.
+std::vector<InstancePlan> raggedPlans(OpModule& om, const std::vector<uint32_t>& rows,
+                                      const std::vector<uint32_t>& pos);
+uint32_t totalRows(const std::vector<InstancePlan>& plans);
+std::string lowerName(DType t);
+
+void ropeCase();                // test_ops_gpu_llm.cpp
+void kvstoreCase(DType cache);  // test_ops_gpu_llm.cpp
+void attnCase(DType cache);     // test_ops_gpu_llm.cpp
+void sampleCase();              // test_ops_gpu_sample.cpp
+
+}  // namespace blue::test

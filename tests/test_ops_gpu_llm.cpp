@@ -1,0 +1,133 @@
+// The per-op GPU-vs-reference cases of the position-dependent LLM ops (see test_ops_gpu.cpp):
+// ROPE in both pair layouts, with and without frequency factors, in place; KVSTORE into F32 and
+// F16 caches, up to and past the end of the context; ATTN over several hundred cached positions
+// (so the kernel's 256-position chunks of online softmax are crossed), head sizes 8 and 64,
+// grouped-query ratios 2 and 4.
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+
+#include "tests/test_ops_gpu.h"
+#include "vm/abi.h"
+
+namespace blue::test {
+
+namespace {
+
+uint32_t bits(float f) {
+    return std::bit_cast<uint32_t>(f);
+}
+
+}  // namespace
+
+// Positions 7, 299-301 and 1030-1031. Rows of 176 (22 heads of 8) and of 192 (3 heads of 64).
+void ropeCase() {
+    OpModule om(64, 8, kTokens + 8, 0x809E);
+    uint32_t x8 = om.rowsInput("x8", 176, -2, 2), x = om.rowsInput("x", 192, -2, 2);
+    uint32_t z = om.rowsInput("z", 192, -2, 2);
+    uint32_t ffr = om.rowsInput("ff_rows", 32, 0.5f, 2.0f);
+    uint32_t ffw = om.data("ff", BLUE_TC_WEIGHT, DType::F32, {16}, om.random(16, 1.0f, 8.0f));
+    uint32_t r1 = om.tensor("r_head8", BLUE_TC_ROWS, DType::F32, {176});
+    uint32_t r2 = om.tensor("r_neox_ff", BLUE_TC_ROWS, DType::F32, {192});
+    uint32_t r3 = om.tensor("r_ff_rows", BLUE_TC_ROWS, DType::F32, {192});
+    uint32_t r4 = om.tensor("r_adjacent_partial", BLUE_TC_ROWS, DType::F32, {192});
+    const uint32_t kNone = 0xFFFFFFFFu, pos = BLUE_FA_POS;
+    // dst, src, factors, position arg, head size, rotated dims, mode, base, scale
+    om.step(Op::ROPE, {r1, x8, kNone, pos, 8, 8, 0, bits(10000.0f), bits(1.0f)});
+    om.step(Op::ROPE, {r2, x, ffw, pos, 64, 32, 2, bits(1e6f), bits(0.25f)});
+    om.step(Op::ROPE, {r3, x, ffr, pos, 64, 64, 0, bits(10000.0f), bits(1.0f)});
+    om.step(Op::ROPE, {z, z, kNone, pos, 64, 48, 2, bits(500000.0f), bits(1.0f)});
+    om.step(Op::ROPE, {r4, x, kNone, pos, 64, 16, 0, bits(10000.0f), bits(1.0f)});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {7, 299, 1030});
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    // The GPU forms the angle pos * scale * base^(-2i/n) / ff in float (pow within a few ULP),
+    // an absolute error of up to ~1e-4 rad at position 1031, then takes sin and cos, which
+    // Vulkan only bounds to 2^-11 absolute; the reference works in double. Each output is
+    // x0 * c -/+ x1 * s with |x| <= 2: 2e-3 of max |ref| covers both.
+    const uint32_t rows = totalRows(plans);
+    expectClose(*both, r1, rows, 2e-3, "ROPE head 8, adjacent pairs");
+    expectClose(*both, r2, rows, 2e-3, "ROPE head 64, neox, half rotated, factors");
+    expectClose(*both, r3, rows, 2e-3, "ROPE head 64, per-row factors");
+    expectClose(*both, z, rows, 2e-3, "ROPE in place, neox, 48 of 64 rotated");
+    expectClose(*both, r4, rows, 2e-3, "ROPE adjacent pairs, 16 of 64 rotated");
+}
+
+// K and V rows of 172 into caches of 16 positions: rows at 15-16, 9-11 and 3. Position 16 is
+// past the context and must be dropped; instance 0 has it, so a store past its slice would land
+// in instance 1's untouched position 0 and show.
+void kvstoreCase(DType cache) {
+    constexpr uint32_t kDim = 172, kCtx = 16;
+    OpModule om(64, 8, kTokens + 8, 0x5703 + uint32_t(cache));
+    uint32_t k = om.rowsInput("k", kDim, -2, 2), v = om.rowsInput("v", kDim, -2, 2);
+    uint32_t kc = om.tensor("kcache", BLUE_TC_INSTANCE, cache, {kDim, kCtx});
+    uint32_t vc = om.tensor("vcache", BLUE_TC_INSTANCE, cache, {kDim, kCtx});
+    om.step(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
+    std::vector<InstancePlan> plans = raggedPlans(om, {2, 3, 1}, {15, 9, 3});
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    // F32: a copy. F16: one conversion, whose rounding Vulkan leaves to the device (nearest or
+    // toward zero): at most one half ULP, 2^-10 relative.
+    const double bound = cache == DType::F32 ? 0.0 : 1e-3;
+    const std::string name = "KVSTORE " + lowerName(cache);
+    expectClose(*both, kc, 0, bound, name + " K cache");
+    expectClose(*both, vc, 0, bound, name + " V cache");
+}
+
+namespace {
+
+struct AttnShape {
+    uint32_t head, n_head, n_kv;
+};
+
+// Each instance first stores `prefill` positions (the fill block), then runs rows at the
+// positions after them: the step block stores their K and V and attends over everything.
+void attnShapeCase(DType cache, AttnShape s) {
+    const uint32_t q_dim = s.head * s.n_head, kv_dim = s.head * s.n_kv;
+    const std::vector<uint32_t> prefill = {300, 5, 520}, rows = {1, 3, 2};
+    constexpr uint32_t kCtx = 600, kVocab = 1024, kMaxRows = 832;
+    OpModule om(kVocab, kMaxRows, kTokens + 528, 0xA77 + s.head * 7 + uint32_t(cache));
+    uint32_t q = om.rowsInput("q", q_dim, -2, 2), k = om.rowsInput("k", kv_dim, -1, 1);
+    uint32_t v = om.rowsInput("v", kv_dim, -0.5f, 1.5f);
+    uint32_t kc = om.tensor("kcache", BLUE_TC_INSTANCE, cache, {kv_dim, kCtx});
+    uint32_t vc = om.tensor("vcache", BLUE_TC_INSTANCE, cache, {kv_dim, kCtx});
+    uint32_t out = om.tensor("out", BLUE_TC_ROWS, DType::F32, {q_dim});
+    const float scale = 1.0f / std::sqrt(float(s.head));
+    om.fill(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
+    om.step(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
+    om.step(Op::ATTN, {out, kc, vc, q, s.n_head, s.n_kv, BLUE_FA_POS, bits(scale)});
+    std::vector<InstancePlan> plans(prefill.size());
+    uint32_t token = 0, step_token = 900;
+    for (size_t i = 0; i < plans.size(); ++i) {
+        plans[i].prefill = prefill[i];
+        plans[i].prefill_token = token;
+        token += prefill[i];
+        plans[i].rows = rows[i];
+        plans[i].pos = prefill[i];
+        for (uint32_t r = 0; r < rows[i]; ++r) plans[i].tokens.push_back(step_token++);
+    }
+    REQUIRE(token <= 900);
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    // F32 caches: the GPU's float scores, exp (3 + 2|x| ULP, |x| < 20) and float sums over at
+    // most 522 positions, rescaled per 256-position chunk, against the reference's double:
+    // ~1e-5 relative at worst; 1e-4. F16 caches may also differ by one half ULP where the
+    // conversion rounds differently (2^-10 relative in K and V): 2e-3.
+    const double bound = cache == DType::F32 ? 1e-4 : 2e-3;
+    const std::string name = strFormat("ATTN %s head %u, %u/%u heads", lowerName(cache).c_str(),
+                                       s.head, s.n_head, s.n_kv);
+    expectClose(*both, out, totalRows(plans), bound, name);
+    expectClose(*both, kc, 0, cache == DType::F32 ? 0.0 : 1e-3, name + " K cache");
+    expectClose(*both, vc, 0, cache == DType::F32 ? 0.0 : 1e-3, name + " V cache");
+}
+
+}  // namespace
+
+// Head size 8 with 4 query heads over 2 KV heads (ratio 2); head size 64 with 8 over 2 (ratio 4).
+void attnCase(DType cache) {
+    attnShapeCase(cache, {8, 4, 2});
+    attnShapeCase(cache, {64, 8, 2});
+}
+
+}  // namespace blue::test
