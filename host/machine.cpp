@@ -65,6 +65,7 @@ struct GpuMachine::Impl {
     std::deque<uint32_t> inflight;  // submitted chains, oldest first
     uint32_t next_chain = 0;
     bool gpu_done = false;          // the last snapshot showed no live instance
+    bool paused = false;            // the host stopped submitting (pump without keep_going)
     std::chrono::steady_clock::time_point started;
     Status collectProfile(uint32_t chain);
 };
@@ -515,7 +516,8 @@ void GpuMachine::closeInput() { impl_->input_closed = true; }
 Status GpuMachine::Impl::submit(GpuStats* stats) {
     VkDevice d = dev.device();
     uint32_t c = next_chain;
-    if (stats->submits > 0 && inflight.empty()) ++stats->round_trips;
+    if (stats->submits > 0 && inflight.empty()) ++(paused ? stats->resumes : stats->round_trips);
+    paused = false;
     for (uint32_t o : inflight) {
         if (vkGetFenceStatus(d, fences[o]) == VK_SUCCESS) ++stats->queue_drains;
     }
@@ -536,6 +538,7 @@ Status GpuMachine::Impl::submit(GpuStats* stats) {
 
 Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport* report) {
     Impl& im = *impl_;
+    if (!keep_going) im.paused = true;
     while (keep_going && !im.gpu_done && im.inflight.size() < im.chains.size()) {
         BLUE_TRY(im.submit(&stats_));
     }
@@ -634,12 +637,12 @@ std::string GpuStats::json() const {
     return strFormat(
         "{\"submits\":%llu,\"cycles\":%llu,\"cycles_submitted\":%llu,\"chain_cycles\":%u,"
         "\"dispatches_recorded\":%llu,\"host_waits\":%llu,\"round_trips\":%llu,"
-        "\"queue_drains\":%llu,\"steps\":%llu,\"block_runs\":%llu,\"output_records\":%llu,"
+        "\"queue_drains\":%llu,\"resumes\":%llu,\"steps\":%llu,\"block_runs\":%llu,\"output_records\":%llu,"
         "\"instances\":%u,\"wall_ms\":%.3f}",
         (unsigned long long)submits, (unsigned long long)cycles,
         (unsigned long long)cycles_submitted, chain_cycles, (unsigned long long)dispatches_recorded,
         (unsigned long long)host_waits, (unsigned long long)round_trips,
-        (unsigned long long)queue_drains, (unsigned long long)steps, (unsigned long long)block_runs,
+        (unsigned long long)queue_drains, (unsigned long long)resumes, (unsigned long long)steps, (unsigned long long)block_runs,
         (unsigned long long)output_records, instances, wall_ms);
 }
 

@@ -49,6 +49,8 @@ struct GpuStats {
     uint64_t host_waits = 0;           // fence waits
     uint64_t round_trips = 0;          // submits that waited for a GPU result with the queue empty
     uint64_t queue_drains = 0;         // submits that found the GPU already idle
+    uint64_t resumes = 0;              // submits after the host paused (pump without keep_going:
+                                       // a server with no request); not round trips
     uint64_t steps = 0;                // control instructions executed
     uint64_t block_runs = 0;           // (cycle, block) pairs with work
     uint64_t output_records = 0;

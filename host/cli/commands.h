@@ -20,6 +20,7 @@ Command addGenerateCommand(CLI::App& app);
 Command addTokenizeCommand(CLI::App& app);
 Command addBenchCommand(CLI::App& app);
 Command addDetokenizeCommand(CLI::App& app);
+Command addServeCommand(CLI::App& app);
 
 // `bluevm run M.bir --prompt ...` for a module lowered from a model: generates like `generate`.
 int runGenerationModule(const std::string& path, const std::string& prompt, int32_t n_predict,

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
     add(&blue::cli::addTokenizeCommand);
     add(&blue::cli::addBenchCommand);
     add(&blue::cli::addDetokenizeCommand);
+    add(&blue::cli::addServeCommand);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

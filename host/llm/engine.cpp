@@ -43,7 +43,9 @@ void chooseLavapipeThreads(const GgufFile& g) {
 
 Engine::~Engine() = default;
 
-Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const EngineOptions& options) {
+Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const EngineOptions& options,
+                                             bool* device_failed) {
+    if (device_failed) *device_failed = false;
     std::unique_ptr<Engine> e(new Engine());
     e->options_ = options;
     std::string gguf_path = path, module_dir;
@@ -84,10 +86,16 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     e->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
     chooseLavapipeThreads(e->gguf_);
     auto dev = Device::create(DeviceOptions{options.device, options.validation});
-    if (!dev) return dev.status();
+    if (!dev) {
+        if (device_failed) *device_failed = true;
+        return dev.status();
+    }
     e->device_ = std::move(dev.value());
     auto p = Pipelines::create(*e->device_);
-    if (!p) return p.status();
+    if (!p) {
+        if (device_failed) *device_failed = true;
+        return p.status();
+    }
     e->pipelines_ = std::move(p.value());
     return e;
 }
@@ -100,6 +108,24 @@ std::vector<uint32_t> Engine::promptTokens(const std::string& text) const {
     }
     for (int32_t id : tokenizer_.encode(text, true, false)) out.push_back(uint32_t(id));
     return out;
+}
+
+std::vector<uint32_t> Engine::specialTokens(const std::string& text) const {
+    std::vector<uint32_t> out;
+    for (int32_t id : tokenizer_.encode(text, true, true)) out.push_back(uint32_t(id));
+    if (out.empty() && tokenizer_.bos() != kNoToken) out.push_back(uint32_t(tokenizer_.bos()));
+    return out;
+}
+
+Result<std::string> Engine::formatChat(const std::vector<ChatMessage>& messages) const {
+    if (messages.empty()) return Status::error("the conversation has no messages");
+    return applyChatTemplate(gguf_, messages, true);
+}
+
+std::string Engine::modelName() const {
+    Result<std::string_view> name = gguf_.getStringOr("general.name", "");
+    if (name && !name.value().empty()) return std::string(name.value());
+    return config_.arch_name;
 }
 
 Status Engine::validate(const GenerationRequest& r) const {

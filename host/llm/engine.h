@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/chat_template.h"
 #include "compiler/gguf.h"
 #include "compiler/model_config.h"
 #include "compiler/tokenizer.h"
@@ -52,7 +53,9 @@ public:
 
     // `path`: a .gguf model or a .bir module lowered from one. Fails with a clear message when the
     // file is missing or malformed, the architecture is unsupported, or no device can run it.
-    static Result<std::unique_ptr<Engine>> open(const std::string& path, const EngineOptions& options);
+    // `*device_failed` (when given) tells a device failure from a model one.
+    static Result<std::unique_ptr<Engine>> open(const std::string& path, const EngineOptions& options,
+                                                bool* device_failed = nullptr);
 
     const ModelConfig& config() const { return config_; }
     const Tokenizer& tokenizer() const { return tokenizer_; }
@@ -62,6 +65,13 @@ public:
 
     // Token ids for a prompt: BOS as the vocabulary asks; an empty prompt gives just BOS.
     std::vector<uint32_t> promptTokens(const std::string& text) const;
+    // Token ids for text that may hold special-token text (a chat-formatted prompt).
+    std::vector<uint32_t> specialTokens(const std::string& text) const;
+    // A conversation formatted with the model's chat template, ending with the opening of an
+    // assistant turn. Fails on roles the template cannot express.
+    Result<std::string> formatChat(const std::vector<ChatMessage>& messages) const;
+    // general.name, or the architecture when the file has none.
+    std::string modelName() const;
     // Checks a request against the context length and limits; the message names the problem.
     Status validate(const GenerationRequest& r) const;
 

@@ -115,10 +115,6 @@ ServeMetrics ServingEngine::metrics() const {
         if (!a->started) ++m.queue_depth;
     }
     for (uint32_t t : serving_) m.busy_instances += t != 0xFFFFFFFFu;
-    const GpuStats& st = machine_->stats();
-    m.submits = st.submits;
-    m.round_trips = st.round_trips;
-    m.cycles = st.cycles;
     return m;
 }
 
@@ -216,9 +212,12 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
                         a.emitted = a.text.size();
                         a.pending.push_back(std::move(ev));
                     }
+                    // Length: max_new reached, or the context filled (the program stops there).
+                    const bool full = a.tokens >= a.max_new ||
+                                      a.prompt_tokens + a.tokens + 1 >= engine_.contextLength();
                     finishRequest(a, a.cancel_requested ? FinishReason::Cancelled
-                                     : a.tokens >= a.max_new ? FinishReason::Length
-                                                             : FinishReason::Stop);
+                                     : full             ? FinishReason::Length
+                                                        : FinishReason::Stop);
                 }
                 serving_[rec.inst] = 0xFFFFFFFFu;
                 for (StreamEvent& ev : a.pending) deliveries.emplace_back(a.callback, std::move(ev));
@@ -271,21 +270,28 @@ void ServingEngine::driverLoop() {
         }
         Result<bool> progressed = machine_->pump(sink, keep_going);
         if (!progressed) {
-            std::lock_guard<std::mutex> lock(mutex_);
-            failure_ = progressed.status();
-            for (auto& [tag, a] : active_) finishRequest(*a, FinishReason::Error);
-            for (auto& [tag, a] : active_) {
-                for (StreamEvent& ev : a->pending) {
-                    if (a->callback) a->callback(ev);
+            deliveries.clear();
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                failure_ = progressed.status();
+                for (auto& [tag, a] : active_) finishRequest(*a, FinishReason::Error);
+                for (auto& [tag, a] : active_) {
+                    for (StreamEvent& ev : a->pending) deliveries.emplace_back(a->callback, std::move(ev));
                 }
+                active_.clear();
             }
-            active_.clear();
+            for (auto& [cb, ev] : deliveries) {
+                if (cb) cb(ev);
+            }
             return;
         }
-        if (!progressed.value()) {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (stopping_) return;  // the GPU has stopped (input closed, every instance halted)
-        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        const GpuStats& st = machine_->stats();  // the driver is the machine's only user
+        metrics_.submits = st.submits;
+        metrics_.round_trips = st.round_trips;
+        metrics_.cycles = st.cycles;
+        metrics_.resumes = st.resumes;
+        if (!progressed.value() && stopping_) return;  // input closed, every instance halted
     }
 }
 

@@ -53,7 +53,7 @@ struct ServeMetrics {
     uint64_t queue_depth = 0;      // accepted, not yet started on an instance
     uint64_t busy_instances = 0;
     uint32_t instances = 0;
-    uint64_t submits = 0, round_trips = 0, cycles = 0;
+    uint64_t submits = 0, round_trips = 0, cycles = 0, resumes = 0;
 };
 
 class ServingEngine {

@@ -1,0 +1,188 @@
+/* BlueVM's public C API: serve a language model to many concurrent requests from C (or any
+ * language with a C FFI). Opaque handles, status codes, no C++ types or exceptions cross it.
+ *
+ *   bluevm_model*  a GGUF model (or a .bir lowered from one) with its tokenizer, on a Vulkan device
+ *   bluevm_engine* N instances of the generation program sharing the model's one copy of the
+ *                  weights; requests are batched continuously on the GPU
+ *
+ * Typical use:
+ *
+ *   bluevm_model* model; bluevm_engine* engine; uint64_t id;
+ *   bluevm_model_options mo; bluevm_model_options_init(&mo);
+ *   if (bluevm_model_open("m.gguf", &mo, &model) != BLUEVM_OK) puts(bluevm_last_error());
+ *   bluevm_engine_options eo; bluevm_engine_options_init(&eo); eo.instances = 8;
+ *   bluevm_engine_create(model, &eo, &engine);
+ *   bluevm_request r; bluevm_request_init(&r); r.prompt = "Once upon a time"; r.max_tokens = 64;
+ *   bluevm_submit(engine, &r, &id);
+ *   for (bluevm_event ev;;) {
+ *       bluevm_poll(engine, id, -1, &ev);         // waits for new text or the end
+ *       fwrite(ev.text, 1, ev.text_len, stdout);
+ *       if (ev.finished) break;
+ *   }
+ *   bluevm_release(engine, id);
+ *   bluevm_engine_destroy(engine); bluevm_model_close(model);
+ *
+ * Threads: every function may be called from any thread. A model must outlive its engines.
+ * Errors: a function that fails returns a status other than BLUEVM_OK and sets the calling
+ * thread's message (bluevm_last_error), which names what is wrong.
+ */
+#ifndef BLUEVM_H
+#define BLUEVM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BLUEVM_API_VERSION 1
+
+typedef enum bluevm_status {
+    BLUEVM_OK = 0,
+    BLUEVM_ERR_INVALID_ARGUMENT = 1, /* a null pointer, an out-of-range parameter, a bad message */
+    BLUEVM_ERR_IO = 2,               /* a file is missing or unreadable */
+    BLUEVM_ERR_MODEL = 3,            /* the model is malformed or its architecture unsupported */
+    BLUEVM_ERR_DEVICE = 4,           /* no Vulkan device, or the device failed or is too small */
+    BLUEVM_ERR_TOO_LONG = 5,         /* the prompt does not fit the context */
+    BLUEVM_ERR_QUEUE_FULL = 6,       /* too many requests waiting; retry later */
+    BLUEVM_ERR_NOT_FOUND = 7,        /* an unknown (or released) request id */
+    BLUEVM_ERR_TIMEOUT = 8,          /* bluevm_poll: nothing new within the timeout */
+    BLUEVM_ERR_SHUTDOWN = 9,         /* the engine is stopping or has failed */
+    BLUEVM_ERR_INTERNAL = 10
+} bluevm_status;
+
+/* "ok", "invalid argument", ... (static strings). */
+const char* bluevm_status_name(bluevm_status s);
+/* The calling thread's message for its last failed call ("" if none). Valid until its next call. */
+const char* bluevm_last_error(void);
+/* BLUEVM_API_VERSION of the library. */
+int bluevm_api_version(void);
+
+/* ---- models -------------------------------------------------------------------------------- */
+
+typedef struct bluevm_model bluevm_model;
+
+typedef struct bluevm_model_options {
+    const char* device;  /* Vulkan device: index or part of its name; NULL picks the best */
+    uint32_t ctx;        /* context per instance in tokens; 0: the model's, at most 2048 */
+    int validation;      /* nonzero: the Khronos validation layer on (slow; for debugging) */
+} bluevm_model_options;
+
+void bluevm_model_options_init(bluevm_model_options* o);
+
+/* Opens a GGUF model or a .bir lowered from one. */
+bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* options,
+                                bluevm_model** out);
+void bluevm_model_close(bluevm_model* model);
+
+typedef struct bluevm_model_info {
+    const char* name;          /* general.name, or the architecture */
+    const char* architecture;  /* "llama", "qwen2", ... */
+    const char* device;        /* the Vulkan device it runs on */
+    uint32_t n_vocab, n_ctx, n_layer, n_embd;
+} bluevm_model_info;
+
+/* Strings stay valid while the model is open. */
+bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info* out);
+
+/* Token ids of `text` (with BOS as the vocabulary asks when add_bos is nonzero). Writes at most
+ * `capacity` ids and sets *count to the number the text has (call again with more room when it
+ * is larger). */
+bluevm_status bluevm_tokenize(const bluevm_model* model, const char* text, size_t text_len,
+                              int add_bos, uint32_t* ids, size_t capacity, size_t* count);
+
+/* A chat conversation formatted with the model's chat template, ending with the opening of an
+ * assistant turn, as a NUL-terminated string the caller frees with bluevm_free. */
+bluevm_status bluevm_format_chat(const bluevm_model* model, const char* const* roles,
+                                 const char* const* contents, size_t n_messages, char** out);
+void bluevm_free(void* p);
+
+/* ---- engines and requests ------------------------------------------------------------------ */
+
+typedef struct bluevm_engine bluevm_engine;
+
+typedef struct bluevm_engine_options {
+    uint32_t instances;    /* concurrent requests on the GPU (default 4) */
+    uint32_t max_queue;    /* requests waiting for an instance before BLUEVM_ERR_QUEUE_FULL;
+                              0: 8 per instance */
+    uint32_t chain_cycles; /* cycles per submitted chain: fewer stream sooner (default 16) */
+} bluevm_engine_options;
+
+void bluevm_engine_options_init(bluevm_engine_options* o);
+bluevm_status bluevm_engine_create(bluevm_model* model, const bluevm_engine_options* options,
+                                   bluevm_engine** out);
+/* Cancels what is running, stops the engine and frees it (and every request it holds). */
+void bluevm_engine_destroy(bluevm_engine* engine);
+
+typedef struct bluevm_request {
+    const char* prompt;       /* text (NUL-terminated), used when prompt_ids is NULL; an empty
+                                 prompt starts from BOS */
+    const uint32_t* prompt_ids; /* or token ids, taken as they are */
+    size_t n_prompt_ids;
+    int parse_special;        /* nonzero: special-token text in `prompt` becomes special tokens
+                                 (chat-formatted prompts) */
+    uint32_t max_tokens;      /* default 256 */
+    float temperature;        /* default 0.8; 0 is greedy */
+    uint32_t top_k;           /* default 40; 0 off */
+    float top_p;              /* default 0.95; 1 off */
+    float min_p;              /* default 0.05; 0 off */
+    float repeat_penalty;     /* default 1 (off) */
+    float presence_penalty, frequency_penalty; /* default 0 */
+    uint32_t seed;            /* same seed, same text */
+    const char* const* stop;  /* strings that end the request when they appear (cut from the text) */
+    size_t n_stop;
+    int ignore_eos;           /* nonzero: generate max_tokens tokens whatever they are (benchmarks) */
+} bluevm_request;
+
+void bluevm_request_init(bluevm_request* r);
+
+/* Queues a request; *id names it until bluevm_release. Fails with BLUEVM_ERR_QUEUE_FULL when
+ * max_queue requests are already waiting, BLUEVM_ERR_TOO_LONG when the prompt does not fit. */
+bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request, uint64_t* id);
+
+typedef enum bluevm_finish {
+    BLUEVM_FINISH_NONE = 0,      /* still running */
+    BLUEVM_FINISH_STOP = 1,      /* an end-of-generation token or a stop string */
+    BLUEVM_FINISH_LENGTH = 2,    /* max_tokens reached */
+    BLUEVM_FINISH_CANCELLED = 3, /* bluevm_cancel */
+    BLUEVM_FINISH_ERROR = 4      /* the engine failed (bluevm_last_error after bluevm_poll) */
+} bluevm_finish;
+
+typedef struct bluevm_event {
+    const char* text;       /* new text since the previous poll (UTF-8, not NUL-terminated) */
+    size_t text_len;
+    const uint32_t* tokens; /* new token ids since the previous poll */
+    size_t n_tokens;
+    int finished;           /* nonzero once: the request has ended */
+    bluevm_finish reason;
+    uint32_t prompt_tokens, completion_tokens; /* completion_tokens: total so far */
+} bluevm_event;
+
+/* Waits up to timeout_ms (negative: without limit, 0: not at all) for new text or the end of a
+ * request and takes it. The event's pointers stay valid until the next bluevm_poll or
+ * bluevm_release of the same id. After the finished event, further polls return it again with no
+ * new text. Returns BLUEVM_ERR_TIMEOUT when nothing arrived. */
+bluevm_status bluevm_poll(bluevm_engine* engine, uint64_t id, int timeout_ms, bluevm_event* out);
+/* Ends a request early; its instance is freed for the next request. */
+bluevm_status bluevm_cancel(bluevm_engine* engine, uint64_t id);
+/* Forgets a request (cancelling it if it still runs). */
+bluevm_status bluevm_release(bluevm_engine* engine, uint64_t id);
+
+typedef struct bluevm_metrics {
+    uint64_t requests_total, requests_finished, requests_cancelled, requests_rejected;
+    uint64_t prompt_tokens, completion_tokens;
+    uint64_t queue_depth;    /* accepted requests waiting for an instance */
+    uint64_t busy_instances; /* instances serving a request */
+    uint32_t instances;
+    uint64_t submits, round_trips, cycles; /* GPU chain submits, host round trips, VM cycles */
+    uint64_t resumes; /* submits that restarted the GPU after it idled with no request */
+} bluevm_metrics;
+
+bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BLUEVM_H */

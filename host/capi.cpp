@@ -1,0 +1,424 @@
+// The C API (host/bluevm.h) over Engine and ServingEngine. Every entry point catches what C++
+// could throw and turns it into a status; messages go to a thread-local string.
+#include "host/bluevm.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "host/llm/engine.h"
+#include "host/llm/serving.h"
+
+struct bluevm_model {
+    std::unique_ptr<blue::Engine> engine;
+    std::string name, architecture, device;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+bluevm_status failWith(bluevm_status s, const std::string& message) {
+    t_last_error = message;
+    return s;
+}
+
+bluevm_status ok() {
+    t_last_error.clear();
+    return BLUEVM_OK;
+}
+
+// One request's stream as the C side sees it: what arrived since the last poll, and what the last
+// poll handed out (kept alive for the event's pointers).
+struct RequestState {
+    std::string pending_text;
+    std::vector<uint32_t> pending_tokens;
+    std::string taken_text;
+    std::vector<uint32_t> taken_tokens;
+    bool finished = false;
+    bool finish_taken = false;
+    bluevm_finish reason = BLUEVM_FINISH_NONE;
+    uint32_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+bluevm_finish finishOf(blue::FinishReason r) {
+    switch (r) {
+        case blue::FinishReason::Stop: return BLUEVM_FINISH_STOP;
+        case blue::FinishReason::Length: return BLUEVM_FINISH_LENGTH;
+        case blue::FinishReason::Cancelled: return BLUEVM_FINISH_CANCELLED;
+        case blue::FinishReason::Error: return BLUEVM_FINISH_ERROR;
+        case blue::FinishReason::None: break;
+    }
+    return BLUEVM_FINISH_NONE;
+}
+
+template <class F>
+bluevm_status guarded(F&& f) {
+    try {
+        return f();
+    } catch (const std::bad_alloc&) {
+        return failWith(BLUEVM_ERR_INTERNAL, "out of host memory");
+    } catch (const std::exception& e) {
+        return failWith(BLUEVM_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+        return failWith(BLUEVM_ERR_INTERNAL, "internal error");
+    }
+}
+
+}  // namespace
+
+struct bluevm_engine {
+    bluevm_model* model = nullptr;
+    std::unique_ptr<blue::ServingEngine> serving;
+    std::mutex mutex;
+    std::condition_variable arrived;
+    std::map<uint64_t, std::shared_ptr<RequestState>> requests;
+
+    ~bluevm_engine() {
+        serving.reset();  // cancels what runs; its callbacks only touch shared request states
+    }
+};
+
+extern "C" {
+
+const char* bluevm_status_name(bluevm_status s) {
+    switch (s) {
+        case BLUEVM_OK: return "ok";
+        case BLUEVM_ERR_INVALID_ARGUMENT: return "invalid argument";
+        case BLUEVM_ERR_IO: return "i/o error";
+        case BLUEVM_ERR_MODEL: return "bad model";
+        case BLUEVM_ERR_DEVICE: return "device error";
+        case BLUEVM_ERR_TOO_LONG: return "prompt too long";
+        case BLUEVM_ERR_QUEUE_FULL: return "queue full";
+        case BLUEVM_ERR_NOT_FOUND: return "not found";
+        case BLUEVM_ERR_TIMEOUT: return "timeout";
+        case BLUEVM_ERR_SHUTDOWN: return "shut down";
+        case BLUEVM_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+const char* bluevm_last_error(void) {
+    return t_last_error.c_str();
+}
+
+int bluevm_api_version(void) {
+    return BLUEVM_API_VERSION;
+}
+
+void bluevm_model_options_init(bluevm_model_options* o) {
+    if (o) *o = bluevm_model_options{nullptr, 0, 0};
+}
+
+bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* options,
+                                bluevm_model** out) {
+    return guarded([&] {
+        if (!path || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "path and out must not be NULL");
+        *out = nullptr;
+        std::error_code ec;
+        if (!std::filesystem::is_regular_file(path, ec)) {
+            return failWith(BLUEVM_ERR_IO, std::string(path) + ": no such file");
+        }
+        blue::EngineOptions eo;
+        if (options) {
+            if (options->device) eo.device = options->device;
+            eo.ctx = options->ctx;
+            eo.validation = options->validation != 0;
+        }
+        bool device_failed = false;
+        auto e = blue::Engine::open(path, eo, &device_failed);
+        if (!e) return failWith(device_failed ? BLUEVM_ERR_DEVICE : BLUEVM_ERR_MODEL, e.message());
+        auto m = std::make_unique<bluevm_model>();
+        m->engine = std::move(e.value());
+        m->name = m->engine->modelName();
+        m->architecture = m->engine->config().arch_name;
+        m->device = m->engine->device().props().deviceName;
+        *out = m.release();
+        return ok();
+    });
+}
+
+void bluevm_model_close(bluevm_model* model) {
+    delete model;
+}
+
+bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info* out) {
+    if (!model || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model and out must not be NULL");
+    const blue::ModelConfig& c = model->engine->config();
+    out->name = model->name.c_str();
+    out->architecture = model->architecture.c_str();
+    out->device = model->device.c_str();
+    out->n_vocab = c.n_vocab;
+    out->n_ctx = model->engine->contextLength();
+    out->n_layer = c.n_layer;
+    out->n_embd = c.n_embd;
+    return ok();
+}
+
+bluevm_status bluevm_tokenize(const bluevm_model* model, const char* text, size_t text_len,
+                              int add_bos, uint32_t* ids, size_t capacity, size_t* count) {
+    return guarded([&] {
+        if (!model || (!text && text_len) || !count || (!ids && capacity)) {
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model, text, ids and count must not be NULL");
+        }
+        std::vector<int32_t> tok =
+            model->engine->tokenizer().encode(std::string_view(text ? text : "", text_len), add_bos != 0, false);
+        *count = tok.size();
+        for (size_t i = 0; i < tok.size() && i < capacity; ++i) ids[i] = uint32_t(tok[i]);
+        return ok();
+    });
+}
+
+bluevm_status bluevm_format_chat(const bluevm_model* model, const char* const* roles,
+                                 const char* const* contents, size_t n_messages, char** out) {
+    return guarded([&] {
+        if (!model || !out || (n_messages && (!roles || !contents))) {
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model, roles, contents and out must not be NULL");
+        }
+        *out = nullptr;
+        std::vector<blue::ChatMessage> messages;
+        for (size_t i = 0; i < n_messages; ++i) {
+            if (!roles[i] || !contents[i]) {
+                return failWith(BLUEVM_ERR_INVALID_ARGUMENT, blue::strFormat("message %zu: NULL role or content", i));
+            }
+            messages.push_back({roles[i], contents[i]});
+        }
+        auto text = model->engine->formatChat(messages);
+        if (!text) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, text.message());
+        char* p = static_cast<char*>(std::malloc(text.value().size() + 1));
+        if (!p) return failWith(BLUEVM_ERR_INTERNAL, "out of host memory");
+        std::memcpy(p, text.value().c_str(), text.value().size() + 1);
+        *out = p;
+        return ok();
+    });
+}
+
+void bluevm_free(void* p) {
+    std::free(p);
+}
+
+void bluevm_engine_options_init(bluevm_engine_options* o) {
+    if (o) *o = bluevm_engine_options{4, 0, 16};
+}
+
+bluevm_status bluevm_engine_create(bluevm_model* model, const bluevm_engine_options* options,
+                                   bluevm_engine** out) {
+    return guarded([&] {
+        if (!model || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model and out must not be NULL");
+        *out = nullptr;
+        bluevm_engine_options o;
+        bluevm_engine_options_init(&o);
+        if (options) o = *options;
+        if (o.instances < 1 || o.instances > 4096) {
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, blue::strFormat("instances must be 1..4096, not %u", o.instances));
+        }
+        if (o.chain_cycles < 2 || o.chain_cycles > 4096) {
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, blue::strFormat("chain_cycles must be 2..4096, not %u", o.chain_cycles));
+        }
+        blue::ServeOptions so;
+        so.instances = o.instances;
+        so.max_queue = o.max_queue;
+        so.chain_cycles = o.chain_cycles;
+        auto s = blue::ServingEngine::create(*model->engine, so);
+        if (!s) return failWith(BLUEVM_ERR_DEVICE, s.message());
+        auto e = std::make_unique<bluevm_engine>();
+        e->model = model;
+        e->serving = std::move(s.value());
+        *out = e.release();
+        return ok();
+    });
+}
+
+void bluevm_engine_destroy(bluevm_engine* engine) {
+    delete engine;
+}
+
+void bluevm_request_init(bluevm_request* r) {
+    if (!r) return;
+    *r = bluevm_request{};
+    blue::SamplingParams d;
+    r->max_tokens = 256;
+    r->temperature = d.temperature;
+    r->top_k = d.top_k;
+    r->top_p = d.top_p;
+    r->min_p = d.min_p;
+    r->repeat_penalty = d.repeat_penalty;
+    r->presence_penalty = d.presence_penalty;
+    r->frequency_penalty = d.frequency_penalty;
+    r->seed = d.seed;
+}
+
+bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request, uint64_t* id) {
+    return guarded([&] {
+        if (!engine || !request || !id) {
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "engine, request and id must not be NULL");
+        }
+        blue::Engine& e = engine->serving->engine();
+        blue::GenerationRequest r;
+        if (request->prompt_ids) {
+            r.prompt.assign(request->prompt_ids, request->prompt_ids + request->n_prompt_ids);
+        } else {
+            std::string text = request->prompt ? request->prompt : "";
+            r.prompt = request->parse_special ? e.specialTokens(text) : e.promptTokens(text);
+        }
+        r.max_new = request->max_tokens;
+        r.sampling.temperature = request->temperature;
+        r.sampling.top_k = request->top_k;
+        r.sampling.top_p = request->top_p;
+        r.sampling.min_p = request->min_p;
+        r.sampling.repeat_penalty = request->repeat_penalty;
+        r.sampling.presence_penalty = request->presence_penalty;
+        r.sampling.frequency_penalty = request->frequency_penalty;
+        r.sampling.seed = request->seed;
+        r.ignore_eog = request->ignore_eos != 0;
+        if (r.prompt.size() >= e.contextLength()) {
+            return failWith(BLUEVM_ERR_TOO_LONG,
+                            blue::strFormat("the prompt has %zu tokens; the context holds %u",
+                                            r.prompt.size(), e.contextLength()));
+        }
+        std::vector<std::string> stop;
+        if (request->n_stop && !request->stop) {
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "stop is NULL but n_stop is not 0");
+        }
+        for (size_t i = 0; i < request->n_stop; ++i) {
+            if (!request->stop[i]) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, blue::strFormat("stop[%zu] is NULL", i));
+            stop.emplace_back(request->stop[i]);
+        }
+        auto state = std::make_shared<RequestState>();
+        state->prompt_tokens = uint32_t(r.prompt.size());
+        bluevm_engine* eng = engine;
+        auto callback = [eng, state](const blue::StreamEvent& ev) {
+            {
+                std::lock_guard<std::mutex> lock(eng->mutex);
+                state->pending_text += ev.text;
+                state->pending_tokens.insert(state->pending_tokens.end(), ev.tokens.begin(), ev.tokens.end());
+                state->completion_tokens = ev.completion_tokens;
+                if (ev.finished) {
+                    state->finished = true;
+                    state->reason = finishOf(ev.reason);
+                }
+            }
+            eng->arrived.notify_all();
+        };
+        bool queue_full = false;
+        // The lock is held across submit so that a poll cannot look for the id before it is
+        // registered; the callback takes the same lock only on the driver thread, later.
+        std::lock_guard<std::mutex> lock(engine->mutex);
+        auto submitted = engine->serving->submit(std::move(r), std::move(stop), callback, &queue_full);
+        if (!submitted) {
+            return failWith(queue_full ? BLUEVM_ERR_QUEUE_FULL
+                                       : submitted.message().find("shutting down") != std::string::npos
+                                             ? BLUEVM_ERR_SHUTDOWN
+                                             : BLUEVM_ERR_INVALID_ARGUMENT,
+                            submitted.message());
+        }
+        engine->requests[submitted.value()] = state;
+        *id = submitted.value();
+        return ok();
+    });
+}
+
+bluevm_status bluevm_poll(bluevm_engine* engine, uint64_t id, int timeout_ms, bluevm_event* out) {
+    return guarded([&] {
+        if (!engine || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "engine and out must not be NULL");
+        std::unique_lock<std::mutex> lock(engine->mutex);
+        auto it = engine->requests.find(id);
+        if (it == engine->requests.end()) {
+            return failWith(BLUEVM_ERR_NOT_FOUND, blue::strFormat("no request %llu", (unsigned long long)id));
+        }
+        std::shared_ptr<RequestState> st = it->second;
+        auto ready = [&] {
+            return !st->pending_text.empty() || !st->pending_tokens.empty() ||
+                   (st->finished && !st->finish_taken);
+        };
+        if (!ready() && !st->finished) {
+            if (timeout_ms < 0) {
+                engine->arrived.wait(lock, ready);
+            } else if (timeout_ms > 0) {
+                engine->arrived.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready);
+            }
+        }
+        st->taken_text = std::move(st->pending_text);
+        st->taken_tokens = std::move(st->pending_tokens);
+        st->pending_text.clear();
+        st->pending_tokens.clear();
+        *out = bluevm_event{};
+        out->text = st->taken_text.data();
+        out->text_len = st->taken_text.size();
+        out->tokens = st->taken_tokens.data();
+        out->n_tokens = st->taken_tokens.size();
+        out->finished = st->finished;
+        out->reason = st->reason;
+        out->prompt_tokens = st->prompt_tokens;
+        out->completion_tokens = st->completion_tokens;
+        if (!st->finished && out->text_len == 0 && out->n_tokens == 0) {
+            return failWith(BLUEVM_ERR_TIMEOUT, "no new text within the timeout");
+        }
+        st->finish_taken = st->finished;
+        if (st->reason == BLUEVM_FINISH_ERROR) {
+            return failWith(BLUEVM_OK, "the engine failed; the request ended");
+        }
+        return ok();
+    });
+}
+
+bluevm_status bluevm_cancel(bluevm_engine* engine, uint64_t id) {
+    return guarded([&] {
+        if (!engine) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "engine must not be NULL");
+        {
+            std::lock_guard<std::mutex> lock(engine->mutex);
+            if (!engine->requests.count(id)) {
+                return failWith(BLUEVM_ERR_NOT_FOUND, blue::strFormat("no request %llu", (unsigned long long)id));
+            }
+        }
+        engine->serving->cancel(id);
+        return ok();
+    });
+}
+
+bluevm_status bluevm_release(bluevm_engine* engine, uint64_t id) {
+    return guarded([&] {
+        if (!engine) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "engine must not be NULL");
+        bool running;
+        {
+            std::lock_guard<std::mutex> lock(engine->mutex);
+            auto it = engine->requests.find(id);
+            if (it == engine->requests.end()) {
+                return failWith(BLUEVM_ERR_NOT_FOUND, blue::strFormat("no request %llu", (unsigned long long)id));
+            }
+            running = !it->second->finished;
+            engine->requests.erase(it);
+        }
+        if (running) engine->serving->cancel(id);
+        return ok();
+    });
+}
+
+bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out) {
+    if (!engine || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "engine and out must not be NULL");
+    blue::ServeMetrics m = engine->serving->metrics();
+    out->requests_total = m.requests_total;
+    out->requests_finished = m.requests_finished;
+    out->requests_cancelled = m.requests_cancelled;
+    out->requests_rejected = m.requests_rejected;
+    out->prompt_tokens = m.prompt_tokens;
+    out->completion_tokens = m.completion_tokens;
+    out->queue_depth = m.queue_depth;
+    out->busy_instances = m.busy_instances;
+    out->instances = m.instances;
+    out->submits = m.submits;
+    out->round_trips = m.round_trips;
+    out->cycles = m.cycles;
+    out->resumes = m.resumes;
+    return ok();
+}
+
+}  // extern "C"

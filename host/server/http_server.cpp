@@ -1,0 +1,393 @@
+// HttpServer (see http_server.h): cpp-httplib routes over the C API.
+#include "host/server/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "host/server/openai.h"
+
+namespace blue::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a response may go without bytes before the server writes a keep-alive (an SSE comment,
+// or JSON whitespace before a complete body). Writing is how a closed client shows.
+constexpr auto kKeepAlive = std::chrono::milliseconds(500);
+constexpr int kPollMs = 100;
+
+int64_t unixTime() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+const char* finishName(bluevm_finish f) {
+    switch (f) {
+        case BLUEVM_FINISH_LENGTH: return "length";
+        case BLUEVM_FINISH_CANCELLED: return "cancelled";
+        case BLUEVM_FINISH_ERROR: return "error";
+        case BLUEVM_FINISH_STOP:
+        case BLUEVM_FINISH_NONE: break;
+    }
+    return "stop";
+}
+
+void sendError(httplib::Response& res, const ApiError& e) {
+    res.status = e.status;
+    res.set_content(errorBody(e), "application/json");
+}
+
+ApiError apiError(int status, std::string message, std::string type = "invalid_request_error",
+                  std::string param = "", std::string code = "") {
+    ApiError e;
+    e.status = status;
+    e.message = std::move(message);
+    e.type = std::move(type);
+    e.param = std::move(param);
+    e.code = std::move(code);
+    return e;
+}
+
+// One accepted generation: its id in the engine and what its response has sent so far.
+struct Generation {
+    bluevm_engine* engine = nullptr;
+    uint64_t id = 0;
+    Endpoint endpoint = Endpoint::Completions;
+    std::string response_id, model;
+    int64_t created = 0;
+    bool stream = false, include_usage = false;
+    std::string text;  // non-streamed: everything so far (with the echoed prompt)
+    bool started = false, finished = false;
+    Clock::time_point last_write = Clock::now();
+
+    ~Generation() {
+        if (!engine) return;
+        if (!finished) bluevm_cancel(engine, id);
+        bluevm_release(engine, id);
+    }
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+    bluevm_model* model = nullptr;
+    bluevm_engine* engine = nullptr;
+    ServerOptions options;
+    bluevm_model_info info{};
+    httplib::Server http;
+    int port = 0;
+    std::atomic<bool> stopping{false};
+    std::mutex counts_mutex;
+    std::map<std::pair<std::string, int>, uint64_t> http_counts;  // (path, status) -> requests
+
+    bool knownModel(const std::string& name) const {
+        for (const std::string& n : options.model_names) {
+            if (n == name) return true;
+        }
+        return false;
+    }
+    void routes();
+    void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+    bool pump(Generation& g, httplib::DataSink& sink);
+    std::string metricsText();
+};
+
+void HttpServer::Impl::routes() {
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+        res.set_content("{\"status\":\"ok\"}", "application/json");
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+        nlohmann::json data = nlohmann::json::array();
+        data.push_back({{"id", options.model_names.front()},
+                        {"object", "model"},
+                        {"created", 0},
+                        {"owned_by", "bluevm"},
+                        {"meta",
+                         {{"architecture", info.architecture},
+                          {"n_ctx", info.n_ctx},
+                          {"n_vocab", info.n_vocab},
+                          {"device", info.device}}}});
+        res.set_content(nlohmann::json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        res.set_content(metricsText(), "text/plain; version=0.0.4");
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+        generate(Endpoint::Completions, req, res);
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+        generate(Endpoint::Chat, req, res);
+    });
+    // Errors httplib answers itself (unknown path, body too large) get an OpenAI error body too.
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return;
+        std::string message = res.status == 404 ? "no route for " + req.method + " " + req.path
+                              : res.status == 413 ? "the request body is too large"
+                                                  : "the request could not be served";
+        sendError(res, apiError(res.status, message));
+    });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+        {
+            std::lock_guard<std::mutex> lock(counts_mutex);
+            ++http_counts[{req.path, res.status}];
+        }
+        if (options.log) std::fprintf(stderr, "%s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
+    });
+}
+
+void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
+                                httplib::Response& res) {
+    ApiRequest ar;
+    if (auto e = parseRequest(endpoint, req.body, info.n_ctx, &ar)) return sendError(res, *e);
+    if (!ar.model.empty() && !knownModel(ar.model)) {
+        return sendError(res, apiError(404,
+                                       "the model '" + ar.model + "' does not exist; this server serves '" +
+                                           options.model_names.front() + "'",
+                                       "invalid_request_error", "model", "model_not_found"));
+    }
+    bluevm_request r;
+    bluevm_request_init(&r);
+    std::string prompt;
+    if (endpoint == Endpoint::Chat) {
+        std::vector<const char*> roles, contents;
+        for (const auto& [role, content] : ar.messages) {
+            roles.push_back(role.c_str());
+            contents.push_back(content.c_str());
+        }
+        char* text = nullptr;
+        if (bluevm_format_chat(model, roles.data(), contents.data(), roles.size(), &text) != BLUEVM_OK) {
+            return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", "messages"));
+        }
+        prompt = text;
+        bluevm_free(text);
+        r.prompt = prompt.c_str();
+        r.parse_special = 1;
+    } else if (ar.has_prompt_ids) {
+        for (uint32_t t : ar.prompt_ids) {
+            if (t >= info.n_vocab) {
+                return sendError(res, apiError(400, strFormat("prompt token %u is outside the vocabulary (%u)", t, info.n_vocab),
+                                               "invalid_request_error", "prompt"));
+            }
+        }
+        r.prompt_ids = ar.prompt_ids.data();
+        r.n_prompt_ids = ar.prompt_ids.size();
+    } else {
+        r.prompt = ar.prompt.c_str();
+    }
+    r.max_tokens = ar.max_tokens ? ar.max_tokens : info.n_ctx;
+    r.temperature = ar.temperature;
+    r.top_k = ar.top_k;
+    r.top_p = ar.top_p;
+    r.min_p = ar.min_p;
+    r.repeat_penalty = ar.repeat_penalty;
+    r.presence_penalty = ar.presence_penalty;
+    r.frequency_penalty = ar.frequency_penalty;
+    r.seed = ar.seed_given ? ar.seed : std::random_device{}();
+    r.ignore_eos = ar.ignore_eos;
+    std::vector<const char*> stops;
+    for (const std::string& s : ar.stop) stops.push_back(s.c_str());
+    r.stop = stops.data();
+    r.n_stop = stops.size();
+
+    auto g = std::make_shared<Generation>();
+    g->engine = engine;
+    bluevm_status st = bluevm_submit(engine, &r, &g->id);
+    if (st != BLUEVM_OK) {
+        g->finished = true;  // nothing to cancel or release
+        g->engine = nullptr;
+        const char* prompt_param = endpoint == Endpoint::Chat ? "messages" : "prompt";
+        switch (st) {
+            case BLUEVM_ERR_QUEUE_FULL:
+                res.set_header("Retry-After", "1");
+                return sendError(res, apiError(429, bluevm_last_error(), "rate_limit_error", "", "queue_full"));
+            case BLUEVM_ERR_TOO_LONG:
+                return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error",
+                                               prompt_param, "context_length_exceeded"));
+            case BLUEVM_ERR_INVALID_ARGUMENT:
+                return sendError(res, apiError(400, bluevm_last_error()));
+            case BLUEVM_ERR_SHUTDOWN:
+                return sendError(res, apiError(503, bluevm_last_error(), "server_error"));
+            default:
+                return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
+        }
+    }
+    g->endpoint = endpoint;
+    g->response_id = strFormat("%s-bluevm-%llu", endpoint == Endpoint::Chat ? "chatcmpl" : "cmpl",
+                               (unsigned long long)g->id);
+    g->model = options.model_names.front();
+    g->created = unixTime();
+    g->stream = ar.stream;
+    g->include_usage = ar.include_usage;
+    if (ar.echo && !ar.has_prompt_ids) g->text = ar.prompt;
+    if (g->stream) {
+        res.set_header("Cache-Control", "no-cache");
+        res.set_header("X-Accel-Buffering", "no");
+    }
+    res.set_chunked_content_provider(
+        g->stream ? "text/event-stream" : "application/json",
+        [this, g](size_t, httplib::DataSink& sink) { return pump(*g, sink); },
+        [g](bool) { /* the Generation's destructor cancels and releases */ });
+}
+
+// One step of a response: waits briefly for new text and writes it. Returns false when the
+// client is gone (the request is then cancelled) or the server is stopping.
+bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
+    if (stopping) return false;
+    auto write = [&](const std::string& s) {
+        g.last_write = Clock::now();
+        return sink.write(s.data(), s.size());
+    };
+    if (g.stream && !g.started) {
+        g.started = true;
+        if (g.endpoint == Endpoint::Chat &&
+            !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, "", "", true))) {
+            return false;
+        }
+        if (!g.text.empty() &&
+            !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, g.text, ""))) {
+            return false;
+        }
+    }
+    bluevm_event ev;
+    bluevm_status st = bluevm_poll(engine, g.id, kPollMs, &ev);
+    if (st == BLUEVM_ERR_TIMEOUT) {
+        if (Clock::now() - g.last_write < kKeepAlive) return true;
+        return write(g.stream ? ": keep-alive\n\n" : " ");
+    }
+    if (st != BLUEVM_OK) return false;
+    std::string piece(ev.text, ev.text_len);
+    if (g.stream) {
+        if (!piece.empty() &&
+            !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, piece, ""))) {
+            return false;
+        }
+    } else {
+        g.text += piece;
+    }
+    if (!ev.finished) return true;
+    g.finished = true;
+    Usage usage{ev.prompt_tokens, ev.completion_tokens};
+    if (ev.reason == BLUEVM_FINISH_ERROR) {
+        ApiError e = apiError(500, "the engine failed while generating; see the server's log", "server_error");
+        bool ok = write(g.stream ? "data: " + errorBody(e) + "\n\n" : errorBody(e));
+        sink.done();
+        return ok;
+    }
+    const std::string finish = finishName(ev.reason);
+    bool ok;
+    if (g.stream) {
+        ok = write(streamChunk(g.endpoint, g.response_id, g.created, g.model, "", finish));
+        if (ok && g.include_usage) ok = write(usageChunk(g.endpoint, g.response_id, g.created, g.model, usage));
+        if (ok) ok = write(kStreamDone);
+    } else {
+        ok = write(responseBody(g.endpoint, g.response_id, g.created, g.model, g.text, finish, usage));
+    }
+    if (ok) sink.done();
+    return ok;
+}
+
+std::string HttpServer::Impl::metricsText() {
+    bluevm_metrics m{};
+    bluevm_engine_metrics(engine, &m);
+    std::string out;
+    auto metric = [&](const char* name, const char* type, const char* help, double value) {
+        out += strFormat("# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, value);
+    };
+    metric("bluevm_requests_total", "counter", "Generation requests accepted.", double(m.requests_total));
+    metric("bluevm_requests_finished_total", "counter", "Generation requests that ended.", double(m.requests_finished));
+    metric("bluevm_requests_cancelled_total", "counter", "Requests cancelled (client gone or stopped).", double(m.requests_cancelled));
+    metric("bluevm_requests_rejected_total", "counter", "Requests refused because the queue was full.", double(m.requests_rejected));
+    metric("bluevm_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", double(m.prompt_tokens));
+    metric("bluevm_completion_tokens_total", "counter", "Tokens generated.", double(m.completion_tokens));
+    metric("bluevm_queue_depth", "gauge", "Accepted requests waiting for an instance.", double(m.queue_depth));
+    metric("bluevm_instances", "gauge", "Instances of the generation program.", double(m.instances));
+    metric("bluevm_instances_busy", "gauge", "Instances serving a request.", double(m.busy_instances));
+    metric("bluevm_instance_occupancy", "gauge", "Busy instances as a fraction of all.",
+           m.instances ? double(m.busy_instances) / double(m.instances) : 0.0);
+    metric("bluevm_gpu_submits_total", "counter", "GPU chain submits.", double(m.submits));
+    metric("bluevm_host_round_trips_total", "counter", "Host waits that decided what the GPU runs next (0 by design).", double(m.round_trips));
+    metric("bluevm_vm_cycles_total", "counter", "VM cycles run.", double(m.cycles));
+    metric("bluevm_gpu_resumes_total", "counter", "Submits that restarted the GPU after it idled with no request.", double(m.resumes));
+    out += "# HELP bluevm_http_requests_total HTTP requests answered, by path and status.\n"
+           "# TYPE bluevm_http_requests_total counter\n";
+    std::lock_guard<std::mutex> lock(counts_mutex);
+    for (const auto& [key, n] : http_counts) {
+        std::string path;
+        for (char c : key.first) {
+            if (c == '"' || c == '\\') path += '\\';
+            if (c == '\n') { path += "\\n"; continue; }
+            path += c;
+        }
+        out += strFormat("bluevm_http_requests_total{path=\"%s\",code=\"%d\"} %llu\n", path.c_str(),
+                         key.second, (unsigned long long)n);
+    }
+    return out;
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() {
+    stop();
+}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_model* model, bluevm_engine* engine,
+                                                       const ServerOptions& options) {
+    if (!model || !engine) return Status::error("the server needs a model and an engine");
+    auto impl = std::make_unique<Impl>();
+    impl->model = model;
+    impl->engine = engine;
+    impl->options = options;
+    if (bluevm_model_get_info(model, &impl->info) != BLUEVM_OK) return Status::error(bluevm_last_error());
+    if (impl->options.model_names.empty()) impl->options.model_names.push_back(impl->info.name);
+    bluevm_metrics m{};
+    bluevm_engine_metrics(engine, &m);
+    uint32_t threads = options.threads ? options.threads : m.instances + 8 * m.instances + 8;
+    threads = std::min<uint32_t>(threads, 1024);
+    impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    impl->http.set_payload_max_length(options.max_body_bytes);
+    impl->http.set_read_timeout(30, 0);
+    impl->http.set_write_timeout(30, 0);
+    impl->routes();
+    return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+Status HttpServer::bind() {
+    Impl& im = *impl_;
+    if (im.options.port == 0) {
+        im.port = im.http.bind_to_any_port(im.options.host);
+        if (im.port <= 0) return BLUE_ERROR("cannot listen on %s (any port)", im.options.host.c_str());
+    } else {
+        if (!im.http.bind_to_port(im.options.host, im.options.port)) {
+            return BLUE_ERROR("cannot listen on %s:%d (in use, or not an address of this machine)",
+                              im.options.host.c_str(), im.options.port);
+        }
+        im.port = im.options.port;
+    }
+    return Status::ok();
+}
+
+int HttpServer::port() const {
+    return impl_->port;
+}
+
+Status HttpServer::run() {
+    if (!impl_->http.listen_after_bind() && !impl_->stopping) {
+        return Status::error("the HTTP server stopped unexpectedly");
+    }
+    return Status::ok();
+}
+
+void HttpServer::stop() {
+    impl_->stopping = true;
+    impl_->http.stop();
+}
+
+}  // namespace blue::server

@@ -1,0 +1,52 @@
+// The OpenAI-compatible HTTP server behind `bluevm serve`, built on the public C API
+// (host/bluevm.h): one engine, many concurrent clients.
+//
+//   POST /v1/completions, POST /v1/chat/completions   (stream: true answers server-sent events)
+//   GET  /v1/models, GET /health, GET /metrics (Prometheus text)
+//
+// A client that disconnects cancels its request, which frees its instance. Bad requests get 400
+// with an OpenAI error body naming the field; an unknown model 404; a full queue 429.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "host/bluevm.h"
+#include "vm/status.h"
+
+namespace blue::server {
+
+struct ServerOptions {
+    std::string host = "127.0.0.1";
+    int port = 8080;           // 0: any free port (see HttpServer::port)
+    uint32_t threads = 0;      // HTTP worker threads; 0: instances + queue + 8
+    std::vector<std::string> model_names;  // names clients may send as "model" (first: reported)
+    bool log = false;          // one line per request on stderr
+    size_t max_body_bytes = 8u << 20;
+};
+
+class HttpServer {
+public:
+    ~HttpServer();
+    HttpServer(const HttpServer&) = delete;
+    HttpServer& operator=(const HttpServer&) = delete;
+
+    // `model` and `engine` must outlive the server.
+    static Result<std::unique_ptr<HttpServer>> create(bluevm_model* model, bluevm_engine* engine,
+                                                      const ServerOptions& options);
+
+    // Binds the listening socket; fails naming the address when it cannot.
+    Status bind();
+    int port() const;
+    // Serves until stop() (from another thread or a signal handler's helper thread).
+    Status run();
+    void stop();
+
+private:
+    struct Impl;
+    explicit HttpServer(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace blue::server

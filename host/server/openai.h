@@ -1,0 +1,76 @@
+// The OpenAI-compatible request and response formats: parsing a /v1/completions or
+// /v1/chat/completions body into a generation request (or a 400 naming the bad field), and the
+// JSON of responses, stream chunks and errors. Pure functions over strings and JSON, no HTTP.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace blue::server {
+
+enum class Endpoint { Completions, Chat };
+
+// A validated request. Either `prompt` (text), `prompt_ids` or `messages` is set.
+struct ApiRequest {
+    Endpoint endpoint = Endpoint::Completions;
+    std::string model;  // as the client named it ("" when absent)
+    std::string prompt;
+    std::vector<uint32_t> prompt_ids;
+    bool has_prompt_ids = false;
+    std::vector<std::pair<std::string, std::string>> messages;  // role, content
+    bool stream = false;
+    bool include_usage = false;  // stream_options.include_usage
+    uint32_t max_tokens = 0;     // 0: until the context is full or the model stops
+    float temperature = 1.0f;
+    float top_p = 1.0f;
+    uint32_t top_k = 0;
+    float min_p = 0.0f;
+    float repeat_penalty = 1.0f;
+    float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+    uint32_t seed = 0;
+    bool seed_given = false;
+    std::vector<std::string> stop;
+    bool echo = false;        // completions: the prompt text starts the completion
+    bool ignore_eos = false;  // extension: generate max_tokens tokens whatever they are
+};
+
+// A client error: the HTTP status and the OpenAI error body's fields.
+struct ApiError {
+    int status = 400;
+    std::string message;
+    std::string type = "invalid_request_error";
+    std::string param;  // the offending field, "" when none
+    std::string code;   // e.g. "model_not_found"
+};
+
+// Parses and validates a request body. `max_context` bounds max_tokens.
+std::optional<ApiError> parseRequest(Endpoint endpoint, const std::string& body,
+                                     uint32_t max_context, ApiRequest* out);
+
+// {"error": {...}}
+std::string errorBody(const ApiError& e);
+
+struct Usage {
+    uint32_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+// The complete (non-streamed) response.
+std::string responseBody(Endpoint endpoint, const std::string& id, int64_t created,
+                         const std::string& model, const std::string& text,
+                         const std::string& finish_reason, const Usage& usage);
+
+// One server-sent event ("data: {...}\n\n"). `role_chunk` (chat): the first chunk, which carries
+// the assistant role; `finish_reason` non-empty: the last chunk; `usage`: the usage-only chunk
+// that stream_options.include_usage asks for.
+std::string streamChunk(Endpoint endpoint, const std::string& id, int64_t created,
+                        const std::string& model, const std::string& text,
+                        const std::string& finish_reason, bool role_chunk = false);
+std::string usageChunk(Endpoint endpoint, const std::string& id, int64_t created,
+                       const std::string& model, const Usage& usage);
+inline constexpr const char* kStreamDone = "data: [DONE]\n\n";
+
+}  // namespace blue::server
