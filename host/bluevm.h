@@ -81,6 +81,7 @@ typedef struct bluevm_model_info {
     const char* architecture;  /* "llama", "qwen2", ... */
     const char* device;        /* the Vulkan device it runs on */
     uint32_t n_vocab, n_ctx, n_layer, n_embd;
+    uint32_t validation_errors; /* Khronos validation errors so far (with validation on) */
 } bluevm_model_info;
 
 /* Strings stay valid while the model is open. */

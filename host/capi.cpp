@@ -160,6 +160,7 @@ bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info
     out->n_ctx = model->engine->contextLength();
     out->n_layer = c.n_layer;
     out->n_embd = c.n_embd;
+    out->validation_errors = model->engine->device().validationErrors();
     return ok();
 }
 

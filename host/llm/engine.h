@@ -62,6 +62,7 @@ public:
     const Module& module() const { return module_; }
     uint32_t contextLength() const { return ctx_; }
     Device& device() { return *device_; }
+    const Device& device() const { return *device_; }
 
     // Token ids for a prompt: BOS as the vocabulary asks; an empty prompt gives just BOS.
     std::vector<uint32_t> promptTokens(const std::string& text) const;

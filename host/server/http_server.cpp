@@ -2,6 +2,7 @@
 #include "host/server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -84,6 +85,7 @@ struct HttpServer::Impl {
     bluevm_model_info info{};
     httplib::Server http;
     int port = 0;
+    int listen_socket = -1;
     std::atomic<bool> stopping{false};
     std::mutex counts_mutex;
     std::map<std::pair<std::string, int>, uint64_t> http_counts;  // (path, status) -> requests
@@ -353,8 +355,14 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_model* model, blue
     threads = std::min<uint32_t>(threads, 1024);
     impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     impl->http.set_payload_max_length(options.max_body_bytes);
-    impl->http.set_read_timeout(30, 0);
-    impl->http.set_write_timeout(30, 0);
+    // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind the
+    // same port silently and share its connections. The socket is kept to raise its backlog.
+    Impl* raw = impl.get();
+    impl->http.set_socket_options([raw](int sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+        raw->listen_socket = sock;
+    });
     impl->routes();
     return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
@@ -371,6 +379,9 @@ Status HttpServer::bind() {
         }
         im.port = im.options.port;
     }
+    // httplib listens with a backlog of 5: many clients connecting at once would overflow it and
+    // see their connections dropped. Listening again on a listening socket raises the backlog.
+    if (im.listen_socket >= 0) ::listen(im.listen_socket, SOMAXCONN);
     return Status::ok();
 }
 

@@ -1,0 +1,251 @@
+// The public C API (host/bluevm.h), used as a C program would: stories260K greedy from BOS through
+// submit/poll gives the expected 256 tokens; concurrent requests stream their text; cancel frees
+// the instance; every misuse gets a status and a message, never a crash.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "host/bluevm.h"
+#include "tests/test_paths.h"
+
+namespace blue::test {
+namespace {
+
+std::string storiesPath() { return sharedDir() + "/models/stories260K/stories260K.gguf"; }
+
+std::vector<uint32_t> expectedGreedyIds() {
+    std::ifstream in(sharedDir() + "/models/stories260K/expected_greedy_bos_256.txt");
+    std::string line;
+    std::getline(in, line);
+    std::istringstream ids(line);
+    std::vector<uint32_t> out;
+    for (uint32_t id; ids >> id;) out.push_back(id);
+    return out;
+}
+
+struct Opened {
+    bluevm_model* model = nullptr;
+    bluevm_engine* engine = nullptr;
+    ~Opened() {
+        bluevm_engine_destroy(engine);
+        bluevm_model_close(model);
+    }
+};
+
+void open(Opened* o, uint32_t instances, uint32_t ctx, uint32_t max_queue = 0) {
+    bluevm_model_options mo;
+    bluevm_model_options_init(&mo);
+    mo.ctx = ctx;
+    REQUIRE_MESSAGE(bluevm_model_open(storiesPath().c_str(), &mo, &o->model) == BLUEVM_OK, bluevm_last_error());
+    bluevm_engine_options eo;
+    bluevm_engine_options_init(&eo);
+    eo.instances = instances;
+    eo.max_queue = max_queue;
+    REQUIRE_MESSAGE(bluevm_engine_create(o->model, &eo, &o->engine) == BLUEVM_OK, bluevm_last_error());
+}
+
+// Polls a request to its end; returns its text and tokens.
+struct Finished {
+    std::string text;
+    std::vector<uint32_t> tokens;
+    bluevm_finish reason = BLUEVM_FINISH_NONE;
+    uint32_t prompt_tokens = 0, completion_tokens = 0;
+    int events = 0;
+};
+
+Finished drain(bluevm_engine* e, uint64_t id) {
+    Finished f;
+    for (int guard = 0; guard < 100000; ++guard) {
+        bluevm_event ev;
+        bluevm_status s = bluevm_poll(e, id, 30000, &ev);
+        REQUIRE_MESSAGE(s == BLUEVM_OK, bluevm_status_name(s), ": ", bluevm_last_error());
+        f.text.append(ev.text, ev.text_len);
+        f.tokens.insert(f.tokens.end(), ev.tokens, ev.tokens + ev.n_tokens);
+        ++f.events;
+        if (ev.finished) {
+            f.reason = ev.reason;
+            f.prompt_tokens = ev.prompt_tokens;
+            f.completion_tokens = ev.completion_tokens;
+            return f;
+        }
+    }
+    FAIL("request did not finish");
+    return f;
+}
+
+void checkNoValidationErrors(bluevm_model* m) {
+    bluevm_model_info info;
+    REQUIRE(bluevm_model_get_info(m, &info) == BLUEVM_OK);
+    CHECK(info.validation_errors == 0u);
+}
+
+TEST_CASE("capi: stories260K greedy from BOS through submit and poll gives the expected 256 tokens") {
+    Opened o;
+    open(&o, 2, 512);
+    bluevm_model_info info;
+    REQUIRE(bluevm_model_get_info(o.model, &info) == BLUEVM_OK);
+    CHECK(std::string(info.architecture) == "llama");
+    CHECK(info.n_vocab == 512);
+    CHECK(info.n_ctx == 512);
+    bluevm_request r;
+    bluevm_request_init(&r);
+    r.prompt = "";
+    r.max_tokens = 256;
+    r.temperature = 0;
+    uint64_t id = 0;
+    REQUIRE(bluevm_submit(o.engine, &r, &id) == BLUEVM_OK);
+    Finished f = drain(o.engine, id);
+    CHECK(f.tokens == expectedGreedyIds());
+    CHECK(f.reason == BLUEVM_FINISH_LENGTH);
+    CHECK(f.prompt_tokens == 1);
+    CHECK(f.completion_tokens == 256);
+    CHECK(f.text.rfind("Once upon a time, there was a little girl named Lily.", 0) == 0);
+    // After the end, a poll returns the finish again with nothing new.
+    bluevm_event ev;
+    REQUIRE(bluevm_poll(o.engine, id, 0, &ev) == BLUEVM_OK);
+    CHECK(ev.finished);
+    CHECK(ev.text_len == 0);
+    REQUIRE(bluevm_release(o.engine, id) == BLUEVM_OK);
+    CHECK(bluevm_poll(o.engine, id, 0, &ev) == BLUEVM_ERR_NOT_FOUND);
+    checkNoValidationErrors(o.model);
+}
+
+TEST_CASE("capi: concurrent requests on 3 instances equal one-at-a-time runs; cancel frees the instance") {
+    Opened o;
+    open(&o, 3, 128);
+    const std::vector<std::string> prompts = {"Once upon a time", "The dog", "Lily wanted", "Tom",
+                                              "One day, a little", "The sun"};
+    auto request = [&](const std::string& p, uint32_t n) {
+        bluevm_request r;
+        bluevm_request_init(&r);
+        r.prompt = p.c_str();
+        r.max_tokens = n;
+        r.temperature = 0;
+        uint64_t id = 0;
+        REQUIRE_MESSAGE(bluevm_submit(o.engine, &r, &id) == BLUEVM_OK, bluevm_last_error());
+        return id;
+    };
+    std::vector<std::string> alone;
+    for (const std::string& p : prompts) {
+        uint64_t id = request(p, 30);
+        alone.push_back(drain(o.engine, id).text);
+        bluevm_release(o.engine, id);
+    }
+    std::vector<uint64_t> ids;
+    for (const std::string& p : prompts) ids.push_back(request(p, 30));
+    for (size_t i = 0; i < ids.size(); ++i) {
+        CAPTURE(prompts[i]);
+        CHECK(drain(o.engine, ids[i]).text == alone[i]);
+    }
+    // A long request is cancelled after its first text; its instance then serves another.
+    bluevm_request r;
+    bluevm_request_init(&r);
+    r.prompt = "Once";
+    r.max_tokens = 120;
+    r.ignore_eos = 1;
+    r.temperature = 0;
+    uint64_t longer = 0;
+    REQUIRE(bluevm_submit(o.engine, &r, &longer) == BLUEVM_OK);
+    bluevm_event ev;
+    REQUIRE(bluevm_poll(o.engine, longer, 30000, &ev) == BLUEVM_OK);
+    REQUIRE(bluevm_cancel(o.engine, longer) == BLUEVM_OK);
+    Finished f = drain(o.engine, longer);
+    CHECK(f.reason == BLUEVM_FINISH_CANCELLED);
+    CHECK(f.completion_tokens < 120);
+    uint64_t after = request("The dog", 30);
+    CHECK(drain(o.engine, after).text == alone[1]);
+    bluevm_metrics m;
+    REQUIRE(bluevm_engine_metrics(o.engine, &m) == BLUEVM_OK);
+    CHECK(m.requests_cancelled == 1);
+    CHECK(m.requests_finished == m.requests_total);
+    CHECK(m.busy_instances == 0);
+    CHECK(m.round_trips == 0);
+    checkNoValidationErrors(o.model);
+}
+
+TEST_CASE("capi: misuse gets a status and a message") {
+    bluevm_model* m = nullptr;
+    CHECK(bluevm_model_open(nullptr, nullptr, &m) == BLUEVM_ERR_INVALID_ARGUMENT);
+    CHECK(bluevm_model_open("/nonexistent/model.gguf", nullptr, &m) == BLUEVM_ERR_IO);
+    CHECK(std::string(bluevm_last_error()) == "/nonexistent/model.gguf: no such file");
+    CHECK(m == nullptr);
+    // A file that is not GGUF.
+    const std::string not_gguf = sourceDir() + "/README.md";
+    CHECK(bluevm_model_open(not_gguf.c_str(), nullptr, &m) == BLUEVM_ERR_MODEL);
+    CHECK(std::string(bluevm_last_error()).find("README.md") != std::string::npos);
+    bluevm_model_options mo;
+    bluevm_model_options_init(&mo);
+    mo.device = "no-such-device-name";
+    CHECK(bluevm_model_open(storiesPath().c_str(), &mo, &m) == BLUEVM_ERR_DEVICE);
+
+    Opened o;
+    open(&o, 1, 64, 1);
+    bluevm_engine_options eo;
+    bluevm_engine_options_init(&eo);
+    eo.instances = 0;
+    bluevm_engine* e = nullptr;
+    CHECK(bluevm_engine_create(o.model, &eo, &e) == BLUEVM_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(bluevm_last_error()) == "instances must be 1..4096, not 0");
+
+    bluevm_request r;
+    bluevm_request_init(&r);
+    uint64_t id = 0;
+    std::string long_prompt;
+    for (int i = 0; i < 100; ++i) long_prompt += "Once upon a time ";
+    r.prompt = long_prompt.c_str();
+    CHECK(bluevm_submit(o.engine, &r, &id) == BLUEVM_ERR_TOO_LONG);
+    CHECK(std::string(bluevm_last_error()).find("the context holds 64") != std::string::npos);
+    r.prompt = "Hi";
+    r.top_p = 0;
+    CHECK(bluevm_submit(o.engine, &r, &id) == BLUEVM_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(bluevm_last_error()).find("top_p") != std::string::npos);
+    r.top_p = 1;
+    r.n_stop = 1;
+    CHECK(bluevm_submit(o.engine, &r, &id) == BLUEVM_ERR_INVALID_ARGUMENT);
+    r.n_stop = 0;
+    const uint32_t bad_ids[] = {1, 99999};
+    r.prompt_ids = bad_ids;
+    r.n_prompt_ids = 2;
+    CHECK(bluevm_submit(o.engine, &r, &id) == BLUEVM_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(bluevm_last_error()).find("99999") != std::string::npos);
+    r.prompt_ids = nullptr;
+    CHECK(bluevm_poll(o.engine, 12345, 0, nullptr) == BLUEVM_ERR_INVALID_ARGUMENT);
+    bluevm_event ev;
+    CHECK(bluevm_poll(o.engine, 12345, 0, &ev) == BLUEVM_ERR_NOT_FOUND);
+    CHECK(bluevm_cancel(o.engine, 12345) == BLUEVM_ERR_NOT_FOUND);
+    CHECK(bluevm_release(o.engine, 12345) == BLUEVM_ERR_NOT_FOUND);
+    // One instance, a queue of one: the third long request is refused while two are in.
+    r.max_tokens = 50;
+    r.ignore_eos = 1;
+    uint64_t a = 0, b = 0, c = 0;
+    REQUIRE(bluevm_submit(o.engine, &r, &a) == BLUEVM_OK);
+    REQUIRE(bluevm_poll(o.engine, a, 30000, &ev) == BLUEVM_OK);  // a is on the instance
+    REQUIRE(bluevm_submit(o.engine, &r, &b) == BLUEVM_OK);       // b waits
+    CHECK(bluevm_submit(o.engine, &r, &c) == BLUEVM_ERR_QUEUE_FULL);
+    CHECK(std::string(bluevm_last_error()).find("queue is full") != std::string::npos);
+    CHECK(bluevm_poll(o.engine, b, 0, &ev) == BLUEVM_ERR_TIMEOUT);
+    drain(o.engine, a);
+    drain(o.engine, b);
+    char* chat = nullptr;
+    const char* roles[] = {"user"};
+    const char* contents[] = {"Hello"};
+    REQUIRE(bluevm_format_chat(o.model, roles, contents, 1, &chat) == BLUEVM_OK);
+    CHECK(std::string(chat).find("Hello") != std::string::npos);
+    bluevm_free(chat);
+    CHECK(bluevm_format_chat(o.model, roles, contents, 0, &chat) == BLUEVM_ERR_INVALID_ARGUMENT);
+    size_t count = 0;
+    uint32_t ids[4];
+    REQUIRE(bluevm_tokenize(o.model, "Once upon a time", 16, 1, ids, 4, &count) == BLUEVM_OK);
+    CHECK(count > 1);
+    CHECK(ids[0] == 1);  // BOS
+    CHECK(std::string(bluevm_status_name(BLUEVM_ERR_QUEUE_FULL)) == "queue full");
+    CHECK(bluevm_api_version() == BLUEVM_API_VERSION);
+    checkNoValidationErrors(o.model);
+}
+
+}  // namespace
+}  // namespace blue::test

@@ -1,0 +1,206 @@
+// The command-line programs as a user runs them: `bluevm serve` answers HTTP and stops cleanly on
+// SIGTERM, `bluevm generate --prompts` writes one JSONL result per prompt, the C example runs, and
+// user errors print one line and exit 1.
+#include <doctest/doctest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/test_paths.h"
+
+namespace blue::test {
+namespace {
+
+using json = nlohmann::json;
+
+std::string binary(const std::string& rel) { return std::string(BLUE_BINARY_DIR) + "/" + rel; }
+std::string stories() { return sharedDir() + "/models/stories260K/stories260K.gguf"; }
+
+// A child process with its stdout and stderr read through pipes.
+struct Child {
+    pid_t pid = -1;
+    int out = -1, err = -1;
+    std::string out_text, err_text;
+
+    explicit Child(const std::vector<std::string>& args) {
+        int po[2], pe[2];
+        REQUIRE(pipe(po) == 0);
+        REQUIRE(pipe(pe) == 0);
+        pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            dup2(po[1], 1);
+            dup2(pe[1], 2);
+            close(po[0]);
+            close(pe[0]);
+            std::vector<char*> argv;
+            for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+            argv.push_back(nullptr);
+            execv(argv[0], argv.data());
+            _exit(127);
+        }
+        close(po[1]);
+        close(pe[1]);
+        out = po[0];
+        err = pe[0];
+    }
+    ~Child() {
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, nullptr, 0);
+        }
+        if (out >= 0) close(out);
+        if (err >= 0) close(err);
+    }
+    // Reads whatever is available for up to `ms`; false when both pipes are closed.
+    bool pump(int ms) {
+        pollfd fds[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
+        int n = poll(fds, 2, ms);
+        if (n <= 0) return true;
+        bool open = false;
+        char buf[4096];
+        for (int k = 0; k < 2; ++k) {
+            if (fds[k].fd < 0) continue;
+            if (fds[k].revents & (POLLIN | POLLHUP)) {
+                ssize_t got = read(fds[k].fd, buf, sizeof buf);
+                if (got > 0) {
+                    (k == 0 ? out_text : err_text).append(buf, size_t(got));
+                    open = true;
+                } else {
+                    close(fds[k].fd);
+                    (k == 0 ? out : err) = -1;
+                }
+            } else {
+                open = true;
+            }
+        }
+        return open || out >= 0 || err >= 0;
+    }
+    // Waits for the exit, collecting output; returns the exit code (-1: killed or timed out).
+    int wait(int timeout_s = 300) {
+        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+        while ((out >= 0 || err >= 0) && std::chrono::steady_clock::now() < until) {
+            pollfd fds[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
+            if (poll(fds, 2, 100) <= 0) continue;
+            char buf[4096];
+            for (int k = 0; k < 2; ++k) {
+                int& fd = k == 0 ? out : err;
+                if (fd < 0 || !(fds[k].revents & (POLLIN | POLLHUP))) continue;
+                ssize_t got = read(fd, buf, sizeof buf);
+                if (got > 0) {
+                    (k == 0 ? out_text : err_text).append(buf, size_t(got));
+                } else {
+                    close(fd);
+                    fd = -1;
+                }
+            }
+        }
+        if (out >= 0 || err >= 0) {
+            MESSAGE("the child ran past " << timeout_s << " s: killed");
+            kill(pid, SIGKILL);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+};
+
+TEST_CASE("cli: bluevm serve answers HTTP on the port it prints and stops cleanly on SIGTERM") {
+    Child c({binary("host/bluevm"), "serve", "--model", stories(), "--port", "0", "--instances",
+             "2", "--ctx", "128", "--alias", "tiny"});
+    std::smatch m;
+    const std::regex listening("on http://127\\.0\\.0\\.1:([0-9]+) ");
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!std::regex_search(c.err_text, m, listening) && std::chrono::steady_clock::now() < until) {
+        c.pump(100);
+    }
+    REQUIRE_MESSAGE(std::regex_search(c.err_text, m, listening), c.err_text);
+    const int port = std::stoi(m[1]);
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(60, 0);
+    auto models = client.Get("/v1/models");
+    REQUIRE(models);
+    CHECK(json::parse(models->body)["data"][0]["id"] == "tiny");
+    auto r = client.Post("/v1/completions",
+                         json{{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}}.dump(),
+                         "application/json");
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(json::parse(r->body)["choices"][0]["text"].get<std::string>().rfind(", there was a little girl", 0) == 0);
+    auto metrics = client.Get("/metrics");
+    REQUIRE(metrics);
+    CHECK(metrics->body.find("bluevm_requests_total 1\n") != std::string::npos);
+    CHECK(metrics->body.find("# TYPE bluevm_queue_depth gauge") != std::string::npos);
+    kill(c.pid, SIGTERM);
+    CHECK(c.wait(60) == 0);
+    CHECK(c.err_text.find("bluevm: server stopped") != std::string::npos);
+}
+
+TEST_CASE("cli: bluevm serve and generate refuse bad input with one line and exit 1") {
+    Child missing({binary("host/bluevm"), "serve", "--model", "/nonexistent.gguf", "--port", "0"});
+    CHECK(missing.wait(60) == 1);
+    CHECK(missing.err_text == "bluevm: /nonexistent.gguf: no such file\n");
+    // A port that is taken.
+    httplib::Server blocker;
+    const int port = blocker.bind_to_any_port("127.0.0.1");
+    REQUIRE(port > 0);
+    Child taken({binary("host/bluevm"), "serve", "--model", stories(), "--port", std::to_string(port)});
+    CHECK(taken.wait(60) == 1);
+    CHECK(taken.err_text.find("cannot listen on 127.0.0.1:" + std::to_string(port)) != std::string::npos);
+    Child bad_prompts({binary("host/bluevm"), "generate", "--model", stories(), "--prompts", "/nonexistent.txt"});
+    CHECK(bad_prompts.wait() == 1);
+    CHECK(bad_prompts.err_text == "bluevm: /nonexistent.txt: cannot open prompts file\n");
+}
+
+TEST_CASE("cli: bluevm generate --prompts runs many prompts on many instances and writes JSONL") {
+    const std::string file = "/tmp/blue_test_prompts.jsonl";
+    {
+        std::ofstream f(file);
+        f << "Once upon a time\n"
+          << R"({"prompt": "The dog", "max_tokens": 7})" << "\n"
+          << "Once upon a time\n"
+          << R"({"prompt": "Lily", "temperature": 0.8, "seed": 5})" << "\n";
+    }
+    Child c({binary("host/bluevm"), "generate", "--model", stories(), "--prompts", file,
+             "--instances", "3", "-n", "20", "--temp", "0", "--ctx", "128", "--stats"});
+    REQUIRE(c.wait() == 0);
+    std::istringstream lines(c.out_text);
+    std::vector<json> results;
+    for (std::string line; std::getline(lines, line);) results.push_back(json::parse(line));
+    REQUIRE(results.size() == 4);
+    CHECK(results[0]["index"] == 0);
+    CHECK(results[0]["tokens"] == 20);
+    CHECK(results[0]["text"] == results[2]["text"]);  // the same greedy prompt twice
+    CHECK(results[1]["tokens"] == 7);
+    CHECK(results[1]["prompt"] == "The dog");
+    json stats = json::parse(c.err_text.substr(c.err_text.rfind('{')));
+    CHECK(stats["instances"] == 3);
+    CHECK(stats["round_trips"] == 0);
+    CHECK(stats["generated_tokens"].get<int>() >= 47);
+    std::remove(file.c_str());
+}
+
+TEST_CASE("cli: the C API example serves its prompts") {
+    Child c({binary("tools/blue-capi-example"), stories(), "Once upon a time", "The dog"});
+    REQUIRE(c.wait() == 0);
+    CHECK(c.out_text.find("Once upon a time, there was a little girl named Lily.") != std::string::npos);
+    CHECK(c.out_text.find("] The dog") != std::string::npos);
+    CHECK(c.err_text.find(", 0 round trips") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace blue::test

@@ -1,0 +1,450 @@
+// The OpenAI-compatible server, through HTTP with a real client (cpp-httplib): responses and
+// streams carry the engine's text, bad requests get 400/404/413 with a message naming the field
+// and harm nothing else, a full queue answers 429, a client that disconnects frees its instance,
+// and 64 concurrent clients all get exactly their greedy text.
+#include <doctest/doctest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "host/server/http_server.h"
+#include "host/server/openai.h"
+#include "tests/test_paths.h"
+
+namespace blue::test {
+namespace {
+
+using json = nlohmann::json;
+
+struct TestServer {
+    bluevm_model* model = nullptr;
+    bluevm_engine* engine = nullptr;
+    std::unique_ptr<server::HttpServer> http;
+    std::thread thread;
+
+    TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue) {
+        bluevm_model_options mo;
+        bluevm_model_options_init(&mo);
+        mo.ctx = ctx;
+        const std::string path = sharedDir() + "/models/stories260K/stories260K.gguf";
+        REQUIRE_MESSAGE(bluevm_model_open(path.c_str(), &mo, &model) == BLUEVM_OK, bluevm_last_error());
+        bluevm_engine_options eo;
+        bluevm_engine_options_init(&eo);
+        eo.instances = instances;
+        eo.max_queue = max_queue;
+        REQUIRE_MESSAGE(bluevm_engine_create(model, &eo, &engine) == BLUEVM_OK, bluevm_last_error());
+        server::ServerOptions so;
+        so.port = 0;
+        so.model_names = {"stories260K"};
+        so.max_body_bytes = 1 << 20;
+        auto s = server::HttpServer::create(model, engine, so);
+        REQUIRE_MESSAGE(s.isOk(), s.message());
+        http = std::move(s.value());
+        REQUIRE(http->bind().isOk());
+        thread = std::thread([this] { (void)http->run(); });
+    }
+    ~TestServer() {
+        http->stop();
+        thread.join();
+        http.reset();
+        bluevm_model_info info;
+        bluevm_model_get_info(model, &info);
+        CHECK(info.validation_errors == 0u);
+        bluevm_engine_destroy(engine);
+        bluevm_model_close(model);
+    }
+    httplib::Client client() const {
+        httplib::Client c("127.0.0.1", http->port());
+        c.set_read_timeout(120, 0);
+        return c;
+    }
+    // The value of a metric line "name value" in /metrics.
+    double metric(const std::string& name) const {
+        auto res = client().Get("/metrics");
+        REQUIRE(res);
+        const std::string& body = res->body;
+        size_t at = body.find("\n" + name + " ");
+        REQUIRE_MESSAGE(at != std::string::npos, name);
+        return std::stod(body.substr(at + name.size() + 2));
+    }
+};
+
+httplib::Result post(const TestServer& s, const std::string& path, const json& body) {
+    return s.client().Post(path.c_str(), body.dump(), "application/json");
+}
+
+// The text of a streamed response: the concatenated deltas; checks the event framing.
+struct Streamed {
+    std::string text, finish;
+    int chunks = 0;
+    bool done = false;
+    json usage;
+};
+
+Streamed parseStream(const std::string& body, bool chat) {
+    Streamed s;
+    size_t at = 0;
+    while (at < body.size()) {
+        size_t end = body.find("\n\n", at);
+        REQUIRE(end != std::string::npos);
+        std::string event = body.substr(at, end - at);
+        at = end + 2;
+        if (event[0] == ':') continue;  // keep-alive comment
+        REQUIRE(event.rfind("data: ", 0) == 0);
+        std::string data = event.substr(6);
+        if (data == "[DONE]") {
+            s.done = true;
+            continue;
+        }
+        json j = json::parse(data);
+        CHECK(j["object"] == (chat ? "chat.completion.chunk" : "text_completion"));
+        if (j.contains("usage")) s.usage = j["usage"];
+        if (j["choices"].empty()) continue;
+        const json& c = j["choices"][0];
+        ++s.chunks;
+        if (chat) {
+            if (c["delta"].contains("content")) s.text += c["delta"]["content"].get<std::string>();
+        } else {
+            s.text += c["text"].get<std::string>();
+        }
+        if (!c["finish_reason"].is_null()) s.finish = c["finish_reason"];
+    }
+    return s;
+}
+
+TEST_CASE("server: completions and chat, plain and streamed, carry the same greedy text") {
+    TestServer s(4, 256, 0);
+    auto health = s.client().Get("/health");
+    REQUIRE(health);
+    CHECK(health->status == 200);
+    CHECK(json::parse(health->body)["status"] == "ok");
+    auto models = s.client().Get("/v1/models");
+    REQUIRE(models);
+    CHECK(json::parse(models->body)["data"][0]["id"] == "stories260K");
+
+    json body = {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0}};
+    auto plain = post(s, "/v1/completions", body);
+    REQUIRE(plain);
+    CHECK(plain->status == 200);
+    json j = json::parse(plain->body);
+    CHECK(j["object"] == "text_completion");
+    const std::string text = j["choices"][0]["text"];
+    CHECK(text.rfind(", there was a little girl named Lily.", 0) == 0);
+    CHECK(j["choices"][0]["finish_reason"] == "length");
+    CHECK(j["usage"]["completion_tokens"] == 40);
+    CHECK(j["usage"]["prompt_tokens"] == 5);
+    CHECK(j["usage"]["total_tokens"] == 45);
+
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    auto streamed = post(s, "/v1/completions", body);
+    REQUIRE(streamed);
+    CHECK(streamed->status == 200);
+    CHECK(streamed->get_header_value("Content-Type") == "text/event-stream");
+    Streamed st = parseStream(streamed->body, false);
+    CHECK(st.text == text);
+    CHECK(st.finish == "length");
+    CHECK(st.done);
+    CHECK(st.chunks >= 2);
+    CHECK(st.usage["completion_tokens"] == 40);
+
+    // echo, a token-id prompt and a stop string.
+    auto echo = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0}, {"echo", true}});
+    REQUIRE(echo);
+    CHECK(json::parse(echo->body)["choices"][0]["text"] == "Once upon a time" + text);
+    auto stop = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0}, {"stop", {"Lily"}}});
+    REQUIRE(stop);
+    json sj = json::parse(stop->body);
+    CHECK(sj["choices"][0]["text"] == text.substr(0, text.find("Lily")));
+    CHECK(sj["choices"][0]["finish_reason"] == "stop");
+
+    json chat = {{"messages", {{{"role", "system"}, {"content", "Tell a story."}}, {{"role", "user"}, {"content", "Hi"}}}},
+                 {"max_tokens", 24}, {"temperature", 0}};
+    auto cplain = post(s, "/v1/chat/completions", chat);
+    REQUIRE(cplain);
+    CHECK(cplain->status == 200);
+    json cj = json::parse(cplain->body);
+    CHECK(cj["object"] == "chat.completion");
+    CHECK(cj["choices"][0]["message"]["role"] == "assistant");
+    const std::string ctext = cj["choices"][0]["message"]["content"];
+    CHECK(!ctext.empty());
+    chat["stream"] = true;
+    auto cstream = post(s, "/v1/chat/completions", chat);
+    REQUIRE(cstream);
+    Streamed cs = parseStream(cstream->body, true);
+    CHECK(cs.text == ctext);
+    CHECK(cs.done);
+    // Same seed, same text; sampled requests run too.
+    json sampled = {{"prompt", "The dog"}, {"max_tokens", 30}, {"temperature", 0.9}, {"top_p", 0.9}, {"seed", 42}};
+    auto s1 = post(s, "/v1/completions", sampled), s2 = post(s, "/v1/completions", sampled);
+    REQUIRE(s1);
+    REQUIRE(s2);
+    CHECK(json::parse(s1->body)["choices"][0]["text"] == json::parse(s2->body)["choices"][0]["text"]);
+    CHECK(s.metric("bluevm_requests_total") == 8);
+    CHECK(s.metric("bluevm_completion_tokens_total") > 200);
+    CHECK(s.metric("bluevm_host_round_trips_total") == 0);
+}
+
+// Mutations of valid bodies: random byte edits and truncations (mostly invalid JSON), and values
+// replaced by every JSON type at random keys. The parser answers each with a request or an error
+// naming a status 400/404 and a message, never an exception.
+std::vector<std::string> mutatedBodies(uint32_t seed, size_t count) {
+    const std::vector<json> seeds = {
+        {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}, {"stop", {"a", "b"}}},
+        {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 8}, {"stream", true},
+         {"stream_options", {{"include_usage", true}}}},
+        {{"prompt", {1, 2, 3}}, {"max_tokens", 4}, {"seed", 7}, {"top_p", 0.5}, {"top_k", 3}},
+    };
+    const std::vector<json> values = {nullptr, true, false, 0, -1, 1, 65, 1e300, -1e300, 0.5,
+                                      "", "x", json::array(), json::array({1, "a", nullptr}),
+                                      json::object(), json{{"type", "text"}}, 18446744073709551615ull,
+                                      -9223372036854775807ll - 1, std::string(300, 'z')};
+    std::mt19937 rng(seed);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < count; ++i) {
+        json j = seeds[rng() % seeds.size()];
+        std::string body;
+        switch (rng() % 3) {
+            case 0: {  // a value replaced, or a key added, at the top level or one level down
+                std::vector<std::string> keys = {"prompt", "messages", "max_tokens", "temperature",
+                                                 "top_p", "top_k", "min_p", "seed", "stop", "stream",
+                                                 "n", "echo", "model", "stream_options", "logprobs",
+                                                 "max_completion_tokens", "presence_penalty"};
+                j[keys[rng() % keys.size()]] = values[rng() % values.size()];
+                if (j.contains("messages") && j["messages"].is_array() && !j["messages"].empty() &&
+                    j["messages"][0].is_object() && rng() % 2) {
+                    j["messages"][0][rng() % 2 ? "role" : "content"] = values[rng() % values.size()];
+                }
+                body = j.dump();
+                break;
+            }
+            case 1: {  // bytes changed
+                body = j.dump();
+                for (int k = 0, n = 1 + int(rng() % 4); k < n && !body.empty(); ++k) {
+                    body[rng() % body.size()] = char(rng() % 256);
+                }
+                break;
+            }
+            default:  // cut short
+                body = j.dump();
+                body.resize(rng() % (body.size() + 1));
+        }
+        out.push_back(std::move(body));
+    }
+    return out;
+}
+
+TEST_CASE("server: mutated request bodies parse or fail with a 4xx message, never throw") {
+    size_t accepted = 0;
+    for (const std::string& body : mutatedBodies(1234, 20000)) {
+        for (server::Endpoint ep : {server::Endpoint::Completions, server::Endpoint::Chat}) {
+            server::ApiRequest r;
+            std::optional<server::ApiError> e;
+            REQUIRE_NOTHROW(e = server::parseRequest(ep, body, 64, &r));
+            if (e) {
+                CHECK((e->status == 400 || e->status == 404));
+                CHECK(!e->message.empty());
+                CHECK(json::parse(server::errorBody(*e), nullptr, false).is_object());
+            } else {
+                ++accepted;
+                CHECK(r.max_tokens <= 64);
+                CHECK(r.top_p > 0);
+            }
+        }
+    }
+    CHECK(accepted > 100);  // the mutations also make valid requests
+}
+
+TEST_CASE("server: 300 mutated requests over HTTP are each answered, and the server still serves") {
+    TestServer s(2, 64, 16);
+    std::map<int, int> statuses;
+    const std::vector<std::string> bodies = mutatedBodies(99, 300);
+    for (size_t i = 0; i < bodies.size(); ++i) {
+        CAPTURE(bodies[i]);
+        auto r = s.client().Post(i % 2 ? "/v1/chat/completions" : "/v1/completions", bodies[i], "application/json");
+        REQUIRE(r);
+        ++statuses[r->status];
+        CHECK((r->status == 200 || r->status == 400 || r->status == 404));
+        if (r->status != 200) CHECK(json::parse(r->body)["error"]["message"].get<std::string>().size() > 0);
+    }
+    CHECK(statuses[200] > 0);
+    CHECK(statuses[400] > 0);
+    auto ok = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}});
+    REQUIRE(ok);
+    CHECK(ok->status == 200);
+    CHECK(s.metric("bluevm_instances_busy") == 0);
+}
+
+TEST_CASE("server: bad requests get a clear 4xx and harm nothing else") {
+    TestServer s(2, 64, 0);
+    struct Case {
+        const char* path;
+        std::string body;
+        int status;
+        const char* message;  // a part of the error message
+        const char* param;    // "" when none
+    };
+    const std::string long_prompt = [] {
+        std::string p;
+        for (int i = 0; i < 60; ++i) p += "Once upon a time ";
+        return p;
+    }();
+    const Case cases[] = {
+        {"/v1/completions", "{\"prompt\": \"x\"", 400, "invalid JSON", ""},
+        {"/v1/completions", "[1, 2]", 400, "must be a JSON object", ""},
+        {"/v1/completions", "{}", 400, "'prompt' is required", "prompt"},
+        {"/v1/completions", R"({"prompt": {"a": 1}})", 400, "'prompt' must be a string", "prompt"},
+        {"/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "'temperature' must be a number", "temperature"},
+        {"/v1/completions", R"({"prompt": "x", "temperature": 7})", 400, "'temperature' must be between 0 and 2", "temperature"},
+        {"/v1/completions", R"({"prompt": "x", "top_p": 1.5})", 400, "'top_p' must be between 0 and 1", "top_p"},
+        {"/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "'max_tokens' must be between 1 and 64", "max_tokens"},
+        {"/v1/completions", R"({"prompt": "x", "max_tokens": 2.5})", 400, "'max_tokens' must be an integer", "max_tokens"},
+        {"/v1/completions", R"({"prompt": "x", "n": 3})", 400, "'n' must be 1", "n"},
+        {"/v1/completions", R"({"prompt": "x", "stream": "yes"})", 400, "'stream' must be true or false", "stream"},
+        {"/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "'stop[0]' must be a string", "stop"},
+        {"/v1/completions", R"({"prompt": "x", "logprobs": 5})", 400, "'logprobs' is not supported", "logprobs"},
+        {"/v1/completions", R"({"prompt": [1, 99999]})", 400, "outside the vocabulary", "prompt"},
+        {"/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "the model 'gpt-4' does not exist", "model"},
+        {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "the context holds 64", "prompt"},
+        {"/v1/chat/completions", R"({"messages": []})", 400, "'messages' must be a non-empty array", "messages"},
+        {"/v1/chat/completions", R"({"messages": [{"content": "hi"}]})", 400, "'messages[0].role' must be a string", "messages[0].role"},
+        {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", 400, "reads text only", "messages[0].content"},
+        {"/v1/nothing", "{}", 404, "no route for POST /v1/nothing", ""},
+        {"/v1/completions", std::string(2 << 20, ' '), 413, "too large", ""},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.body.substr(0, 80));
+        auto res = s.client().Post(c.path, c.body, "application/json");
+        REQUIRE(res);
+        CHECK(res->status == c.status);
+        json j = json::parse(res->body, nullptr, false);
+        REQUIRE(j.is_object());
+        REQUIRE(j.contains("error"));
+        CHECK(j["error"]["message"].get<std::string>().find(c.message) != std::string::npos);
+        if (*c.param) {
+            CHECK(j["error"]["param"] == c.param);
+        } else {
+            CHECK(j["error"]["param"].is_null());
+        }
+    }
+    // The server still serves.
+    auto ok = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}});
+    REQUIRE(ok);
+    CHECK(ok->status == 200);
+    CHECK(s.metric("bluevm_requests_total") == 1);
+}
+
+// Reads a streamed response until `chunks` events arrived, then drops the connection.
+void streamThenDisconnect(const TestServer& s, const json& body, int chunks) {
+    httplib::Client c = s.client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    int seen = 0;
+    req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+        for (size_t i = 0; i + 1 < len; ++i) seen += data[i] == '\n' && data[i + 1] == '\n';
+        return seen < chunks;  // false: the client closes the connection
+    };
+    httplib::Response res;
+    httplib::Error err;
+    c.send(req, res, err);
+    CHECK(seen >= chunks);
+}
+
+TEST_CASE("server: a client that disconnects cancels its request; a full queue answers 429") {
+    TestServer s(1, 512, 1);
+    json longer = {{"prompt", "Once upon a time"}, {"max_tokens", 500}, {"temperature", 0},
+                   {"ignore_eos", true}, {"stream", true}};
+    streamThenDisconnect(s, longer, 2);
+    // The instance is freed: the cancellation shows in the metrics and the next request runs.
+    for (int i = 0; i < 200 && s.metric("bluevm_requests_cancelled_total") < 1; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(s.metric("bluevm_requests_cancelled_total") == 1);
+    CHECK(s.metric("bluevm_completion_tokens_total") < 500);
+    auto ok = post(s, "/v1/completions", {{"prompt", "The dog"}, {"max_tokens", 8}, {"temperature", 0}});
+    REQUIRE(ok);
+    CHECK(ok->status == 200);
+
+    // One instance and a queue of one: with one request running and one waiting, a third is
+    // refused with 429 and Retry-After.
+    std::atomic<int> statuses[2] = {0, 0};
+    std::thread first([&] {
+        auto r = post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true}});
+        statuses[0] = r ? r->status : -1;
+    });
+    for (int i = 0; i < 400 && s.metric("bluevm_instances_busy") < 1; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::thread second([&] {
+        auto r = post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 4}, {"temperature", 0}});
+        statuses[1] = r ? r->status : -1;
+    });
+    for (int i = 0; i < 400 && s.metric("bluevm_queue_depth") < 1; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    auto third = post(s, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 4}});
+    REQUIRE(third);
+    CHECK(third->status == 429);
+    CHECK(third->get_header_value("Retry-After") == "1");
+    CHECK(json::parse(third->body)["error"]["code"] == "queue_full");
+    first.join();
+    second.join();
+    CHECK(statuses[0] == 200);
+    CHECK(statuses[1] == 200);
+    CHECK(s.metric("bluevm_requests_rejected_total") == 1);
+}
+
+TEST_CASE("server: 64 concurrent clients on 16 instances each get exactly their greedy text") {
+    TestServer s(16, 128, 64);
+    const std::vector<std::string> prompts = {"Once upon a time", "The dog", "Lily wanted", "",
+                                              "One day, a little", "Tom and his mom", "The sun", "Sue"};
+    // One at a time first: the text each prompt must give.
+    std::vector<std::string> expected;
+    for (const std::string& p : prompts) {
+        auto r = post(s, "/v1/completions", {{"prompt", p}, {"max_tokens", 24}, {"temperature", 0}});
+        REQUIRE(r);
+        REQUIRE(r->status == 200);
+        expected.push_back(json::parse(r->body)["choices"][0]["text"]);
+    }
+    const int kClients = 64;
+    std::vector<std::string> got(kClients);
+    std::vector<int> status(kClients, 0);
+    std::vector<std::string> errors(kClients);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < kClients; ++i) {
+        clients.emplace_back([&, i] {
+            const bool stream = i % 2 == 1;
+            json body = {{"prompt", prompts[i % prompts.size()]}, {"max_tokens", 24}, {"temperature", 0}, {"stream", stream}};
+            auto r = post(s, "/v1/completions", body);
+            if (!r) {
+                errors[i] = httplib::to_string(r.error());
+                return;
+            }
+            status[i] = r->status;
+            if (r->status != 200) return;
+            got[i] = stream ? parseStream(r->body, false).text : json::parse(r->body)["choices"][0]["text"].get<std::string>();
+        });
+    }
+    for (std::thread& t : clients) t.join();
+    for (int i = 0; i < kClients; ++i) {
+        CAPTURE(i);
+        CAPTURE(errors[i]);
+        CHECK(status[i] == 200);
+        CHECK(got[i] == expected[i % prompts.size()]);
+    }
+    CHECK(s.metric("bluevm_requests_total") == kClients + double(prompts.size()));
+    CHECK(s.metric("bluevm_requests_finished_total") == kClients + double(prompts.size()));
+    CHECK(s.metric("bluevm_host_round_trips_total") == 0);
+    CHECK(s.metric("bluevm_instances_busy") == 0);
+}
+
+}  // namespace
+}  // namespace blue::test
