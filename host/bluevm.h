@@ -108,6 +108,10 @@ typedef struct bluevm_engine_options {
     uint32_t max_queue;    /* requests waiting for an instance before BLUEVM_ERR_QUEUE_FULL;
                               0: 8 per instance */
     uint32_t chain_cycles; /* cycles per submitted chain: fewer stream sooner (default 16) */
+    /* Called while bluevm_engine_create uploads the weights (bytes done of total), e.g. to draw
+       a progress bar; NULL: none. */
+    void (*on_load)(uint64_t done, uint64_t total, void* user);
+    void* on_load_user;
 } bluevm_engine_options;
 
 void bluevm_engine_options_init(bluevm_engine_options* o);
@@ -174,6 +178,7 @@ typedef struct bluevm_metrics {
     uint64_t requests_total, requests_finished, requests_cancelled, requests_rejected;
     uint64_t prompt_tokens, completion_tokens;
     uint64_t queue_depth;    /* accepted requests waiting for an instance */
+    uint32_t queue_capacity; /* requests that may wait before BLUEVM_ERR_QUEUE_FULL */
     uint64_t busy_instances; /* instances serving a request */
     uint32_t instances;
     uint64_t submits, round_trips, cycles; /* GPU chain submits, host round trips, VM cycles */

@@ -207,7 +207,7 @@ void bluevm_free(void* p) {
 }
 
 void bluevm_engine_options_init(bluevm_engine_options* o) {
-    if (o) *o = bluevm_engine_options{4, 0, 16};
+    if (o) *o = bluevm_engine_options{4, 0, 16, nullptr, nullptr};
 }
 
 bluevm_status bluevm_engine_create(bluevm_model* model, const bluevm_engine_options* options,
@@ -228,7 +228,13 @@ bluevm_status bluevm_engine_create(bluevm_model* model, const bluevm_engine_opti
         so.instances = o.instances;
         so.max_queue = o.max_queue;
         so.chain_cycles = o.chain_cycles;
+        if (o.on_load) {
+            model->engine->setLoadCallback([f = o.on_load, user = o.on_load_user](uint64_t done, uint64_t total) {
+                f(done, total, user);
+            });
+        }
         auto s = blue::ServingEngine::create(*model->engine, so);
+        model->engine->setLoadCallback({});
         if (!s) return failWith(BLUEVM_ERR_DEVICE, s.message());
         auto e = std::make_unique<bluevm_engine>();
         e->model = model;
@@ -413,6 +419,7 @@ bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics*
     out->prompt_tokens = m.prompt_tokens;
     out->completion_tokens = m.completion_tokens;
     out->queue_depth = m.queue_depth;
+    out->queue_capacity = m.queue_capacity;
     out->busy_instances = m.busy_instances;
     out->instances = m.instances;
     out->submits = m.submits;

@@ -191,9 +191,13 @@ Status GpuMachine::Impl::uploadWeights(const WeightSource& weights) {
             BLUE_TRY(uploadToBuffer(dev, page_buffers[p], 0, zeros.data(), zeros.size()));
         }
     }
+    uint64_t total = 0, done = 0;
+    for (uint32_t t = 0; t < m.tensors.size(); ++t) total += weights.tensorBytes(t).size();
     for (uint32_t t = 0; t < m.tensors.size(); ++t) {
         std::span<const uint8_t> bytes = weights.tensorBytes(t);
         if (bytes.empty()) continue;
+        done += bytes.size();
+        if (opt.on_load) opt.on_load(done - bytes.size(), total);
         const TensorPlace& p = pages.places[t];
         Buffer& page = page_buffers[p.page];
         if (!p.repacked) {
@@ -212,6 +216,7 @@ Status GpuMachine::Impl::uploadWeights(const WeightSource& weights) {
             BLUE_TRY(uploadToBuffer(dev, page, p.offset, packed.data(), packed.size()));
         }
     }
+    if (opt.on_load) opt.on_load(total, total);
     return Status::ok();
 }
 

@@ -32,6 +32,8 @@ struct GpuOptions {
     uint32_t chains = 2;              // chains leapfrogging (1..BLUE_MAX_CHAINS)
     uint32_t out_records = 1u << 16;  // output ring capacity
     bool profile = false;             // time every dispatch with GPU timestamps
+    // Called while create() uploads the weights: bytes done of the total (progress bars).
+    std::function<void(uint64_t done, uint64_t total)> on_load;
 };
 
 // Time spent per kernel when GpuOptions::profile is on.

@@ -9,6 +9,7 @@
 
 #include "host/bench.h"
 #include "host/cli/commands.h"
+#include "host/cli/progress.h"
 #include "host/llm/engine.h"
 
 namespace blue::cli {
@@ -17,7 +18,7 @@ namespace {
 
 struct BenchArgs {
     std::string model, device, instances = "1";
-    uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0;
+    uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0, chain_cycles = 128;
     bool json = false, no_bandwidth = false;
 };
 
@@ -72,6 +73,7 @@ Command addBenchCommand(CLI::App& app) {
     sub->add_option("--instances", a->instances, "comma-separated instance counts for the batched test, e.g. 1,4,16,64");
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
+    sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_flag("--json", a->json, "print one JSON object instead of the table");
     sub->add_flag("--no-bandwidth", a->no_bandwidth, "skip measuring this machine's memory bandwidth");
     return [a] {
@@ -86,6 +88,9 @@ Command addBenchCommand(CLI::App& app) {
         EngineOptions eo;
         eo.device = a->device;
         eo.ctx = a->ctx ? a->ctx : std::max(a->prompt, 1u) + a->gen + 8;
+        eo.chain_cycles = a->chain_cycles;
+        ProgressBar bar("loading weights");
+        eo.on_load = loadProgress(bar);
         auto engine = Engine::open(a->model, eo);
         if (!engine) return fail(engine.message());
         Engine& e = *engine.value();
@@ -98,6 +103,13 @@ Command addBenchCommand(CLI::App& app) {
         auto tg = measure(e, 1, 1, a->gen, a->reps, false);
         if (!tg) return fail(tg.message());
         uint64_t wbytes = e.matmulWeightBytes();
+        // FLOPs per token: two per matrix element (a multiply and an add). Prompt processing is
+        // a GEMM over the prompt's rows: the matmul peak batched generation is read against.
+        const double flops_per_token = 2.0 * double(e.matmulWeightElements());
+        const double peak_gflops = flops_per_token * pp->tok_per_s / 1e9;
+        j["flops_per_token"] = flops_per_token;
+        j["pp_gflops"] = peak_gflops;
+        j["tg_gflops"] = flops_per_token * tg->tok_per_s / 1e9;
         j["pp"] = {{"tokens", a->prompt}, {"tok_per_s", pp->tok_per_s}};
         j["tg"] = {{"tokens", a->gen}, {"tok_per_s", tg->tok_per_s}, {"submits", tg->submits}};
         j["weight_bytes_per_token"] = wbytes;
@@ -115,7 +127,10 @@ Command addBenchCommand(CLI::App& app) {
             auto m = measure(e, n, std::min(a->prompt, 32u), a->gen, 1, false);
             if (!m) return fail(m.message());
             if (n == counts.front()) base = m->tok_per_s;
+            const double gflops = flops_per_token * m->tok_per_s / 1e9;
             j["batched"].push_back({{"instances", n}, {"tok_per_s", m->tok_per_s},
+                                    {"gflops", gflops},
+                                    {"fraction_of_pp_gflops", peak_gflops > 0 ? gflops / peak_gflops : 0},
                                     {"ratio_to_first", base > 0 ? m->tok_per_s / base : 0},
                                     {"submits_per_1000_tokens", m->tokens ? 1000.0 * double(m->submits) / double(m->tokens) : 0}});
         }
@@ -125,8 +140,10 @@ Command addBenchCommand(CLI::App& app) {
         }
         std::printf("model   %s\ndevice  %s (LP_NUM_THREADS=%s)\n", a->model.c_str(),
                     e.device().info().name.c_str(), j["lavapipe_threads"].get<std::string>().c_str());
-        std::printf("pp%-5u %10.1f tok/s\n", a->prompt, pp->tok_per_s);
-        std::printf("tg%-5u %10.1f tok/s   (%llu submits)\n", a->gen, tg->tok_per_s, (unsigned long long)tg->submits);
+        std::printf("pp%-5u %10.1f tok/s   %8.2f GFLOP/s (the matmul peak: a GEMM over %u rows)\n",
+                    a->prompt, pp->tok_per_s, peak_gflops, a->prompt);
+        std::printf("tg%-5u %10.1f tok/s   %8.2f GFLOP/s (%llu submits)\n", a->gen, tg->tok_per_s,
+                    j["tg_gflops"].get<double>(), (unsigned long long)tg->submits);
         std::printf("weights read per token %.2f MiB -> %.2f GB/s", double(wbytes) / (1 << 20), used);
         if (!a->no_bandwidth) {
             std::printf(" = %.1f%% of this machine's %.1f GB/s (native read, %u threads)",
@@ -135,9 +152,12 @@ Command addBenchCommand(CLI::App& app) {
         }
         std::printf("\n");
         for (const auto& b : j["batched"]) {
-            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %.1f submits/1000 tokens\n",
+            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %8.2f GFLOP/s = %5.1f%% of pp  "
+                        "%.1f submits/1000 tokens\n",
                         b["instances"].get<uint32_t>(), b["tok_per_s"].get<double>(),
-                        b["ratio_to_first"].get<double>(), b["submits_per_1000_tokens"].get<double>());
+                        b["ratio_to_first"].get<double>(), b["gflops"].get<double>(),
+                        100.0 * b["fraction_of_pp_gflops"].get<double>(),
+                        b["submits_per_1000_tokens"].get<double>());
         }
         return 0;
     };

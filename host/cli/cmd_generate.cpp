@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "host/cli/commands.h"
+#include "host/cli/progress.h"
 #include "host/llm/engine.h"
 
 namespace blue::cli {
@@ -85,10 +86,6 @@ int runOne(Engine& engine, const GenerateArgs& a) {
     r.max_new = uint32_t(a.n_predict);
     r.sampling = a.sampling;
     r.prompt = engine.promptTokens(a.prompt);
-    if (!a.no_echo && !a.ids) {
-        std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
-        std::fflush(stdout);
-    }
     auto t0 = std::chrono::steady_clock::now();
     auto results = engine.run({r}, [&](size_t, uint32_t, const std::string& text) {
         if (a.ids) return;
@@ -140,6 +137,16 @@ int runMany(Engine& engine, const GenerateArgs& a) {
 
 }  // namespace
 
+// Loading options shared by `generate` and `run M.bir --prompt`: a progress bar while the weights
+// go to the device, and the prompt echoed once they are there (on the line the bar used).
+void setLoading(EngineOptions* eo, ProgressBar* bar, const GenerateArgs* a) {
+    eo->on_load = loadProgress(*bar, [a] {
+        if (a->no_echo || a->ids || !a->prompts_file.empty()) return;
+        std::fwrite(a->prompt.data(), 1, a->prompt.size(), stdout);
+        std::fflush(stdout);
+    });
+}
+
 int runGenerationModule(const std::string& path, const std::string& prompt, int32_t n_predict,
                         float temperature, uint32_t seed, uint32_t instances, bool stats,
                         const std::string& device) {
@@ -153,6 +160,8 @@ int runGenerationModule(const std::string& path, const std::string& prompt, int3
     EngineOptions eo;
     eo.device = device;
     eo.instances = instances;
+    ProgressBar bar("loading weights");
+    setLoading(&eo, &bar, &a);
     auto engine = Engine::open(path, eo);
     if (!engine) return fail(engine.message());
     return runOne(*engine.value(), a);
@@ -191,6 +200,8 @@ Command addGenerateCommand(CLI::App& app) {
         eo.ctx = a->ctx;
         eo.chain_cycles = a->chain_cycles;
         eo.profile = a->profile;
+        ProgressBar bar("loading weights");
+        setLoading(&eo, &bar, a.get());
         auto engine = Engine::open(a->model, eo);
         if (!engine) return fail(engine.message());
         int code = a->prompts_file.empty() ? runOne(*engine.value(), *a) : runMany(*engine.value(), *a);

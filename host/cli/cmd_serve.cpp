@@ -7,6 +7,7 @@
 
 #include "host/bluevm.h"
 #include "host/cli/commands.h"
+#include "host/cli/progress.h"
 #include "host/server/http_server.h"
 
 namespace blue::cli {
@@ -39,6 +40,13 @@ int serve(const ServeArgs& a) {
     eo.instances = a.instances;
     eo.max_queue = a.queue;
     eo.chain_cycles = a.chain_cycles;
+    ProgressBar bar("loading weights");
+    eo.on_load = [](uint64_t done, uint64_t total, void* user) {
+        auto* b = static_cast<ProgressBar*>(user);
+        b->update(done, total);
+        if (done >= total) b->finish();
+    };
+    eo.on_load_user = &bar;
     bluevm_engine* engine = nullptr;
     if (bluevm_engine_create(model, &eo, &engine) != BLUEVM_OK) {
         std::string message = bluevm_last_error();

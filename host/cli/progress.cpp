@@ -12,6 +12,8 @@ namespace {
 
 constexpr int kBarWidth = 30;
 constexpr auto kRedrawInterval = std::chrono::milliseconds(100);
+// Jobs shorter than this draw nothing: a bar is for loading that takes more than a moment.
+constexpr auto kFirstDraw = std::chrono::milliseconds(300);
 
 }  // namespace
 
@@ -28,6 +30,7 @@ ProgressBar::~ProgressBar() {
 void ProgressBar::update(uint64_t done, uint64_t total) {
     if (!enabled_) return;
     auto now = std::chrono::steady_clock::now();
+    if (!drawn_ && now - start_ < kFirstDraw) return;
     if (done < total && drawn_ && now - last_draw_ < kRedrawInterval) return;
     last_draw_ = now;
     double frac = total ? double(done) / double(total) : 1.0;
@@ -48,6 +51,18 @@ void ProgressBar::finish() {
     std::fprintf(stderr, "\r\x1b[K");
     std::fflush(stderr);
     drawn_ = false;
+}
+
+
+std::function<void(uint64_t, uint64_t)> loadProgress(ProgressBar& bar, std::function<void()> then) {
+    return [&bar, then = std::move(then), called = false](uint64_t done, uint64_t total) mutable {
+        bar.update(done, total);
+        if (done >= total && !called) {
+            called = true;
+            bar.finish();
+            if (then) then();
+        }
+    };
 }
 
 }  // namespace blue::cli

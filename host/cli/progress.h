@@ -1,9 +1,11 @@
-// A one-line progress bar on stderr for long CLI jobs (quantizing, writing synthetic models).
+// A one-line progress bar on stderr for long CLI jobs (quantizing, writing synthetic models,
+// loading weights onto the device).
 // It draws only when stderr is a terminal, so logs and pipes stay clean.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace blue::cli {
@@ -29,5 +31,9 @@ class ProgressBar {
     bool drawn_ = false;
     std::chrono::steady_clock::time_point start_, last_draw_;
 };
+
+// A load callback (EngineOptions::on_load) drawing `bar`; when the load completes it clears the
+// bar and calls `then` once (e.g. to print the prompt on the line the bar used).
+std::function<void(uint64_t, uint64_t)> loadProgress(ProgressBar& bar, std::function<void()> then = {});
 
 }  // namespace blue::cli

@@ -20,7 +20,7 @@ bool endsWith(const std::string& s, const char* suffix) {
 }
 
 // Below this many weight bytes the per-dispatch cost dominates (see chooseLavapipeThreads).
-constexpr uint64_t kSingleThreadWeights = 96ull << 20;
+constexpr uint64_t kSingleThreadWeights = 16ull << 20;
 
 std::string dirOf(const std::string& path) {
     std::filesystem::path p(path);
@@ -156,6 +156,7 @@ Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, ui
     opt.chain_cycles = chain_cycles;
     opt.max_cycles = max_cycles;
     opt.profile = options_.profile;
+    opt.on_load = options_.on_load;
     return GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
 }
 
@@ -169,6 +170,18 @@ uint64_t Engine::matmulWeightBytes() const {
         }
     }
     return bytes;
+}
+
+uint64_t Engine::matmulWeightElements() const {
+    uint64_t n = 0;
+    for (const BlockDecl& b : module_.blocks) {
+        std::vector<TensorInstr> instrs;
+        if (!decodeBlock(module_, b, &instrs)) continue;
+        for (const TensorInstr& ti : instrs) {
+            if (ti.op == Op::MATMUL) n += module_.tensors[ti.args[1]].elements();
+        }
+    }
+    return n;
 }
 
 Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests,
@@ -186,6 +199,7 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
         budget += r.prompt.size() + r.max_new + 4;
     }
     opt.max_cycles = options_.max_cycles ? options_.max_cycles : budget * 2;
+    opt.on_load = options_.on_load;
     auto machine = GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
     if (!machine) return machine.status();
     std::vector<Completion> out(requests.size());

@@ -33,6 +33,8 @@ struct EngineOptions {
     bool profile = false;
     bool validation = false;
     uint64_t max_cycles = 0;    // watchdog (0: derived from the requests)
+    // Called while a machine uploads the weights (bytes done, total): progress bars.
+    std::function<void(uint64_t done, uint64_t total)> on_load;
 };
 
 // One finished request.
@@ -81,12 +83,17 @@ public:
     Result<std::vector<Completion>> run(const std::vector<GenerationRequest>& requests,
                                         const TokenCallback& on_token = {});
 
+    // Replaces EngineOptions::on_load for the machines created from now on.
+    void setLoadCallback(std::function<void(uint64_t, uint64_t)> f) { options_.on_load = std::move(f); }
+
     // Instances the next run() uses.
     void setInstances(uint32_t n) { options_.instances = n; }
     uint32_t instances() const { return options_.instances; }
 
     // Bytes of weight matrices one forward step reads (every MATMUL operand once), as stored.
     uint64_t matmulWeightBytes() const;
+    // Multiply-adds of one forward step per token: the elements of every MATMUL matrix.
+    uint64_t matmulWeightElements() const;
 
     // A machine running the generation program on `instances` instances (serving keeps one up).
     Result<std::unique_ptr<GpuMachine>> createMachine(uint32_t instances, uint32_t chain_cycles,

@@ -58,6 +58,7 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::create(Engine& engine, con
     s->machine_ = std::move(m.value());
     s->serving_.assign(options.instances, 0xFFFFFFFFu);
     s->metrics_.instances = options.instances;
+    s->metrics_.queue_capacity = s->options_.max_queue;
     s->driver_ = std::thread([p = s.get()] { p->driverLoop(); });
     return s;
 }

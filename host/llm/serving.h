@@ -51,6 +51,7 @@ struct ServeMetrics {
     uint64_t requests_total = 0, requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
     uint64_t prompt_tokens = 0, completion_tokens = 0;
     uint64_t queue_depth = 0;      // accepted, not yet started on an instance
+    uint32_t queue_capacity = 0;   // ServeOptions::max_queue
     uint64_t busy_instances = 0;
     uint32_t instances = 0;
     uint64_t submits = 0, round_trips = 0, cycles = 0, resumes = 0;

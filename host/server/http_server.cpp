@@ -310,6 +310,7 @@ std::string HttpServer::Impl::metricsText() {
     metric("bluevm_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", double(m.prompt_tokens));
     metric("bluevm_completion_tokens_total", "counter", "Tokens generated.", double(m.completion_tokens));
     metric("bluevm_queue_depth", "gauge", "Accepted requests waiting for an instance.", double(m.queue_depth));
+    metric("bluevm_queue_capacity", "gauge", "Requests that may wait before 429.", double(m.queue_capacity));
     metric("bluevm_instances", "gauge", "Instances of the generation program.", double(m.instances));
     metric("bluevm_instances_busy", "gauge", "Instances serving a request.", double(m.busy_instances));
     metric("bluevm_instance_occupancy", "gauge", "Busy instances as a fraction of all.",
@@ -351,7 +352,10 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_model* model, blue
     if (impl->options.model_names.empty()) impl->options.model_names.push_back(impl->info.name);
     bluevm_metrics m{};
     bluevm_engine_metrics(engine, &m);
-    uint32_t threads = options.threads ? options.threads : m.instances + 8 * m.instances + 8;
+    // Every running and waiting request holds a worker thread for its response, plus a few for
+    // quick requests (health, metrics, refusals): fewer would leave requests waiting unseen in
+    // the HTTP layer instead of being queued or refused with 429.
+    uint32_t threads = options.threads ? options.threads : m.instances + m.queue_capacity + 8;
     threads = std::min<uint32_t>(threads, 1024);
     impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     impl->http.set_payload_max_length(options.max_body_bytes);
