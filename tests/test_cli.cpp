@@ -17,6 +17,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/test_paths.h"
@@ -119,9 +120,21 @@ struct Child {
     }
 };
 
-TEST_CASE("cli: bluevm serve answers HTTP on the port it prints and stops cleanly on SIGTERM") {
+// Greedy text of `bluevm generate` (one instance) for a prompt: what the server must return.
+std::string generateAlone(const std::string& prompt, int n) {
+    Child c({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", prompt, "-n",
+             std::to_string(n), "--temp", "0", "--ctx", "128", "--no-echo"});
+    REQUIRE(c.wait() == 0);
+    REQUIRE(!c.out_text.empty());
+    return c.out_text.substr(0, c.out_text.size() - 1);  // generate ends with a newline
+}
+
+TEST_CASE("cli: bluevm serve gives single-instance greedy text to concurrent clients; SIGTERM stops it") {
+    const std::vector<std::string> prompts = {"Once upon a time", "The dog", "Lily wanted", "Tom and his mom"};
+    std::vector<std::string> alone;
+    for (const std::string& p : prompts) alone.push_back(generateAlone(p, 24));
     Child c({binary("host/bluevm"), "serve", "--model", stories(), "--port", "0", "--instances",
-             "2", "--ctx", "128", "--alias", "tiny"});
+             "3", "--ctx", "128", "--alias", "tiny"});
     std::smatch m;
     const std::regex listening("on http://127\\.0\\.0\\.1:([0-9]+) ");
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -135,15 +148,43 @@ TEST_CASE("cli: bluevm serve answers HTTP on the port it prints and stops cleanl
     auto models = client.Get("/v1/models");
     REQUIRE(models);
     CHECK(json::parse(models->body)["data"][0]["id"] == "tiny");
-    auto r = client.Post("/v1/completions",
-                         json{{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}}.dump(),
-                         "application/json");
-    REQUIRE(r);
-    CHECK(r->status == 200);
-    CHECK(json::parse(r->body)["choices"][0]["text"].get<std::string>().rfind(", there was a little girl", 0) == 0);
+    // Every prompt twice, streamed and not, all at once and in reverse order of the list: more
+    // requests than instances, arriving in any order.
+    std::vector<std::thread> clients;
+    std::vector<std::string> got(2 * prompts.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+        clients.emplace_back([&, k] {
+            const size_t i = (got.size() - 1 - k) % prompts.size();
+            const bool stream = k % 2 == 0;
+            httplib::Client cl("127.0.0.1", port);
+            cl.set_read_timeout(60, 0);
+            auto r = cl.Post("/v1/completions",
+                             json{{"model", "tiny"}, {"prompt", prompts[i]}, {"max_tokens", 24},
+                                  {"temperature", 0}, {"stream", stream}}.dump(),
+                             "application/json");
+            if (!r || r->status != 200) return;
+            std::string text;
+            if (!stream) {
+                text = json::parse(r->body)["choices"][0]["text"];
+            } else {
+                std::istringstream events(r->body);
+                for (std::string line; std::getline(events, line);) {
+                    if (line.rfind("data: {", 0) != 0) continue;
+                    text += json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+                }
+            }
+            got[k] = prompts[i] + "\n" + text;
+        });
+    }
+    for (std::thread& t : clients) t.join();
+    for (size_t k = 0; k < got.size(); ++k) {
+        const size_t i = (got.size() - 1 - k) % prompts.size();
+        CHECK(got[k] == prompts[i] + "\n" + alone[i]);
+    }
     auto metrics = client.Get("/metrics");
     REQUIRE(metrics);
-    CHECK(metrics->body.find("bluevm_requests_total 1\n") != std::string::npos);
+    CHECK(metrics->body.find("bluevm_requests_total 8\n") != std::string::npos);
+    CHECK(metrics->body.find("bluevm_host_round_trips_total 0\n") != std::string::npos);
     CHECK(metrics->body.find("# TYPE bluevm_queue_depth gauge") != std::string::npos);
     kill(c.pid, SIGTERM);
     CHECK(c.wait(60) == 0);
