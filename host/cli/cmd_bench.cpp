@@ -18,7 +18,7 @@ namespace {
 
 struct BenchArgs {
     std::string model, device, instances = "1";
-    uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0, chain_cycles = 128;
+    uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0, chain_cycles = 64;
     bool json = false, no_bandwidth = false;
 };
 
