@@ -17,16 +17,6 @@ namespace {
 
 std::string storiesPath() { return sharedDir() + "/models/stories260K/stories260K.gguf"; }
 
-std::vector<uint32_t> expectedGreedyIds() {
-    std::ifstream in(sharedDir() + "/models/stories260K/expected_greedy_bos_256.txt");
-    std::string line;
-    std::getline(in, line);
-    std::istringstream ids(line);
-    std::vector<uint32_t> out;
-    for (uint32_t id; ids >> id;) out.push_back(id);
-    return out;
-}
-
 struct Opened {
     bluevm_model* model = nullptr;
     bluevm_engine* engine = nullptr;

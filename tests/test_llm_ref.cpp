@@ -19,17 +19,6 @@
 namespace blue::test {
 namespace {
 
-std::vector<uint32_t> expectedGreedyIds() {
-    std::ifstream in(sharedDir() + "/models/stories260K/expected_greedy_bos_256.txt");
-    std::string line;
-    std::getline(in, line);
-    std::istringstream ss(line);
-    std::vector<uint32_t> ids;
-    uint32_t id;
-    while (ss >> id) ids.push_back(id);
-    return ids;
-}
-
 struct Stories {
     GgufFile gguf;
     Module module;

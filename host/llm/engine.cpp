@@ -160,27 +160,32 @@ Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, ui
     return GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
 }
 
-uint64_t Engine::matmulWeightBytes() const {
-    uint64_t bytes = 0;
-    for (const BlockDecl& b : module_.blocks) {
+namespace {
+
+// The matrix of every MATMUL in the module's blocks, once per instruction.
+std::vector<const TensorDecl*> matmulMatrices(const Module& m) {
+    std::vector<const TensorDecl*> out;
+    for (const BlockDecl& b : m.blocks) {
         std::vector<TensorInstr> instrs;
-        if (!decodeBlock(module_, b, &instrs)) continue;
+        if (!decodeBlock(m, b, &instrs)) continue;
         for (const TensorInstr& ti : instrs) {
-            if (ti.op == Op::MATMUL) bytes += module_.tensors[ti.args[1]].bytes;
+            if (ti.op == Op::MATMUL) out.push_back(&m.tensors[ti.args[1]]);
         }
     }
+    return out;
+}
+
+}  // namespace
+
+uint64_t Engine::matmulWeightBytes() const {
+    uint64_t bytes = 0;
+    for (const TensorDecl* t : matmulMatrices(module_)) bytes += t->bytes;
     return bytes;
 }
 
 uint64_t Engine::matmulWeightElements() const {
     uint64_t n = 0;
-    for (const BlockDecl& b : module_.blocks) {
-        std::vector<TensorInstr> instrs;
-        if (!decodeBlock(module_, b, &instrs)) continue;
-        for (const TensorInstr& ti : instrs) {
-            if (ti.op == Op::MATMUL) n += module_.tensors[ti.args[1]].elements();
-        }
-    }
+    for (const TensorDecl* t : matmulMatrices(module_)) n += t->elements();
     return n;
 }
 
