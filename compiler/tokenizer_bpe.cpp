@@ -1,7 +1,6 @@
 // Byte-level BPE: GPT-2's byte-to-character alphabet and the merge loop that turns one
 // pre-token into token ids (pairs merge lowest rank first, the leftmost pair among equals).
 #include <cstring>
-#include <queue>
 
 #include "compiler/tokenizer_internal.h"
 
@@ -35,84 +34,6 @@ const ByteLevelAlphabet& alphabet() {
     static const ByteLevelAlphabet kAlphabet;
     return kAlphabet;
 }
-
-struct Symbol {
-    int32_t prev, next;
-    size_t offset, len;  // bytes of the byte-level text
-};
-
-struct Bigram {
-    int32_t rank;
-    int32_t left, right;
-    size_t len;
-    bool operator<(const Bigram& o) const {  // priority_queue pops the "largest"
-        return rank != o.rank ? rank > o.rank : left > o.left;
-    }
-};
-
-class BpeWord {
-  public:
-    BpeWord(const TokenizerState& s, std::string text) : s_(s), text_(std::move(text)) {
-        for (size_t off = 0; off < text_.size();) {
-            size_t len = std::min(utf8SeqLen(uint8_t(text_[off])), text_.size() - off);
-            int32_t i = int32_t(symbols_.size());
-            symbols_.push_back({i - 1, off + len == text_.size() ? -1 : i + 1, off, len});
-            off += len;
-        }
-    }
-
-    void merge() {
-        for (int32_t i = 1; i < int32_t(symbols_.size()); ++i) addBigram(i - 1, i);
-        while (!queue_.empty()) {
-            Bigram b = queue_.top();
-            queue_.pop();
-            Symbol& l = symbols_[size_t(b.left)];
-            Symbol& r = symbols_[size_t(b.right)];
-            if (l.len == 0 || r.len == 0 || l.next != b.right || l.len + r.len != b.len) continue;
-            l.len += r.len;
-            r.len = 0;
-            l.next = r.next;
-            if (r.next >= 0) symbols_[size_t(r.next)].prev = b.left;
-            addBigram(l.prev, b.left);
-            addBigram(b.left, l.next);
-        }
-    }
-
-    void emit(std::vector<int32_t>& out) const {
-        for (int32_t i = symbols_.empty() ? -1 : 0; i >= 0; i = symbols_[size_t(i)].next) {
-            const Symbol& sym = symbols_[size_t(i)];
-            int32_t id = s_.find(std::string_view(text_).substr(sym.offset, sym.len));
-            if (id != kNoToken) {
-                out.push_back(id);
-                continue;
-            }
-            // A symbol that is not a token (only in inconsistent vocabularies): its characters.
-            for (size_t off = sym.offset; off < sym.offset + sym.len;) {
-                size_t len = std::min(utf8SeqLen(uint8_t(text_[off])), sym.offset + sym.len - off);
-                int32_t c = s_.find(std::string_view(text_).substr(off, len));
-                out.push_back(c != kNoToken ? c : s_.unk);
-                off += len;
-            }
-        }
-    }
-
-  private:
-    void addBigram(int32_t left, int32_t right) {
-        if (left < 0 || right < 0) return;
-        const Symbol& l = symbols_[size_t(left)];
-        const Symbol& r = symbols_[size_t(right)];
-        std::string_view t(text_);
-        auto it =
-            s_.merge_rank.find(mergeKey(t.substr(l.offset, l.len), t.substr(r.offset, r.len)));
-        if (it == s_.merge_rank.end()) return;
-        queue_.push({it->second, left, right, l.len + r.len});
-    }
-
-    const TokenizerState& s_;
-    std::string text_;
-    std::vector<Symbol> symbols_;
-    std::priority_queue<Bigram> queue_;
-};
 
 }  // namespace
 
@@ -160,9 +81,29 @@ void bpeEncode(const TokenizerState& s, std::string_view word, std::vector<int32
             return;
         }
     }
-    BpeWord w(s, std::move(text));
-    w.merge();
-    w.emit(out);
+    PairMerger m(text, [](std::string_view t, size_t off) {
+        return std::min(utf8SeqLen(uint8_t(t[off])), t.size() - off);
+    });
+    m.merge([&](std::string_view left, std::string_view right) -> std::optional<double> {
+        auto it = s.merge_rank.find(mergeKey(left, right));
+        if (it == s.merge_rank.end()) return std::nullopt;
+        return -double(it->second);  // the lowest rank merges first
+    });
+    m.forEachPiece([&](size_t offset, size_t len) {
+        std::string_view piece = std::string_view(text).substr(offset, len);
+        int32_t id = s.find(piece);
+        if (id != kNoToken) {
+            out.push_back(id);
+            return;
+        }
+        // A piece that is not a token (only in inconsistent vocabularies): its characters.
+        for (size_t off = 0; off < piece.size();) {
+            size_t n = std::min(utf8SeqLen(uint8_t(piece[off])), piece.size() - off);
+            int32_t c = s.find(piece.substr(off, n));
+            out.push_back(c != kNoToken ? c : s.unk);
+            off += n;
+        }
+    });
 }
 
 }  // namespace blue

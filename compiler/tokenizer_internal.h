@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <queue>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -86,5 +88,76 @@ inline size_t utf8CharLen(std::string_view s, size_t off) {
 
 // Length of the longest prefix of `s` that does not end inside an incomplete UTF-8 sequence.
 size_t utf8CompletePrefix(std::string_view s);
+
+// The pair-merge loop both SentencePiece and BPE use: the text starts as characters (a doubly
+// linked list of pieces); the adjacent pair with the highest priority merges (the leftmost among
+// equals), and its new neighbours are ranked, until no ranked pair is left. The encoders differ
+// only in how they rank a pair and turn the final pieces into ids.
+class PairMerger {
+  public:
+    // `char_len(text, off)`: bytes of the character that starts at `off` (>= 1).
+    template <class CharLen>
+    PairMerger(std::string_view text, CharLen char_len) : text_(text) {
+        for (size_t off = 0; off < text_.size();) {
+            size_t len = char_len(text_, off);
+            int32_t i = int32_t(pieces_.size());
+            pieces_.push_back({i - 1, off + len == text_.size() ? -1 : i + 1, off, len});
+            off += len;
+        }
+    }
+
+    // `rank(left, right)`: the priority of merging two adjacent pieces (higher first), or nullopt
+    // when they do not merge.
+    template <class Rank>
+    void merge(Rank rank) {
+        auto push = [&](int32_t left, int32_t right) {
+            if (left < 0 || right < 0) return;
+            const Piece& l = pieces_[size_t(left)];
+            const Piece& r = pieces_[size_t(right)];
+            std::optional<double> p = rank(text_.substr(l.offset, l.len), text_.substr(r.offset, r.len));
+            if (p) queue_.push({*p, left, right, l.len + r.len});
+        };
+        for (int32_t i = 1; i < int32_t(pieces_.size()); ++i) push(i - 1, i);
+        while (!queue_.empty()) {
+            Pair b = queue_.top();
+            queue_.pop();
+            Piece& l = pieces_[size_t(b.left)];
+            Piece& r = pieces_[size_t(b.right)];
+            // Stale: one side merged elsewhere since this pair was ranked.
+            if (l.len == 0 || r.len == 0 || l.next != b.right || l.len + r.len != b.len) continue;
+            l.len += r.len;
+            r.len = 0;
+            l.next = r.next;
+            if (r.next >= 0) pieces_[size_t(r.next)].prev = b.left;
+            push(l.prev, b.left);
+            push(b.left, l.next);
+        }
+    }
+
+    // Calls f(offset, length) for each piece, in text order.
+    template <class F>
+    void forEachPiece(F f) const {
+        for (int32_t i = pieces_.empty() ? -1 : 0; i >= 0; i = pieces_[size_t(i)].next) {
+            f(pieces_[size_t(i)].offset, pieces_[size_t(i)].len);
+        }
+    }
+
+  private:
+    struct Piece {
+        int32_t prev, next;
+        size_t offset, len;
+    };
+    struct Pair {
+        double priority;
+        int32_t left, right;
+        size_t len;
+        bool operator<(const Pair& o) const {  // priority_queue pops the "largest"
+            return priority != o.priority ? priority < o.priority : left > o.left;
+        }
+    };
+    std::string_view text_;
+    std::vector<Piece> pieces_;
+    std::priority_queue<Pair> queue_;
+};
 
 }  // namespace blue
