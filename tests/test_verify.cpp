@@ -236,6 +236,20 @@ TensorDecl& tensor(Module& m, const char* name) {
     return m.tensors[0];
 }
 
+// Each case edits a valid module; the verifier must refuse the result with the case's message.
+template <size_t N>
+void expectRejected(const ModuleCase (&cases)[N]) {
+    for (const ModuleCase& c : cases) {
+        INFO("case: " << std::string(c.name));
+        Module m = baseModule();
+        c.edit(m);
+        Status s = verifyModule(m);
+        REQUIRE(!s.isOk());
+        INFO("message: " << s.message());
+        CHECK(s.message().find(c.message) != std::string::npos);
+    }
+}
+
 TEST_CASE("verify: control instructions with bad operands are rejected") {
     REQUIRE(verifyModule(baseModule()).isOk());
     const ModuleCase cases[] = {
@@ -288,15 +302,7 @@ TEST_CASE("verify: control instructions with bad operands are rejected") {
          },
          "symbol 's' (kind 3) has invalid value 3"},
     };
-    for (const ModuleCase& c : cases) {
-        INFO("case: " << std::string(c.name));
-        Module m = baseModule();
-        c.edit(m);
-        Status s = verifyModule(m);
-        REQUIRE(!s.isOk());
-        INFO("message: " << s.message());
-        CHECK(s.message().find(c.message) != std::string::npos);
-    }
+    expectRejected(cases);
 }
 
 TEST_CASE("verify: tensors, blocks and tensor instructions with bad declarations are rejected") {
@@ -387,15 +393,7 @@ TEST_CASE("verify: tensors, blocks and tensor instructions with bad declarations
         {"matmul of an f16 vector", [](Module& m) { tensor(m, "x").dtype = DType::F16; },
          "operand 2 (tensor 'x'): type F16, expected F32"},
     };
-    for (const ModuleCase& c : cases) {
-        INFO("case: " << std::string(c.name));
-        Module m = baseModule();
-        c.edit(m);
-        Status s = verifyModule(m);
-        REQUIRE(!s.isOk());
-        INFO("message: " << s.message());
-        CHECK(s.message().find(c.message) != std::string::npos);
-    }
+    expectRejected(cases);
 }
 
 // The KV-cache kernels are built per cache type and read the context length of the K cache, so

@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "host/bluevm.h"
@@ -41,12 +42,11 @@ int serve(const ServeArgs& a) {
     eo.max_queue = a.queue;
     eo.chain_cycles = a.chain_cycles;
     ProgressBar bar("loading weights");
+    std::function<void(uint64_t, uint64_t)> progress = loadProgress(bar);
     eo.on_load = [](uint64_t done, uint64_t total, void* user) {
-        auto* b = static_cast<ProgressBar*>(user);
-        b->update(done, total);
-        if (done >= total) b->finish();
+        (*static_cast<std::function<void(uint64_t, uint64_t)>*>(user))(done, total);
     };
-    eo.on_load_user = &bar;
+    eo.on_load_user = &progress;
     bluevm_engine* engine = nullptr;
     if (bluevm_engine_create(model, &eo, &engine) != BLUEVM_OK) {
         std::string message = bluevm_last_error();
