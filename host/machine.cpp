@@ -196,8 +196,8 @@ Status GpuMachine::Impl::uploadWeights(const WeightSource& weights) {
     for (uint32_t t = 0; t < m.tensors.size(); ++t) {
         std::span<const uint8_t> bytes = weights.tensorBytes(t);
         if (bytes.empty()) continue;
+        if (opt.on_load) opt.on_load(done, total);
         done += bytes.size();
-        if (opt.on_load) opt.on_load(done - bytes.size(), total);
         const TensorPlace& p = pages.places[t];
         Buffer& page = page_buffers[p.page];
         if (!p.repacked) {

@@ -66,49 +66,27 @@ struct Child {
         if (out >= 0) close(out);
         if (err >= 0) close(err);
     }
-    // Reads whatever is available for up to `ms`; false when both pipes are closed.
-    bool pump(int ms) {
+    // Reads whatever arrives within `ms`; a pipe that reaches its end is closed.
+    void pump(int ms) {
         pollfd fds[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
-        int n = poll(fds, 2, ms);
-        if (n <= 0) return true;
-        bool open = false;
+        if (poll(fds, 2, ms) <= 0) return;
         char buf[4096];
         for (int k = 0; k < 2; ++k) {
-            if (fds[k].fd < 0) continue;
-            if (fds[k].revents & (POLLIN | POLLHUP)) {
-                ssize_t got = read(fds[k].fd, buf, sizeof buf);
-                if (got > 0) {
-                    (k == 0 ? out_text : err_text).append(buf, size_t(got));
-                    open = true;
-                } else {
-                    close(fds[k].fd);
-                    (k == 0 ? out : err) = -1;
-                }
+            int& fd = k == 0 ? out : err;
+            if (fd < 0 || !(fds[k].revents & (POLLIN | POLLHUP))) continue;
+            ssize_t got = read(fd, buf, sizeof buf);
+            if (got > 0) {
+                (k == 0 ? out_text : err_text).append(buf, size_t(got));
             } else {
-                open = true;
+                close(fd);
+                fd = -1;
             }
         }
-        return open || out >= 0 || err >= 0;
     }
     // Waits for the exit, collecting output; returns the exit code (-1: killed or timed out).
     int wait(int timeout_s = 300) {
         auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-        while ((out >= 0 || err >= 0) && std::chrono::steady_clock::now() < until) {
-            pollfd fds[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
-            if (poll(fds, 2, 100) <= 0) continue;
-            char buf[4096];
-            for (int k = 0; k < 2; ++k) {
-                int& fd = k == 0 ? out : err;
-                if (fd < 0 || !(fds[k].revents & (POLLIN | POLLHUP))) continue;
-                ssize_t got = read(fd, buf, sizeof buf);
-                if (got > 0) {
-                    (k == 0 ? out_text : err_text).append(buf, size_t(got));
-                } else {
-                    close(fd);
-                    fd = -1;
-                }
-            }
-        }
+        while ((out >= 0 || err >= 0) && std::chrono::steady_clock::now() < until) pump(100);
         if (out >= 0 || err >= 0) {
             MESSAGE("the child ran past " << timeout_s << " s: killed");
             kill(pid, SIGKILL);

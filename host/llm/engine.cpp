@@ -195,17 +195,12 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
         Status s = validate(requests[i]);
         if (!s) return s.prefix(strFormat("request %zu", i));
     }
-    GpuOptions opt;
-    opt.instances = options_.instances;
-    opt.chain_cycles = options_.chain_cycles;
-    opt.profile = options_.profile;
     uint64_t budget = 16;
     for (const GenerationRequest& r : requests) {
         budget += r.prompt.size() + r.max_new + 4;
     }
-    opt.max_cycles = options_.max_cycles ? options_.max_cycles : budget * 2;
-    opt.on_load = options_.on_load;
-    auto machine = GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
+    auto machine = createMachine(options_.instances, options_.chain_cycles,
+                                 options_.max_cycles ? options_.max_cycles : budget * 2);
     if (!machine) return machine.status();
     std::vector<Completion> out(requests.size());
     std::vector<TokenStreamDecoder> decoders;

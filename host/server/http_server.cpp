@@ -235,8 +235,9 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
     }
     res.set_chunked_content_provider(
         g->stream ? "text/event-stream" : "application/json",
-        [this, g](size_t, httplib::DataSink& sink) { return pump(*g, sink); },
-        [g](bool) { /* the Generation's destructor cancels and releases */ });
+        // The provider owns the Generation: when httplib drops it (done, or the client gone),
+        // the destructor cancels the request if it still runs and releases it.
+        [this, g](size_t, httplib::DataSink& sink) { return pump(*g, sink); });
 }
 
 // One step of a response: waits briefly for new text and writes it. Returns false when the
