@@ -41,7 +41,26 @@ bool layerAvailable(const char* name) {
     return false;
 }
 
-Result<VkInstance> createInstance(bool validation) {
+// The validation layer's optional checks, chosen by BLUE_VALIDATION (see DeviceOptions).
+struct ValidationChecks {
+    bool sync = true;
+    bool gpu_assisted = false;
+    std::string describe() const {
+        return std::string("core") + (sync ? ", synchronization" : "") +
+               (gpu_assisted ? ", GPU-assisted" : "");
+    }
+};
+
+ValidationChecks validationChecksFromEnv() {
+    ValidationChecks c;
+    const char* v = std::getenv("BLUE_VALIDATION");
+    std::string mode = v ? v : "";
+    if (mode == "core") c.sync = false;
+    if (mode == "gpu") c.gpu_assisted = true;
+    return c;
+}
+
+Result<VkInstance> createInstance(bool validation, const ValidationChecks& checks = {}) {
     BLUE_TRY(initVolk());
     if (volkGetInstanceVersion() < VK_API_VERSION_1_2) {
         return Status::error("the Vulkan loader is older than 1.2; BlueVM needs Vulkan 1.2");
@@ -59,7 +78,20 @@ Result<VkInstance> createInstance(bool validation) {
         layers.push_back(kValidationLayer);
         extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
     }
+    // Synchronization validation finds missing barriers that lavapipe forgives and GPUs do not;
+    // GPU-assisted validation instruments shaders to catch out-of-bounds descriptor accesses.
+    std::vector<VkValidationFeatureEnableEXT> enables;
+    if (validation && checks.sync) {
+        enables.push_back(VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT);
+    }
+    if (validation && checks.gpu_assisted) {
+        enables.push_back(VK_VALIDATION_FEATURE_ENABLE_GPU_ASSISTED_EXT);
+    }
+    VkValidationFeaturesEXT features{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+    features.enabledValidationFeatureCount = uint32_t(enables.size());
+    features.pEnabledValidationFeatures = enables.data();
     VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+    if (!enables.empty()) ci.pNext = &features;
     ci.pApplicationInfo = &app;
     ci.enabledLayerCount = uint32_t(layers.size());
     ci.ppEnabledLayerNames = layers.data();
@@ -231,6 +263,10 @@ VKAPI_ATTR VkBool32 VKAPI_CALL Device::debugCallback(VkDebugUtilsMessageSeverity
         self->last_message_ = data->pMessage;
         std::fprintf(stderr, "bluevm: [validation error] %s\n", data->pMessage);
     } else if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+        // A warning is a finding too: tests fail on it like on an error.
+        self->validation_errors_.fetch_add(1);
+        std::lock_guard<std::mutex> lock(self->message_mutex_);
+        self->last_message_ = data->pMessage;
         std::fprintf(stderr, "bluevm: [validation warning] %s\n", data->pMessage);
     }
     return VK_FALSE;
@@ -243,10 +279,12 @@ std::string Device::lastValidationMessage() const {
 
 Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     bool validation = options.validation || envFlag("BLUE_VALIDATION");
-    Result<VkInstance> instance = createInstance(validation);
+    ValidationChecks checks = validationChecksFromEnv();
+    Result<VkInstance> instance = createInstance(validation, checks);
     if (!instance) return instance.status();
     std::unique_ptr<Device> dev(new Device());
     dev->instance_ = instance.value();
+    if (validation) dev->validation_checks_ = checks.describe();
     if (validation) {
         VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
         mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT |

@@ -20,7 +20,10 @@ struct DeviceOptions {
     // Device to use: an index from `bluevm devices`, or a case-insensitive part of its name.
     // Empty: the BLUE_DEVICE environment variable, else discrete > integrated > virtual > CPU.
     std::string select;
-    // Enable VK_LAYER_KHRONOS_validation (also when the BLUE_VALIDATION environment variable is 1).
+    // Enable VK_LAYER_KHRONOS_validation (also when the BLUE_VALIDATION environment variable is
+    // set and not 0). Which checks run is validationChecks(): core and synchronization validation
+    // by default; BLUE_VALIDATION=core drops synchronization validation, BLUE_VALIDATION=gpu adds
+    // GPU-assisted validation (out-of-bounds descriptor access, instrumented shaders; slow).
     bool validation = false;
 };
 
@@ -70,9 +73,11 @@ public:
     }
     uint64_t maxAllocationBytes() const { return info_.max_allocation; }
 
-    // Validation-layer errors seen since creation (0 when validation is off).
+    // Validation-layer errors and warnings seen since creation (0 when validation is off).
     uint32_t validationErrors() const { return validation_errors_.load(); }
     bool validationEnabled() const { return messenger_ != VK_NULL_HANDLE; }
+    // The validation checks enabled, e.g. "core, synchronization" (empty when off).
+    const std::string& validationChecks() const { return validation_checks_; }
     std::string lastValidationMessage() const;
 
 private:
@@ -90,6 +95,7 @@ private:
     VkPhysicalDeviceProperties props_{};
     VkPhysicalDeviceMemoryProperties memory_{};
     DeviceInfo info_;
+    std::string validation_checks_;
     std::atomic<uint32_t> validation_errors_{0};
     mutable std::mutex message_mutex_;
     std::string last_message_;

@@ -18,7 +18,9 @@ Gpu& gpu() {
         REQUIRE_MESSAGE(p.isOk(), p.message());
         g->pipelines = std::move(p.value());
         std::string note = "GPU tests run on " + g->device->info().name +
-                           (g->device->validationEnabled() ? " with validation" : "");
+                           (g->device->validationEnabled()
+                                ? " with validation (" + g->device->validationChecks() + ")"
+                                : "");
         MESSAGE(note);
         return g;
     }();

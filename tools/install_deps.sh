@@ -2,7 +2,7 @@
 # Installs BlueVM's build and run dependencies from Debian 12's packages (needs root or sudo).
 set -euo pipefail
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake pkg-config ccache
   libvulkan-dev libvulkan-volk-dev glslang-dev glslang-tools spirv-tools
   mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
   doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libicu-dev
