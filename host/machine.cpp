@@ -1,103 +1,25 @@
-// GpuMachine: loading, chain recording and the leapfrogging run loop (see machine.h).
+// GpuMachine: loading and the leapfrogging run loop (see machine.h); chain recording is in
+// machine_chain.cpp.
 #include "host/machine.h"
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstring>
+#include <map>
 
-#include "host/machine_plan.h"
+#include "host/machine_impl.h"
 #include "host/vk_check.h"
 #include "host/weight_layout.h"
 #include "vm/abi.h"
 
 namespace blue {
 
-struct GpuMachine::Impl {
-    Device& dev;
-    Pipelines& pipelines;
-    const Module& m;
-    GpuOptions opt;
-    ControlLayout layout;
-    PagePlan pages;
-    std::vector<DispatchDesc> dispatches;
-
-    Buffer control, io;
-    std::vector<Buffer> page_buffers;
-    std::vector<VkBufferView> page_views;  // rgba32ui storage texel views of the pages
-    VkDescriptorPool pool = VK_NULL_HANDLE;
-    VkDescriptorSet set = VK_NULL_HANDLE;
-    VkDescriptorPool operand_pool = VK_NULL_HANDLE;
-    std::vector<VkDescriptorSet> operand_sets;  // per dispatch: its set 1
-    VkCommandPool cmd_pool = VK_NULL_HANDLE;
-    std::vector<VkCommandBuffer> chains;
-    std::vector<VkFence> fences;
-    uint64_t dispatches_per_chain = 0;
-    VkQueryPool queries = VK_NULL_HANDLE;
-    uint32_t queries_per_chain = 0;
-    std::vector<uint32_t> query_kernel;  // per query slot within a chain: index into profile
-    std::vector<KernelTime> profile;
-
-    // Host side of the I/O rings.
-    std::deque<std::vector<uint32_t>> pending;
-    uint64_t published = 0;
-    bool input_closed = false;
-    uint64_t out_tail = 0;
-
-    Impl(Device& d, Pipelines& p, const Module& mod, const GpuOptions& o)
-        : dev(d), pipelines(p), m(mod), opt(o) {}
-    ~Impl();
-
-    uint32_t* ioWords() const { return static_cast<uint32_t*>(io.mapped); }
-    Status allocate();
-    Status initControl();
-    Status uploadWeights(const WeightSource& weights);
-    Status createDescriptors();
-    Status createOperandSets();
-    Status recordChain(uint32_t c);
-    void publishInput(uint32_t chain);
-    void drainOutput(uint32_t chain, const OutputSink& sink, bool keep, RunReport* report,
-                     GpuStats* stats);
-    Status readInstances(RunReport* report, GpuStats* stats);
-    uint32_t profileSlot(const std::string& name);
-    Status submit(GpuStats* stats);
-
-    std::deque<uint32_t> inflight;  // submitted chains, oldest first
-    uint32_t next_chain = 0;
-    bool gpu_done = false;          // the last snapshot showed no live instance
-    bool paused = false;            // the host stopped submitting (pump without keep_going)
-    std::chrono::steady_clock::time_point started;
-    Status collectProfile(uint32_t chain);
-};
-
-uint32_t GpuMachine::Impl::profileSlot(const std::string& name) {
-    for (uint32_t i = 0; i < profile.size(); ++i) {
-        if (profile[i].name == name) return i;
-    }
-    profile.push_back({name, 0, 0});
-    return uint32_t(profile.size() - 1);
-}
-
-Status GpuMachine::Impl::collectProfile(uint32_t chain) {
-    if (!queries) return Status::ok();
-    std::vector<uint64_t> ts(queries_per_chain);
-    BLUE_VK_TRY(vkGetQueryPoolResults(dev.device(), queries, chain * queries_per_chain,
-                                      queries_per_chain, ts.size() * 8, ts.data(), 8,
-                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT));
-    double period_ms = double(dev.props().limits.timestampPeriod) * 1e-6;
-    for (uint32_t q = 1; q < queries_per_chain; ++q) {
-        KernelTime& k = profile[query_kernel[q]];
-        k.ms += double(ts[q] - ts[q - 1]) * period_ms;
-        ++k.dispatches;
-    }
-    return Status::ok();
-}
-
 GpuMachine::Impl::~Impl() {
     VkDevice d = dev.device();
     vkDeviceWaitIdle(d);
     for (VkFence f : fences) vkDestroyFence(d, f, nullptr);
     if (queries) vkDestroyQueryPool(d, queries, nullptr);
+    if (timing) vkDestroyQueryPool(d, timing, nullptr);
     if (cmd_pool) vkDestroyCommandPool(d, cmd_pool, nullptr);
     if (pool) vkDestroyDescriptorPool(d, pool, nullptr);
     if (operand_pool) vkDestroyDescriptorPool(d, operand_pool, nullptr);
@@ -294,102 +216,6 @@ Status GpuMachine::Impl::createOperandSets() {
     return Status::ok();
 }
 
-namespace {
-
-void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags src_access,
-             VkPipelineStageFlags dst, VkAccessFlags dst_access) {
-    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-    mb.srcAccessMask = src_access;
-    mb.dstAccessMask = dst_access;
-    vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
-}
-
-// Between dispatches: every shader write is visible to later shader reads and indirect reads.
-void computeBarrier(VkCommandBuffer cb) {
-    barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT,
-            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_INDIRECT_COMMAND_READ_BIT);
-}
-
-}  // namespace
-
-Status GpuMachine::Impl::recordChain(uint32_t c) {
-    VkCommandBuffer cb = chains[c];
-    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-    BLUE_VK_TRY(vkBeginCommandBuffer(cb, &bi));
-    // Host -> GPU: this chain's staging quarter into the control counters.
-    VkBufferCopy in{VkDeviceSize(c) * BLUE_IO_STAGE_WORDS * 4, BLUE_C_IN_PUBLISHED * 4, 3 * 4};
-    vkCmdCopyBuffer(cb, io.buffer, control.buffer, 1, &in);
-    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
-            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT,
-            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_INDIRECT_COMMAND_READ_BIT);
-    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipelines.layout(), 0, 1, &set, 0,
-                            nullptr);
-    Result<VkPipeline> seq = pipelines.get("sequencer");
-    if (!seq) return seq.status();
-    Result<VkPipeline> plan = pipelines.get("plan");
-    if (!plan) return plan.status();
-    std::vector<VkPipeline> ops;
-    for (const DispatchDesc& d : dispatches) {
-        Result<VkPipeline> p = pipelines.get(d.pipeline);
-        if (!p) return p.status();
-        ops.push_back(p.value());
-    }
-    const uint32_t qbase = c * queries_per_chain;
-    uint32_t q = 0;
-    auto stamp = [&](const std::string& kernel) {
-        if (!queries) return;
-        if (c == 0) query_kernel[q] = profileSlot(kernel);
-        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, queries, qbase + q);
-        ++q;
-    };
-    if (queries) vkCmdResetQueryPool(cb, queries, qbase, queries_per_chain);
-    stamp("start");
-    const VkDeviceSize indirect = VkDeviceSize(layout.at(BLUE_O_INDIRECT)) * 4;
-    const VkDeviceSize seq_args = indirect + dispatches.size() * 12;
-    dispatches_per_chain = 0;
-    for (uint32_t k = 0; k < opt.chain_cycles; ++k) {
-        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, seq.value());
-        vkCmdDispatchIndirect(cb, control.buffer, seq_args);
-        computeBarrier(cb);
-        stamp("sequencer");
-        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, plan.value());
-        vkCmdDispatch(cb, 1, 1, 1);
-        computeBarrier(cb);
-        stamp("plan");
-        dispatches_per_chain += 2;
-        VkPipeline bound = plan.value();
-        VkDescriptorSet bound_set = VK_NULL_HANDLE;
-        for (size_t d = 0; d < dispatches.size(); ++d) {
-            if (ops[d] != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, ops[d]);
-            bound = ops[d];
-            if (operand_sets[d] != bound_set) {
-                vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipelines.layout(),
-                                        BLUE_SET_OPERANDS, 1, &operand_sets[d], 0, nullptr);
-                bound_set = operand_sets[d];
-            }
-            vkCmdPushConstants(cb, pipelines.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                               BLUE_PUSH_WORDS * 4, dispatches[d].push.data());
-            vkCmdDispatchIndirect(cb, control.buffer, indirect + d * 12);
-            computeBarrier(cb);
-            stamp(dispatches[d].pipeline);
-            ++dispatches_per_chain;
-        }
-    }
-    // GPU -> host: counters into this chain's snapshot; everything visible to the host.
-    barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-            VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
-    VkBufferCopy out{BLUE_C_CYCLE * 4, VkDeviceSize(BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS) * 4,
-                     BLUE_SNAP_COUNTERS * 4};
-    vkCmdCopyBuffer(cb, control.buffer, io.buffer, 1, &out);
-    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-            VK_ACCESS_HOST_READ_BIT);
-    BLUE_VK_TRY(vkEndCommandBuffer(cb));
-    return Status::ok();
-}
-
 void GpuMachine::Impl::publishInput(uint32_t chain) {
     uint32_t* w = ioWords();
     const uint32_t slots = m.layout.in_slots;
@@ -474,34 +300,13 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     BLUE_TRY(impl->uploadWeights(weights));
     BLUE_TRY(impl->createDescriptors());
 
-    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-    pi.queueFamilyIndex = dev.queueFamily();
-    BLUE_VK_TRY(vkCreateCommandPool(dev.device(), &pi, nullptr, &impl->cmd_pool));
-    impl->chains.resize(options.chains);
-    if (options.profile) {
-        impl->queries_per_chain = 1 + options.chain_cycles * uint32_t(2 + impl->dispatches.size());
-        impl->query_kernel.assign(impl->queries_per_chain, 0);
-        VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
-        qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
-        qi.queryCount = impl->queries_per_chain * options.chains;
-        BLUE_VK_TRY(vkCreateQueryPool(dev.device(), &qi, nullptr, &impl->queries));
-    }
-    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-    ai.commandPool = impl->cmd_pool;
-    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-    ai.commandBufferCount = options.chains;
-    BLUE_VK_TRY(vkAllocateCommandBuffers(dev.device(), &ai, impl->chains.data()));
-    for (uint32_t c = 0; c < options.chains; ++c) {
-        BLUE_TRY(impl->recordChain(c));
-        VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-        VkFence f;
-        BLUE_VK_TRY(vkCreateFence(dev.device(), &fi, nullptr, &f));
-        impl->fences.push_back(f);
-    }
+    BLUE_TRY(impl->createChains());
     pipelines.saveCache();
     std::unique_ptr<GpuMachine> machine(new GpuMachine(std::move(impl)));
     machine->stats_.instances = options.instances;
     machine->stats_.chain_cycles = options.chain_cycles;
+    machine->stats_.chain_cycles_now = options.chain_cycles;
+    machine->stats_.chain_cycles_min = options.chain_cycles;
     return machine;
 }
 
@@ -527,6 +332,10 @@ Status GpuMachine::Impl::submit(GpuStats* stats) {
         if (vkGetFenceStatus(d, fences[o]) == VK_SUCCESS) ++stats->queue_drains;
     }
     if (stats->submits == 0) started = std::chrono::steady_clock::now();
+    if (chain_len[c] != cycles_now) {  // the watchdog bound asked for another length
+        BLUE_TRY(recordChain(c));
+        ++stats->chain_rerecords;
+    }
     publishInput(c);
     BLUE_VK_TRY(vkResetFences(d, 1, &fences[c]));
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
@@ -536,8 +345,8 @@ Status GpuMachine::Impl::submit(GpuStats* stats) {
     inflight.push_back(c);
     next_chain = (c + 1) % uint32_t(chains.size());
     ++stats->submits;
-    stats->cycles_submitted += opt.chain_cycles;
-    stats->dispatches_recorded += dispatches_per_chain;
+    stats->cycles_submitted += chain_len[c];
+    stats->dispatches_recorded += chain_dispatches[c];
     return Status::ok();
 }
 
@@ -553,6 +362,7 @@ Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport
     BLUE_VK_TRY(vkWaitForFences(im.dev.device(), 1, &im.fences[c], VK_TRUE, UINT64_MAX));
     ++stats_.host_waits;
     BLUE_TRY(im.collectProfile(c));
+    BLUE_TRY(im.timeChain(c, &stats_));
     im.drainOutput(c, sink, report != nullptr, report, &stats_);
     const uint32_t* snap = im.ioWords() + BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS;
     stats_.cycles = snap[0];
@@ -639,16 +449,19 @@ std::string formatProfile(const GpuStats& stats) {
 }
 
 std::string GpuStats::json() const {
+    using ull = unsigned long long;
     return strFormat(
         "{\"submits\":%llu,\"cycles\":%llu,\"cycles_submitted\":%llu,\"chain_cycles\":%u,"
+        "\"chain_cycles_now\":%u,\"chain_cycles_min\":%u,\"chain_rerecords\":%llu,"
+        "\"submit_ms_max\":%.3f,\"submit_ms_mean\":%.3f,"
         "\"dispatches_recorded\":%llu,\"host_waits\":%llu,\"round_trips\":%llu,"
-        "\"queue_drains\":%llu,\"resumes\":%llu,\"steps\":%llu,\"block_runs\":%llu,\"output_records\":%llu,"
-        "\"instances\":%u,\"wall_ms\":%.3f}",
-        (unsigned long long)submits, (unsigned long long)cycles,
-        (unsigned long long)cycles_submitted, chain_cycles, (unsigned long long)dispatches_recorded,
-        (unsigned long long)host_waits, (unsigned long long)round_trips,
-        (unsigned long long)queue_drains, (unsigned long long)resumes, (unsigned long long)steps, (unsigned long long)block_runs,
-        (unsigned long long)output_records, instances, wall_ms);
+        "\"queue_drains\":%llu,\"resumes\":%llu,\"steps\":%llu,\"block_runs\":%llu,"
+        "\"output_records\":%llu,\"instances\":%u,\"wall_ms\":%.3f}",
+        ull(submits), ull(cycles), ull(cycles_submitted), chain_cycles, chain_cycles_now,
+        chain_cycles_min, ull(chain_rerecords), submit_ms_max,
+        submits_timed ? submit_ms_total / double(submits_timed) : 0.0, ull(dispatches_recorded),
+        ull(host_waits), ull(round_trips), ull(queue_drains), ull(resumes), ull(steps),
+        ull(block_runs), ull(output_records), instances, wall_ms);
 }
 
 }  // namespace blue

@@ -32,6 +32,11 @@ struct GpuOptions {
     uint32_t chains = 2;              // chains leapfrogging (1..BLUE_MAX_CHAINS)
     uint32_t out_records = 1u << 16;  // output ring capacity
     bool profile = false;             // time every dispatch with GPU timestamps
+    // Watchdog bound: drivers reset a GPU whose submission runs too long (Windows TDR: 2 s; some
+    // Linux drivers: less), so the chain length adapts, down to one cycle, to keep each
+    // submission's GPU time (measured with timestamps) under this many ms. 0: off, chains keep
+    // chain_cycles. Negative: the default, BLUE_MAX_SUBMIT_MS or 50.
+    double max_submit_ms = -1;
     // Called while create() uploads the weights: bytes done of the total (progress bars).
     std::function<void(uint64_t done, uint64_t total)> on_load;
 };
@@ -57,7 +62,13 @@ struct GpuStats {
     uint64_t block_runs = 0;           // (cycle, block) pairs with work
     uint64_t output_records = 0;
     uint32_t instances = 0;
-    uint32_t chain_cycles = 0;
+    uint32_t chain_cycles = 0;         // cycles per chain asked for
+    uint32_t chain_cycles_now = 0;     // the length the watchdog bound allows now
+    uint32_t chain_cycles_min = 0;     // the shortest length used
+    uint64_t chain_rerecords = 0;      // chains re-recorded at another length
+    uint64_t submits_timed = 0;        // submissions timed with GPU timestamps
+    double submit_ms_max = 0;          // longest submission's GPU time
+    double submit_ms_total = 0;        // sum over timed submissions
     double wall_ms = 0;  // from first submit to the last result
     std::vector<KernelTime> profile;  // by kernel, when profiling
 

@@ -29,7 +29,7 @@ Gpu& gpu() {
 
 BothRuns runBoth(const Module& m, const WeightSource& w, uint32_t instances,
                  const std::vector<std::vector<uint32_t>>& inputs, uint64_t max_cycles,
-                 uint32_t chain_cycles) {
+                 uint32_t chain_cycles, double max_submit_ms) {
     BothRuns out;
     RefMachine ref(m, w, MachineOptions{instances, max_cycles});
     for (const auto& msg : inputs) ref.pushInput(msg);
@@ -40,6 +40,7 @@ BothRuns runBoth(const Module& m, const WeightSource& w, uint32_t instances,
     opt.instances = instances;
     opt.max_cycles = max_cycles;
     opt.chain_cycles = chain_cycles;
+    opt.max_submit_ms = max_submit_ms;
     auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, m, w, opt);
     REQUIRE_MESSAGE(machine.isOk(), machine.message());
     for (const auto& msg : inputs) REQUIRE(machine.value()->pushInput(msg).isOk());

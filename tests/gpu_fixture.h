@@ -21,14 +21,15 @@ struct Gpu {
 // The shared device; fails the calling test when no usable Vulkan device exists.
 Gpu& gpu();
 
-// Runs a module on the GPU and on the reference machine with the same inputs.
+// Runs a module on the GPU and on the reference machine with the same inputs. Chains keep
+// `chain_cycles` (no watchdog bound) unless `max_submit_ms` is given.
 struct BothRuns {
     RunReport gpu, ref;
     GpuStats stats;
 };
 BothRuns runBoth(const Module& m, const WeightSource& w, uint32_t instances,
                  const std::vector<std::vector<uint32_t>>& inputs = {}, uint64_t max_cycles = 100000,
-                 uint32_t chain_cycles = 16);
+                 uint32_t chain_cycles = 16, double max_submit_ms = 0);
 
 }  // namespace blue::test
 

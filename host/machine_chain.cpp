@@ -1,0 +1,264 @@
+// GpuMachine's chains: recording, the barriers derived from what each command uses, GPU timing
+// of every submission, and the chain length that keeps one submission under the watchdog bound.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "host/machine_impl.h"
+#include "host/sync.h"
+#include "host/vk_check.h"
+
+namespace blue {
+
+namespace {
+
+// The resources a chain touches. Every dispatch binds all of them (set 0), so each counts as
+// reading and writing all three; the pages are also read through texel views (set 1).
+enum ChainResource : uint32_t { kControl, kIo, kPages, kChainResources };
+
+constexpr VkPipelineStageFlags kCompute = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+constexpr VkPipelineStageFlags kTransfer = VK_PIPELINE_STAGE_TRANSFER_BIT;
+constexpr VkAccessFlags kShaderRW = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+
+// What each command of a chain reads and writes: the one description every barrier in a chain
+// is derived from (host/sync.h). A new kind of command adds its row here.
+constexpr SyncUse kStageIn[] = {  // I/O staging quarter -> control counters
+    {kIo, kTransfer, VK_ACCESS_TRANSFER_READ_BIT},
+    {kControl, kTransfer, VK_ACCESS_TRANSFER_WRITE_BIT}};
+constexpr SyncUse kDispatch[] = {
+    {kControl, kCompute, kShaderRW}, {kIo, kCompute, kShaderRW}, {kPages, kCompute, kShaderRW}};
+constexpr SyncUse kDispatchIndirect[] = {
+    {kControl, VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, VK_ACCESS_INDIRECT_COMMAND_READ_BIT},
+    {kControl, kCompute, kShaderRW},
+    {kIo, kCompute, kShaderRW},
+    {kPages, kCompute, kShaderRW}};
+constexpr SyncUse kSnapshotOut[] = {  // control counters -> this chain's I/O snapshot
+    {kControl, kTransfer, VK_ACCESS_TRANSFER_READ_BIT},
+    {kIo, kTransfer, VK_ACCESS_TRANSFER_WRITE_BIT}};
+constexpr SyncUse kHostReads[] = {  // after the fence: rings, snapshots, and mapped buffers
+    {kIo, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT},
+    {kControl, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT},
+    {kPages, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT}};
+
+// Records into `cb`, or only advances the barrier state when `cb` is null (a dry run).
+struct ChainWriter {
+    VkCommandBuffer cb;
+    SyncTracker& sync;
+    VkPipelineLayout layout;
+
+    void copy(std::span<const SyncUse> uses, VkBuffer src, VkBuffer dst, VkBufferCopy region) {
+        sync.use(cb, uses);
+        if (cb) vkCmdCopyBuffer(cb, src, dst, 1, &region);
+    }
+    void dispatch(VkPipeline p) {
+        sync.use(cb, kDispatch);
+        if (!cb) return;
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+        vkCmdDispatch(cb, 1, 1, 1);
+    }
+    void dispatchIndirect(VkPipeline p, VkBuffer args, VkDeviceSize offset) {
+        sync.use(cb, kDispatchIndirect);
+        if (!cb) return;
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+        vkCmdDispatchIndirect(cb, args, offset);
+    }
+};
+
+// Valid bits of the queue's timestamps (0: the queue cannot time commands).
+uint32_t timestampBits(const Device& dev) {
+    uint32_t n = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(dev.physical(), &n, nullptr);
+    std::vector<VkQueueFamilyProperties> families(n);
+    vkGetPhysicalDeviceQueueFamilyProperties(dev.physical(), &n, families.data());
+    return dev.queueFamily() < n ? families[dev.queueFamily()].timestampValidBits : 0;
+}
+
+double defaultMaxSubmitMs() {
+    const char* env = std::getenv("BLUE_MAX_SUBMIT_MS");
+    if (env && *env) return std::max(0.0, std::atof(env));
+    return 50.0;
+}
+
+}  // namespace
+
+uint32_t GpuMachine::Impl::profileSlot(const std::string& name) {
+    for (uint32_t i = 0; i < profile.size(); ++i) {
+        if (profile[i].name == name) return i;
+    }
+    profile.push_back({name, 0, 0});
+    return uint32_t(profile.size() - 1);
+}
+
+Status GpuMachine::Impl::createChains() {
+    VkDevice d = dev.device();
+    if (opt.max_submit_ms < 0) opt.max_submit_ms = defaultMaxSubmitMs();
+    cycles_now = opt.chain_cycles;
+    for (const DispatchDesc& desc : dispatches) {
+        Result<VkPipeline> p = pipelines.get(desc.pipeline);
+        if (!p) return p.status();
+        op_pipelines.push_back(p.value());
+    }
+    Result<VkPipeline> seq = pipelines.get("sequencer");
+    if (!seq) return seq.status();
+    seq_pipeline = seq.value();
+    Result<VkPipeline> plan = pipelines.get("plan");
+    if (!plan) return plan.status();
+    plan_pipeline = plan.value();
+
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.queueFamilyIndex = dev.queueFamily();
+    pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;  // chains are re-recorded
+    BLUE_VK_TRY(vkCreateCommandPool(d, &pi, nullptr, &cmd_pool));
+    const uint32_t n = opt.chains;
+    chains.resize(n);
+    chain_len.assign(n, 0);
+    chain_dispatches.assign(n, 0);
+    queries_used.assign(n, 0);
+    if (const uint32_t bits = timestampBits(dev); bits > 0) {
+        timestamp_ms = double(dev.props().limits.timestampPeriod) * 1e-6;
+        timestamp_mask = bits >= 64 ? ~0ull : (1ull << bits) - 1;
+        VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+        qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+        qi.queryCount = 2 * n;
+        BLUE_VK_TRY(vkCreateQueryPool(d, &qi, nullptr, &timing));
+        if (opt.profile) {
+            queries_per_chain = 1 + opt.chain_cycles * uint32_t(2 + dispatches.size());
+            query_kernel.assign(queries_per_chain, 0);
+            qi.queryCount = queries_per_chain * n;
+            BLUE_VK_TRY(vkCreateQueryPool(d, &qi, nullptr, &queries));
+        }
+    } else if (opt.profile) {
+        return Status::error("--profile needs GPU timestamps, which this device's queue lacks");
+    }
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = cmd_pool;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = n;
+    BLUE_VK_TRY(vkAllocateCommandBuffers(d, &ai, chains.data()));
+    for (uint32_t c = 0; c < n; ++c) {
+        BLUE_TRY(recordChain(c));
+        VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+        VkFence f;
+        BLUE_VK_TRY(vkCreateFence(d, &fi, nullptr, &f));
+        fences.push_back(f);
+    }
+    return Status::ok();
+}
+
+Status GpuMachine::Impl::recordChain(uint32_t c) {
+    const uint32_t cycles = cycles_now;
+    const VkDeviceSize indirect = VkDeviceSize(layout.at(BLUE_O_INDIRECT)) * 4;
+    const VkDeviceSize seq_args = indirect + dispatches.size() * 12;
+    const VkBufferCopy stage_in{VkDeviceSize(c) * BLUE_IO_STAGE_WORDS * 4, BLUE_C_IN_PUBLISHED * 4,
+                                3 * 4};
+    const VkBufferCopy snapshot{BLUE_C_CYCLE * 4,
+                                VkDeviceSize(BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS) * 4,
+                                BLUE_SNAP_COUNTERS * 4};
+    const uint32_t qbase = c * queries_per_chain;
+    uint32_t q = 0;
+    auto stamp = [&](VkCommandBuffer cb, const std::string& kernel) {
+        if (!queries || !cb) return;
+        query_kernel[q] = profileSlot(kernel);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, queries, qbase + q);
+        ++q;
+    };
+    // The chain's body, the same for the dry run and the recording.
+    auto body = [&](ChainWriter& w) {
+        w.copy(kStageIn, io.buffer, control.buffer, stage_in);
+        if (w.cb) {
+            vkCmdBindDescriptorSets(w.cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipelines.layout(), 0, 1,
+                                    &set, 0, nullptr);
+            if (timing)
+                vkCmdWriteTimestamp(w.cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, timing, 2 * c);
+        }
+        stamp(w.cb, "start");
+        uint64_t n = 0;
+        for (uint32_t k = 0; k < cycles; ++k) {
+            w.dispatchIndirect(seq_pipeline, control.buffer, seq_args);
+            stamp(w.cb, "sequencer");
+            w.dispatch(plan_pipeline);
+            stamp(w.cb, "plan");
+            n += 2;
+            VkDescriptorSet bound_set = VK_NULL_HANDLE;
+            for (size_t d = 0; d < dispatches.size(); ++d) {
+                if (w.cb && operand_sets[d] != bound_set) {
+                    vkCmdBindDescriptorSets(w.cb, VK_PIPELINE_BIND_POINT_COMPUTE,
+                                            pipelines.layout(), BLUE_SET_OPERANDS, 1,
+                                            &operand_sets[d], 0, nullptr);
+                    bound_set = operand_sets[d];
+                }
+                if (w.cb) {
+                    vkCmdPushConstants(w.cb, pipelines.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                       BLUE_PUSH_WORDS * 4, dispatches[d].push.data());
+                }
+                w.dispatchIndirect(op_pipelines[d], control.buffer, indirect + d * 12);
+                stamp(w.cb, dispatches[d].pipeline);
+                ++n;
+            }
+        }
+        w.copy(kSnapshotOut, control.buffer, io.buffer, snapshot);
+        w.sync.use(w.cb, kHostReads);
+        if (w.cb && timing) {
+            vkCmdWriteTimestamp(w.cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timing, 2 * c + 1);
+        }
+        return n;
+    };
+    // Any chain may follow any other: a dry run gives the state a chain ends in, and the
+    // recording starts from it, so its first barriers cover what the previous chain left.
+    SyncTracker sync(kChainResources);
+    ChainWriter dry{VK_NULL_HANDLE, sync, pipelines.layout()};
+    body(dry);
+
+    VkCommandBuffer cb = chains[c];
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    BLUE_VK_TRY(vkBeginCommandBuffer(cb, &bi));
+    if (timing) vkCmdResetQueryPool(cb, timing, 2 * c, 2);
+    if (queries) vkCmdResetQueryPool(cb, queries, qbase, queries_per_chain);
+    ChainWriter rec{cb, sync, pipelines.layout()};
+    chain_dispatches[c] = body(rec);
+    BLUE_VK_TRY(vkEndCommandBuffer(cb));
+    chain_len[c] = cycles;
+    queries_used[c] = q;
+    return Status::ok();
+}
+
+Status GpuMachine::Impl::collectProfile(uint32_t chain) {
+    if (!queries || queries_used[chain] == 0) return Status::ok();
+    const uint32_t used = queries_used[chain];
+    std::vector<uint64_t> ts(used);
+    BLUE_VK_TRY(vkGetQueryPoolResults(dev.device(), queries, chain * queries_per_chain, used,
+                                      ts.size() * 8, ts.data(), 8,
+                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT));
+    for (uint32_t q = 1; q < used; ++q) {
+        KernelTime& k = profile[query_kernel[q]];
+        k.ms += double((ts[q] - ts[q - 1]) & timestamp_mask) * timestamp_ms;
+        ++k.dispatches;
+    }
+    return Status::ok();
+}
+
+Status GpuMachine::Impl::timeChain(uint32_t c, GpuStats* stats) {
+    if (!timing) return Status::ok();
+    uint64_t ts[2];
+    BLUE_VK_TRY(vkGetQueryPoolResults(dev.device(), timing, 2 * c, 2, sizeof ts, ts, 8,
+                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT));
+    const double ms = double((ts[1] - ts[0]) & timestamp_mask) * timestamp_ms;
+    stats->submit_ms_max = std::max(stats->submit_ms_max, ms);
+    stats->submit_ms_total += ms;
+    ++stats->submits_timed;
+    const double bound = opt.max_submit_ms;
+    if (bound <= 0 || chain_len[c] != cycles_now) return Status::ok();
+    // Keep a margin below the bound: cycles differ (a prefill costs more than a decode step).
+    const double per_cycle = ms / chain_len[c];
+    if (ms > bound && cycles_now > 1) {
+        cycles_now = std::clamp(uint32_t(0.7 * bound / per_cycle), 1u, cycles_now - 1);
+    } else if (ms < 0.3 * bound && cycles_now < opt.chain_cycles) {
+        uint32_t fit = per_cycle > 0 ? uint32_t(0.7 * bound / per_cycle) : opt.chain_cycles;
+        cycles_now = std::clamp(std::min(cycles_now * 2, fit), cycles_now, opt.chain_cycles);
+    }
+    stats->chain_cycles_min = std::min(stats->chain_cycles_min, cycles_now);
+    stats->chain_cycles_now = cycles_now;
+    return Status::ok();
+}
+
+}  // namespace blue
