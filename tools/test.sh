@@ -1,8 +1,83 @@
 #!/usr/bin/env bash
-# Builds BlueVM and runs the whole test suite with the Khronos validation layer on.
+# Builds BlueVM and runs the test suite with the Khronos validation layer on (core and
+# synchronization checks; any validation message fails a test), then again as other devices:
+#   - lavapipe's subgroup sizes 4 and 16 (LP_NATIVE_VECTOR_WIDTH=128/512; the first run is 8)
+#   - emulated device limits (BLUE_DEVICE_LIMITS: NVIDIA, AMD, Intel and mobile profiles)
+#   - GPU-assisted validation (BLUE_VALIDATION=gpu) over the GPU kernel and program tests
+#   - AddressSanitizer + UBSan build (tools/test_sanitize.sh)
+# Usage: tools/test.sh [--quick] [doctest options]   (--quick: the first run only)
+# Ends with one line "tests: N passed, N failed" counting every run's test cases.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 bash tools/build.sh
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 export BLUE_VALIDATION=${BLUE_VALIDATION:-1}
-"${BUILD_DIR:-build}/tests/blue_tests" "$@"
+tests="${BUILD_DIR:-build}/tests/blue_tests"
+logs=$(mktemp -d)
+passed=0
+failed=0
+runs_failed=()
+
+# run NAME [ENV=VALUE ...] -- [doctest options]: one run of the suite, summarised in one line.
+run() {
+  local name=$1
+  shift
+  local envs=()
+  while [ "$1" != "--" ]; do
+    envs+=("$1")
+    shift
+  done
+  shift
+  local log="$logs/$name.log" start=$SECONDS rc=0
+  env "${envs[@]}" "$tests" "$@" >"$log" 2>&1 || rc=$?
+  local line p f
+  line=$(grep -E '^\[doctest\] test cases:' "$log" | tail -1 || true)
+  p=$(sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<<"$line")
+  f=$(sed -E 's/.*\| *([0-9]+) failed.*/\1/' <<<"$line")
+  [[ "$p" =~ ^[0-9]+$ ]] || p=0
+  [[ "$f" =~ ^[0-9]+$ ]] || f=0
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi  # crashed before its summary
+  passed=$((passed + p))
+  failed=$((failed + f))
+  printf '%-28s %4d passed, %d failed  (%ds)\n' "$name" "$p" "$f" $((SECONDS - start))
+  if [ "$rc" -ne 0 ]; then
+    runs_failed+=("$name")
+    echo "---- $name: last 60 lines of its log ($log) ----"
+    tail -60 "$log"
+    echo "----"
+  fi
+}
+
+run suite -- "$@"
+if [ "$quick" -eq 0 ]; then
+  run subgroup-4 LP_NATIVE_VECTOR_WIDTH=128 -- "$@"
+  run subgroup-16 LP_NATIVE_VECTOR_WIDTH=512 -- "$@"
+  for profile in nvidia-rtx4090 amd-rx7900xtx intel-arc-a770 mali-g78; do
+    if [ -f "host/device_profiles/$profile.json" ]; then
+      run "limits-$profile" BLUE_DEVICE_LIMITS="$profile" -- "$@"
+    fi
+  done
+  run gpu-assisted-validation BLUE_VALIDATION=gpu -- -tc='ops gpu*,every golden program*' "$@"
+  if [ -x tools/test_sanitize.sh ] || [ -f tools/test_sanitize.sh ]; then
+    start=$SECONDS
+    if bash tools/test_sanitize.sh >"$logs/sanitize.log" 2>&1; then
+      s=$(grep -E '^\[doctest\] test cases:' "$logs/sanitize.log" | tail -1 | sed -E 's/.*\| *([0-9]+) passed.*/\1/')
+      [[ "$s" =~ ^[0-9]+$ ]] || s=0
+      passed=$((passed + s))
+      printf '%-28s %4d passed, 0 failed  (%ds)\n' "asan+ubsan" "$s" $((SECONDS - start))
+    else
+      failed=$((failed + 1))
+      runs_failed+=("asan+ubsan")
+      echo "---- asan+ubsan: last 80 lines of its log ----"
+      tail -80 "$logs/sanitize.log"
+    fi
+  fi
+fi
+if [ ${#runs_failed[@]} -gt 0 ]; then echo "failed runs: ${runs_failed[*]}"; fi
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
