@@ -22,6 +22,7 @@ struct RunArgs {
     uint32_t instances = 1;
     uint64_t max_cycles = 1000000;
     uint32_t chain_cycles = 64;
+    double max_submit_ms = -1;  // negative: GpuOptions' default (BLUE_MAX_SUBMIT_MS or 50)
     bool stats = false, ref = false, profile = false;
     // Generation programs (modules lowered from a model):
     std::string prompt;
@@ -116,6 +117,7 @@ int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,
     opt.max_cycles = args.max_cycles;
     opt.chain_cycles = args.chain_cycles;
     opt.profile = args.profile;
+    opt.max_submit_ms = args.max_submit_ms;
     auto machine = GpuMachine::create(*dev.value(), *pipelines.value(), m, w, opt);
     if (!machine) return fail(machine.message());
     for (const auto& msg : inputs) {
@@ -140,6 +142,10 @@ Command addRunCommand(CLI::App& app) {
     sub->add_option("--device", args->device, "Vulkan device: index or part of its name");
     sub->add_option("--max-cycles", args->max_cycles, "stop a program that runs longer (watchdog)")->check(CLI::PositiveNumber);
     sub->add_option("--chain-cycles", args->chain_cycles, "cycles recorded per chain")->check(CLI::Range(2u, 4096u));
+    sub->add_option("--max-submit-ms", args->max_submit_ms,
+                    "keep each submission's GPU time under this (chains shorten; 0: off; "
+                    "default: BLUE_MAX_SUBMIT_MS or 50)")
+        ->check(CLI::Range(0.0, 1e6));
     sub->add_option("--out", args->out, "write the output to FILE instead of stdout");
     sub->add_option("--input", args->input, "input messages: one per line, numbers");
     sub->add_flag("--stats", args->stats, "print execution counters as one JSON line on stderr");
