@@ -99,10 +99,16 @@ int connectionSocket(const httplib::Request& req) {
     return found;
 }
 
-// True when the peer of a connected socket has closed (or the socket failed).
+// True when the peer of a connected socket has closed (or the socket failed). Linux reports a
+// peer's close as POLLRDHUP; elsewhere only a reset shows (and /proc/self/fd is missing anyway).
 bool peerClosed(int fd) {
-    pollfd p{fd, POLLRDHUP, 0};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+#ifdef POLLRDHUP
+    constexpr short kClosed = POLLRDHUP;
+#else
+    constexpr short kClosed = 0;
+#endif
+    pollfd p{fd, kClosed, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (kClosed | POLLHUP | POLLERR | POLLNVAL));
 }
 
 // The error of a request that ended with BLUEVM_FINISH_ERROR: 503 when the device failed (the
