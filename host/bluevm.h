@@ -25,6 +25,11 @@
  * Threads: every function may be called from any thread. A model must outlive its engines.
  * Errors: a function that fails returns a status other than BLUEVM_OK and sets the calling
  * thread's message (bluevm_last_error), which names what is wrong.
+ * Device loss: when the device is lost or runs out of memory while an engine serves, its running
+ * and waiting requests end with BLUEVM_FINISH_ERROR and event.error BLUEVM_ERR_DEVICE_LOST (the
+ * message names the Vulkan call and what was running); the engine rebuilds the device, the
+ * machine and the weights by itself and serves again. Meanwhile bluevm_submit returns
+ * BLUEVM_ERR_DEVICE_LOST and bluevm_engine_health reports BLUEVM_ENGINE_RECOVERING.
  */
 #ifndef BLUEVM_H
 #define BLUEVM_H
@@ -36,7 +41,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 1
+#define BLUEVM_API_VERSION 2
 
 typedef enum bluevm_status {
     BLUEVM_OK = 0,
@@ -49,7 +54,10 @@ typedef enum bluevm_status {
     BLUEVM_ERR_NOT_FOUND = 7,        /* an unknown (or released) request id */
     BLUEVM_ERR_TIMEOUT = 8,          /* bluevm_poll: nothing new within the timeout */
     BLUEVM_ERR_SHUTDOWN = 9,         /* the engine is stopping or has failed */
-    BLUEVM_ERR_INTERNAL = 10
+    BLUEVM_ERR_INTERNAL = 10,
+    BLUEVM_ERR_DEVICE_LOST = 11 /* the device was lost or ran out of memory; an engine
+                                   rebuilds it by itself (retry later); a failed
+                                   bluevm_engine_create may simply be called again */
 } bluevm_status;
 
 /* "ok", "invalid argument", ... (static strings). */
@@ -162,12 +170,15 @@ typedef struct bluevm_event {
     int finished;           /* nonzero once: the request has ended */
     bluevm_finish reason;
     uint32_t prompt_tokens, completion_tokens; /* completion_tokens: total so far */
+    bluevm_status error; /* with BLUEVM_FINISH_ERROR: BLUEVM_ERR_DEVICE_LOST when the device
+                            failed (the engine is rebuilding it), else BLUEVM_ERR_INTERNAL */
 } bluevm_event;
 
 /* Waits up to timeout_ms (negative: without limit, 0: not at all) for new text or the end of a
  * request and takes it. The event's pointers stay valid until the next bluevm_poll or
  * bluevm_release of the same id. After the finished event, further polls return it again with no
- * new text. Returns BLUEVM_ERR_TIMEOUT when nothing arrived. */
+ * new text. Returns BLUEVM_ERR_TIMEOUT when nothing arrived. A request that ended with
+ * BLUEVM_FINISH_ERROR returns BLUEVM_OK with bluevm_last_error saying what failed. */
 bluevm_status bluevm_poll(bluevm_engine* engine, uint64_t id, int timeout_ms, bluevm_event* out);
 /* Ends a request early; its instance is freed for the next request. */
 bluevm_status bluevm_cancel(bluevm_engine* engine, uint64_t id);
@@ -183,9 +194,26 @@ typedef struct bluevm_metrics {
     uint32_t instances;
     uint64_t submits, round_trips, cycles; /* GPU chain submits, host round trips, VM cycles */
     uint64_t resumes; /* submits that restarted the GPU after it idled with no request */
+    uint64_t recoveries; /* device rebuilds after a device failure */
 } bluevm_metrics;
 
 bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out);
+
+typedef enum bluevm_engine_state {
+    BLUEVM_ENGINE_SERVING = 0,
+    BLUEVM_ENGINE_RECOVERING = 1, /* rebuilding the device after a failure; submits are refused */
+    BLUEVM_ENGINE_STOPPED = 2
+} bluevm_engine_state;
+
+typedef struct bluevm_health {
+    bluevm_engine_state state;
+    uint32_t recoveries;      /* device rebuilds that succeeded */
+    uint32_t failed_attempts; /* rebuild attempts that failed since the last device failure */
+    char failure[512];        /* the last device failure and what was running ("" if none) */
+    char attempt_error[512];  /* why the last rebuild attempt failed ("" if none) */
+} bluevm_health;
+
+bluevm_status bluevm_engine_health(const bluevm_engine* engine, bluevm_health* out);
 
 #ifdef __cplusplus
 }

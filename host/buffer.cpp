@@ -29,59 +29,65 @@ std::vector<VkMemoryPropertyFlags> preferences(MemKind kind) {
     return {};
 }
 
-// Runs one transfer command buffer to completion.
+// Fails when `dev` was lost earlier: nothing more may run on it.
+Status checkNotLost(const Device& dev) {
+    if (!dev.lost()) return Status::ok();
+    return Status::error("the device was lost earlier (" + dev.lostReason() +
+                         "); nothing more runs on it");
+}
+
+// Records and submits one copy; on success the copy is queued.
+Status submitCopy(Device& dev, VkCommandBuffer cb, VkBuffer src, VkDeviceSize src_off, VkBuffer dst,
+                  VkDeviceSize dst_off, VkDeviceSize size) {
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    BLUE_VK_TRY_ON(dev, vkBeginCommandBuffer(cb, &bi));
+    VkBufferCopy region{src_off, dst_off, size};
+    vkCmdCopyBuffer(cb, src, dst, 1, &region);
+    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT;
+    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                         &mb, 0, nullptr, 0, nullptr);
+    BLUE_VK_TRY_ON(dev, vkEndCommandBuffer(cb));
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cb;
+    BLUE_VK_TRY_ON(dev, vkQueueSubmit(dev.queue(), 1, &si, VK_NULL_HANDLE));
+    return Status::ok();
+}
+
+// Runs one transfer command buffer to completion. When the wait fails the copy may still run:
+// the device is drained before the command pool goes (a no-op wait on a really lost device).
 Status runTransfer(Device& dev, VkBuffer src, VkDeviceSize src_off, VkBuffer dst, VkDeviceSize dst_off,
                    VkDeviceSize size) {
     VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
     pi.queueFamilyIndex = dev.queueFamily();
     pi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
     VkCommandPool pool;
-    BLUE_VK_TRY(vkCreateCommandPool(dev.device(), &pi, nullptr, &pool));
+    BLUE_VK_TRY_ON(dev, vkCreateCommandPool(dev.device(), &pi, nullptr, &pool));
     VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
     ai.commandPool = pool;
     ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     ai.commandBufferCount = 1;
     VkCommandBuffer cb;
-    VkResult r = vkAllocateCommandBuffers(dev.device(), &ai, &cb);
-    if (r == VK_SUCCESS) {
-        VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-        bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-        vkBeginCommandBuffer(cb, &bi);
-        VkBufferCopy region{src_off, dst_off, size};
-        vkCmdCopyBuffer(cb, src, dst, 1, &region);
-        VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-        mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-        mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT;
-        vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                             VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
-                             &mb, 0, nullptr, 0, nullptr);
-        vkEndCommandBuffer(cb);
-        VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-        si.commandBufferCount = 1;
-        si.pCommandBuffers = &cb;
-        r = vkQueueSubmit(dev.queue(), 1, &si, VK_NULL_HANDLE);
-        if (r == VK_SUCCESS) r = vkQueueWaitIdle(dev.queue());
-    }
+    Status s = [&]() -> Status {
+        BLUE_VK_TRY_ON(dev, vkAllocateCommandBuffers(dev.device(), &ai, &cb));
+        BLUE_TRY(submitCopy(dev, cb, src, src_off, dst, dst_off, size));
+        BLUE_VK_TRY_ON(dev, vkQueueWaitIdle(dev.queue()));
+        return Status::ok();
+    }();
+    if (!s) vkDeviceWaitIdle(dev.device());
     vkDestroyCommandPool(dev.device(), pool, nullptr);
-    BLUE_VK_TRY(r);
-    return Status::ok();
+    return s;
 }
 
-}  // namespace
-
-Result<Buffer> createBuffer(Device& dev, VkDeviceSize size, VkBufferUsageFlags usage, MemKind kind,
-                            const char* purpose) {
-    Buffer b;
-    b.size = (size + 15) & ~VkDeviceSize(15);
-    if (b.size == 0) b.size = 16;
-    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-    bi.size = b.size;
-    bi.usage = usage | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-    BLUE_VK_TRY(vkCreateBuffer(dev.device(), &bi, nullptr, &b.buffer));
+// Allocates memory of the best kind the device has for `b`, binds and (host-visible) maps it.
+Status bindMemory(Device& dev, MemKind kind, Buffer* b) {
     VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(dev.device(), b.buffer, &req);
-    VkResult r = VK_ERROR_OUT_OF_DEVICE_MEMORY;
+    vkGetBufferMemoryRequirements(dev.device(), b->buffer, &req);
+    Status failed = Status::error("no memory type fits");
     VkMemoryPropertyFlags got = 0;
     for (VkMemoryPropertyFlags want : preferences(kind)) {
         int type = findMemoryType(dev, req.memoryTypeBits, want);
@@ -89,24 +95,51 @@ Result<Buffer> createBuffer(Device& dev, VkDeviceSize size, VkBufferUsageFlags u
         VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
         ai.allocationSize = req.size;
         ai.memoryTypeIndex = uint32_t(type);
-        r = vkAllocateMemory(dev.device(), &ai, nullptr, &b.memory);
+        const int line = __LINE__ + 1;  // the call's, for the message
+        VkResult r = BLUE_VK_CALL(vkAllocateMemory(dev.device(), &ai, nullptr, &b->memory));
         if (r == VK_SUCCESS) {
             got = dev.memory().memoryTypes[type].propertyFlags;
+            failed = Status::ok();
             break;
         }
-    }
-    if (r != VK_SUCCESS) {
-        vkDestroyBuffer(dev.device(), b.buffer, nullptr);
-        return BLUE_ERROR("cannot allocate %.1f MiB of GPU memory for %s (%s)",
-                          double(b.size) / (1 << 20), purpose, vkResultName(r));
-    }
-    BLUE_VK_TRY(vkBindBufferMemory(dev.device(), b.buffer, b.memory, 0));
-    if (got & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
-        BLUE_VK_TRY(vkMapMemory(dev.device(), b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped));
-        if (!(got & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)) {
-            vkUnmapMemory(dev.device(), b.memory);  // keep to coherent mappings only
-            b.mapped = nullptr;
+        b->memory = VK_NULL_HANDLE;
+        failed = vkFailure("vkAllocateMemory", r, __FILE__, line);
+        if (r == VK_ERROR_DEVICE_LOST) {
+            dev.markLost(failed.message());
+            break;
         }
+        // Out of this kind of memory: the next preference may have room.
+    }
+    BLUE_TRY(failed);
+    BLUE_VK_TRY_ON(dev, vkBindBufferMemory(dev.device(), b->buffer, b->memory, 0));
+    if (got & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+        BLUE_VK_TRY_ON(dev, vkMapMemory(dev.device(), b->memory, 0, VK_WHOLE_SIZE, 0, &b->mapped));
+        if (!(got & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)) {
+            vkUnmapMemory(dev.device(), b->memory);  // keep to coherent mappings only
+            b->mapped = nullptr;
+        }
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
+Result<Buffer> createBuffer(Device& dev, VkDeviceSize size, VkBufferUsageFlags usage, MemKind kind,
+                            const char* purpose) {
+    BLUE_TRY(checkNotLost(dev));
+    Buffer b;
+    b.size = (size + 15) & ~VkDeviceSize(15);
+    if (b.size == 0) b.size = 16;
+    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    bi.size = b.size;
+    bi.usage = usage | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    BLUE_VK_TRY_ON(dev, vkCreateBuffer(dev.device(), &bi, nullptr, &b.buffer));
+    Status s = bindMemory(dev, kind, &b);
+    if (!s) {
+        destroyBuffer(dev, b);
+        return s.prefix(strFormat("cannot allocate %.1f MiB of GPU memory for %s",
+                                  double(b.size) / (1 << 20), purpose));
     }
     return b;
 }
@@ -119,6 +152,7 @@ void destroyBuffer(Device& dev, Buffer& b) {
 
 Status uploadToBuffer(Device& dev, Buffer& dst, VkDeviceSize offset, const void* data, VkDeviceSize size) {
     if (size == 0) return Status::ok();
+    BLUE_TRY(checkNotLost(dev));
     if (dst.mapped) {
         std::memcpy(static_cast<uint8_t*>(dst.mapped) + offset, data, size);
         return Status::ok();
@@ -138,6 +172,7 @@ Status uploadToBuffer(Device& dev, Buffer& dst, VkDeviceSize offset, const void*
 
 Status downloadFromBuffer(Device& dev, Buffer& src, VkDeviceSize offset, void* data, VkDeviceSize size) {
     if (size == 0) return Status::ok();
+    BLUE_TRY(checkNotLost(dev));
     if (src.mapped) {
         std::memcpy(data, static_cast<const uint8_t*>(src.mapped) + offset, size);
         return Status::ok();

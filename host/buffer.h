@@ -19,8 +19,11 @@ struct Buffer {
     void* mapped = nullptr;  // non-null when the host can write it directly
 };
 
-// Creates a buffer of `size` bytes (rounded up to 16). Fails with a message naming the purpose
-// and size when the device has no memory for it.
+// Creates a buffer of `size` bytes (rounded up to 16). Fails with a message naming the purpose,
+// the size and the failing call when the device has no memory for it ("... out of device memory
+// (VK_ERROR_OUT_OF_DEVICE_MEMORY from vkAllocateMemory at host/buffer.cpp:LINE)"). These functions
+// fail fast on a device that was lost (Device::lost), and mark it lost when one of their calls
+// returns VK_ERROR_DEVICE_LOST; a failed call leaves nothing allocated.
 Result<Buffer> createBuffer(Device& dev, VkDeviceSize size, VkBufferUsageFlags usage, MemKind kind,
                             const char* purpose);
 void destroyBuffer(Device& dev, Buffer& b);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "host/llm/engine.h"
 #include "host/llm/serving.h"
+#include "host/vk_check.h"
 
 struct bluevm_model {
     std::unique_ptr<blue::Engine> engine;
@@ -46,6 +48,8 @@ struct RequestState {
     bool finished = false;
     bool finish_taken = false;
     bluevm_finish reason = BLUEVM_FINISH_NONE;
+    bluevm_status error = BLUEVM_OK;  // with BLUEVM_FINISH_ERROR
+    std::string error_message;
     uint32_t prompt_tokens = 0, completion_tokens = 0;
 };
 
@@ -58,6 +62,12 @@ bluevm_finish finishOf(blue::FinishReason r) {
         case blue::FinishReason::None: break;
     }
     return BLUEVM_FINISH_NONE;
+}
+
+// The status of a failed device operation on this thread: device loss or out-of-device-memory
+// (which a later attempt may overcome) or another device failure.
+bluevm_status deviceStatus() {
+    return blue::vkFatal(blue::lastVkFailure().result) ? BLUEVM_ERR_DEVICE_LOST : BLUEVM_ERR_DEVICE;
 }
 
 template <class F>
@@ -102,6 +112,7 @@ const char* bluevm_status_name(bluevm_status s) {
         case BLUEVM_ERR_TIMEOUT: return "timeout";
         case BLUEVM_ERR_SHUTDOWN: return "shut down";
         case BLUEVM_ERR_INTERNAL: return "internal error";
+        case BLUEVM_ERR_DEVICE_LOST: return "device lost";
     }
     return "unknown status";
 }
@@ -134,8 +145,9 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
             eo.validation = options->validation != 0;
         }
         bool device_failed = false;
+        blue::clearVkFailure();
         auto e = blue::Engine::open(path, eo, &device_failed);
-        if (!e) return failWith(device_failed ? BLUEVM_ERR_DEVICE : BLUEVM_ERR_MODEL, e.message());
+        if (!e) return failWith(device_failed ? deviceStatus() : BLUEVM_ERR_MODEL, e.message());
         auto m = std::make_unique<bluevm_model>();
         m->engine = std::move(e.value());
         m->name = m->engine->modelName();
@@ -160,7 +172,7 @@ bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info
     out->n_ctx = model->engine->contextLength();
     out->n_layer = c.n_layer;
     out->n_embd = c.n_embd;
-    out->validation_errors = model->engine->device().validationErrors();
+    out->validation_errors = model->engine->validationErrors();
     return ok();
 }
 
@@ -233,9 +245,10 @@ bluevm_status bluevm_engine_create(bluevm_model* model, const bluevm_engine_opti
                 f(done, total, user);
             });
         }
+        blue::clearVkFailure();
         auto s = blue::ServingEngine::create(*model->engine, so);
         model->engine->setLoadCallback({});
-        if (!s) return failWith(BLUEVM_ERR_DEVICE, s.message());
+        if (!s) return failWith(deviceStatus(), s.message());
         auto e = std::make_unique<bluevm_engine>();
         e->model = model;
         e->serving = std::move(s.value());
@@ -311,20 +324,28 @@ bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request
                 if (ev.finished) {
                     state->finished = true;
                     state->reason = finishOf(ev.reason);
+                    if (ev.reason == blue::FinishReason::Error) {
+                        state->error =
+                            ev.device_failure ? BLUEVM_ERR_DEVICE_LOST : BLUEVM_ERR_INTERNAL;
+                        state->error_message =
+                            ev.error.empty() ? "the engine failed; the request ended" : ev.error;
+                    }
                 }
             }
             eng->arrived.notify_all();
         };
-        bool queue_full = false;
+        bool queue_full = false, unavailable = false;
         // The lock is held across submit so that a poll cannot look for the id before it is
         // registered; the callback takes the same lock only on the driver thread, later.
         std::lock_guard<std::mutex> lock(engine->mutex);
-        auto submitted = engine->serving->submit(std::move(r), std::move(stop), callback, &queue_full);
+        auto submitted = engine->serving->submit(std::move(r), std::move(stop), callback,
+                                                 &queue_full, &unavailable);
         if (!submitted) {
-            return failWith(queue_full ? BLUEVM_ERR_QUEUE_FULL
-                                       : submitted.message().find("shutting down") != std::string::npos
-                                             ? BLUEVM_ERR_SHUTDOWN
-                                             : BLUEVM_ERR_INVALID_ARGUMENT,
+            return failWith(queue_full    ? BLUEVM_ERR_QUEUE_FULL
+                            : unavailable ? BLUEVM_ERR_DEVICE_LOST
+                            : submitted.message().find("shutting down") != std::string::npos
+                                ? BLUEVM_ERR_SHUTDOWN
+                                : BLUEVM_ERR_INVALID_ARGUMENT,
                             submitted.message());
         }
         engine->requests[submitted.value()] = state;
@@ -369,10 +390,9 @@ bluevm_status bluevm_poll(bluevm_engine* engine, uint64_t id, int timeout_ms, bl
         if (!st->finished && out->text_len == 0 && out->n_tokens == 0) {
             return failWith(BLUEVM_ERR_TIMEOUT, "no new text within the timeout");
         }
+        out->error = st->error;
         st->finish_taken = st->finished;
-        if (st->reason == BLUEVM_FINISH_ERROR) {
-            return failWith(BLUEVM_OK, "the engine failed; the request ended");
-        }
+        if (st->reason == BLUEVM_FINISH_ERROR) return failWith(BLUEVM_OK, st->error_message);
         return ok();
     });
 }
@@ -426,7 +446,26 @@ bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics*
     out->round_trips = m.round_trips;
     out->cycles = m.cycles;
     out->resumes = m.resumes;
+    out->recoveries = m.recoveries;
     return ok();
+}
+
+bluevm_status bluevm_engine_health(const bluevm_engine* engine, bluevm_health* out) {
+    return guarded([&] {
+        if (!engine || !out) {
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "engine and out must not be NULL");
+        }
+        blue::ServeHealth h = engine->serving->health();
+        *out = bluevm_health{};
+        out->state = h.state == blue::ServeState::Recovering ? BLUEVM_ENGINE_RECOVERING
+                     : h.state == blue::ServeState::Stopped  ? BLUEVM_ENGINE_STOPPED
+                                                             : BLUEVM_ENGINE_SERVING;
+        out->recoveries = h.recoveries;
+        out->failed_attempts = h.failed_attempts;
+        std::snprintf(out->failure, sizeof out->failure, "%s", h.failure.c_str());
+        std::snprintf(out->attempt_error, sizeof out->attempt_error, "%s", h.attempt_error.c_str());
+        return ok();
+    });
 }
 
 }  // extern "C"

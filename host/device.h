@@ -80,6 +80,21 @@ public:
     const std::string& validationChecks() const { return validation_checks_; }
     std::string lastValidationMessage() const;
 
+    // ---- device loss (host/vk_check.h) ----
+    // Marks the device lost: a call on it returned VK_ERROR_DEVICE_LOST. Sticky, as on hardware:
+    // work on a lost device fails fast with lostReason() instead of touching its objects; they can
+    // still be destroyed, and the device too. `why` names the call (vkFailure's message).
+    void markLost(const std::string& why) {
+        std::lock_guard<std::mutex> lock(message_mutex_);
+        if (!lost_) lost_reason_ = why;
+        lost_ = true;
+    }
+    bool lost() const { return lost_.load(); }
+    std::string lostReason() const {
+        std::lock_guard<std::mutex> lock(message_mutex_);
+        return lost_reason_;
+    }
+
 private:
     Device() = default;
     static VKAPI_ATTR VkBool32 VKAPI_CALL debugCallback(
@@ -99,6 +114,8 @@ private:
     std::atomic<uint32_t> validation_errors_{0};
     mutable std::mutex message_mutex_;
     std::string last_message_;
+    std::atomic<bool> lost_{false};  // device loss: see markLost
+    std::string lost_reason_;        // guarded by message_mutex_
 };
 
 }  // namespace blue

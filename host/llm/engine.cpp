@@ -85,19 +85,72 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     if (!w) return w.status();
     e->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
     chooseLavapipeThreads(e->gguf_);
-    auto dev = Device::create(DeviceOptions{options.device, options.validation});
-    if (!dev) {
+    if (Status s = e->resetDevice(); !s) {
         if (device_failed) *device_failed = true;
-        return dev.status();
+        return s;
     }
-    e->device_ = std::move(dev.value());
-    auto p = Pipelines::create(*e->device_);
-    if (!p) {
-        if (device_failed) *device_failed = true;
-        return p.status();
-    }
-    e->pipelines_ = std::move(p.value());
     return e;
+}
+
+namespace {
+
+// "MESSAGE while WHAT": what was running when a failure happened.
+Status during(const Status& s, const std::string& what) {
+    return Status::error(s.message() + " while " + what);
+}
+
+}  // namespace
+
+Status Engine::resetDevice() {
+    {
+        std::lock_guard<std::mutex> lock(device_mutex_);
+        if (device_) retired_validation_errors_ += device_->validationErrors();
+        pipelines_.reset();
+        device_.reset();
+    }
+    clearVkFailure();
+    DeviceOptions dopt;
+    dopt.select = options_.device;
+    dopt.validation = options_.validation;
+    auto dev = Device::create(dopt);
+    if (!dev) return during(dev.status(), "creating the Vulkan device");
+    auto p = Pipelines::create(*dev.value());
+    std::lock_guard<std::mutex> lock(device_mutex_);
+    device_ = std::move(dev.value());
+    if (!p) {
+        VkFailure f = lastVkFailure();
+        if (f.result == VK_ERROR_DEVICE_LOST) device_->markLost(f.message);
+        return during(p.status(), "creating the pipelines");
+    }
+    pipelines_ = std::move(p.value());
+    return Status::ok();
+}
+
+VkFailure Engine::noteDeviceFailure() {
+    VkFailure f = lastVkFailure();
+    if (f.result == VK_ERROR_DEVICE_LOST && device_) device_->markLost(f.message);
+    return f;
+}
+
+uint32_t Engine::validationErrors() const {
+    std::lock_guard<std::mutex> lock(device_mutex_);
+    return retired_validation_errors_ + (device_ ? device_->validationErrors() : 0);
+}
+
+Status Engine::deviceUsable() const {
+    if (!device_) {
+        return Status::error(
+            "there is no Vulkan device (creating it failed; resetDevice() tries again)");
+    }
+    if (device_->lost()) {
+        return Status::error("the device was lost earlier (" + device_->lostReason() +
+                             "); resetDevice() builds a new one");
+    }
+    if (!pipelines_) {
+        return Status::error(
+            "the device has no pipelines (creating them failed; resetDevice() tries again)");
+    }
+    return Status::ok();
 }
 
 std::vector<uint32_t> Engine::promptTokens(const std::string& text) const {
@@ -157,7 +210,17 @@ Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, ui
     opt.max_cycles = max_cycles;
     opt.profile = options_.profile;
     opt.on_load = options_.on_load;
-    return GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
+    BLUE_TRY(deviceUsable());
+    clearVkFailure();
+    auto machine = GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
+    if (!machine) {
+        noteDeviceFailure();
+        const char* plural = instances == 1 ? "" : "s";
+        return during(machine.status(),
+                      strFormat("loading the model onto the device (a machine of %u instance%s)",
+                                instances, plural));
+    }
+    return machine;
 }
 
 namespace {
@@ -188,6 +251,34 @@ uint64_t Engine::matmulWeightElements() const {
     for (const TensorDecl* t : matmulMatrices(module_)) n += t->elements();
     return n;
 }
+
+namespace {
+
+// What a generation run was doing: "generating request 2 (1 more queued; after 3 chain submits, at
+// VM cycle 40)". `serving`: instance -> request (~0: none); requests that ended are not counted.
+std::string describeRunning(const std::vector<uint32_t>& serving, size_t n_requests,
+                            const std::vector<Completion>& out, const GpuStats& st) {
+    std::string running;
+    size_t n_running = 0, queued = 0;
+    for (uint32_t r : serving) {
+        if (r == 0xFFFFFFFFu) continue;
+        running += (n_running++ ? ", " : "") + std::to_string(r);
+    }
+    for (size_t r = 0; r < n_requests; ++r) {
+        bool started = !out[r].tokens.empty() || out[r].finished;
+        for (uint32_t s : serving) started |= s == r;
+        queued += started ? 0 : 1;
+    }
+    std::string what = n_running == 0 ? "generating (no request started yet"
+                                      : strFormat("generating request%s %s (",
+                                                  n_running > 1 ? "s" : "", running.c_str());
+    if (n_running > 0 && queued > 0) what += strFormat("%zu more queued; ", queued);
+    if (n_running == 0) what += strFormat(", %zu queued; ", queued);
+    return what + strFormat("after %llu chain submits, at VM cycle %llu)",
+                            (unsigned long long)st.submits, (unsigned long long)st.cycles);
+}
+
+}  // namespace
 
 Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests,
                                             const TokenCallback& on_token) {
@@ -234,9 +325,13 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
             }
         }
     };
+    clearVkFailure();
     auto report = machine.value()->run(sink, false);
-    if (!report) return report.status();
     stats_ = machine.value()->stats();
+    if (!report) {
+        noteDeviceFailure();
+        return during(report.status(), describeRunning(serving, requests.size(), out, stats_));
+    }
     if (!report.value().status) return report.value().status;
     std::string faults = describeFaults(module_, report.value().instances);
     if (!faults.empty()) return Status::error("the generation program faulted: " + faults);

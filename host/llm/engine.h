@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "host/device.h"
 #include "host/machine.h"
 #include "host/pipelines.h"
+#include "host/vk_check.h"
 #include "vm/llm_request.h"
 #include "vm/module.h"
 #include "vm/weights.h"
@@ -56,6 +58,11 @@ public:
     // `path`: a .gguf model or a .bir module lowered from one. Fails with a clear message when the
     // file is missing or malformed, the architecture is unsupported, or no device can run it.
     // `*device_failed` (when given) tells a device failure from a model one.
+    //
+    // Device failures (host/vk_check.h) come back as Status messages that name the Vulkan call and
+    // what was running: "device lost (VK_ERROR_DEVICE_LOST from vkQueueSubmit at
+    // host/machine.cpp:344) while generating request 0 (after 3 chain submits, at VM cycle 40)".
+    // A lost device stays lost: later work fails fast until resetDevice() builds a new one.
     static Result<std::unique_ptr<Engine>> open(const std::string& path, const EngineOptions& options,
                                                 bool* device_failed = nullptr);
 
@@ -63,8 +70,22 @@ public:
     const Tokenizer& tokenizer() const { return tokenizer_; }
     const Module& module() const { return module_; }
     uint32_t contextLength() const { return ctx_; }
+    // The device; only while hasDevice() (after open, and after a resetDevice that succeeded).
     Device& device() { return *device_; }
     const Device& device() const { return *device_; }
+    bool hasDevice() const { return device_ && pipelines_; }
+    // True when the device was lost (a call returned VK_ERROR_DEVICE_LOST) or is missing.
+    bool deviceLost() const { return !hasDevice() || device_->lost(); }
+    // Destroys the device and its pipelines and creates new ones, for the same model (the GGUF
+    // stays open; machines created afterwards upload the weights again). Every machine created
+    // from the old device must be destroyed first. On failure there is no device until a later
+    // call succeeds.
+    Status resetDevice();
+    // After a failed operation on this thread: the Vulkan failure behind it (result VK_SUCCESS
+    // when none; see lastVkFailure), marking the device lost when it was VK_ERROR_DEVICE_LOST.
+    VkFailure noteDeviceFailure();
+    // Validation-layer findings on every device this engine has had (thread-safe).
+    uint32_t validationErrors() const;
 
     // Token ids for a prompt: BOS as the vocabulary asks; an empty prompt gives just BOS.
     std::vector<uint32_t> promptTokens(const std::string& text) const;
@@ -104,6 +125,7 @@ public:
 
 private:
     Engine() = default;
+    Status deviceUsable() const;
 
     EngineOptions options_;
     GgufFile gguf_;
@@ -113,6 +135,8 @@ private:
     std::unique_ptr<WeightSource> weights_;
     std::unique_ptr<Device> device_;
     std::unique_ptr<Pipelines> pipelines_;
+    mutable std::mutex device_mutex_;         // guards replacing device_ against validationErrors()
+    uint32_t retired_validation_errors_ = 0;  // of devices resetDevice() destroyed
     uint32_t ctx_ = 0;
     GpuStats stats_;
 };

@@ -2,6 +2,8 @@
 #include "host/llm/serving.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 
 #include "vm/abi.h"
 #include "vm/llm_abi.h"
@@ -53,6 +55,7 @@ ServingEngine::~ServingEngine() {
 Result<std::unique_ptr<ServingEngine>> ServingEngine::create(Engine& engine, const ServeOptions& options) {
     std::unique_ptr<ServingEngine> s(new ServingEngine(engine, options));
     if (s->options_.max_queue == 0) s->options_.max_queue = 8 * options.instances;
+    if (engine.deviceLost()) BLUE_TRY(engine.resetDevice());  // an engine made again after a loss
     auto m = engine.createMachine(options.instances, options.chain_cycles, 0xFFFFFFFFull);
     if (!m) return m.status();
     s->machine_ = std::move(m.value());
@@ -64,12 +67,18 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::create(Engine& engine, con
 }
 
 Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<std::string> stop,
-                                       StreamCallback callback, bool* queue_full) {
+                                       StreamCallback callback, bool* queue_full,
+                                       bool* unavailable) {
     if (queue_full) *queue_full = false;
+    if (unavailable) *unavailable = false;
     BLUE_TRY(engine_.validate(request));
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!failure_.isOk()) return failure_;
     if (stopping_) return Status::error("the server is shutting down");
+    if (health_.state == ServeState::Recovering) {
+        if (unavailable) *unavailable = true;
+        return Status::error("the device is being rebuilt after a failure (" + health_.failure +
+                             "); retry later");
+    }
     uint64_t waiting = 0;
     for (const auto& [tag, a] : active_) waiting += a->started ? 0 : 1;
     if (waiting >= options_.max_queue) {
@@ -116,7 +125,21 @@ ServeMetrics ServingEngine::metrics() const {
         if (!a->started) ++m.queue_depth;
     }
     for (uint32_t t : serving_) m.busy_instances += t != 0xFFFFFFFFu;
+    m.recoveries = health_.recoveries;
     return m;
+}
+
+ServeHealth ServingEngine::health() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return health_;
+}
+
+void ServingEngine::log(const std::string& line) const {
+    if (options_.log) {
+        options_.log(line);
+    } else {
+        std::fprintf(stderr, "bluevm: %s\n", line.c_str());
+    }
 }
 
 // Ends a request for its client (under the lock). The GPU may still be running it: the instance
@@ -135,7 +158,7 @@ void ServingEngine::finishRequest(Active& a, FinishReason reason) {
     if (reason == FinishReason::Cancelled) ++metrics_.requests_cancelled;
     if (reason == FinishReason::Cancelled || reason == FinishReason::Stop) {
         a.cancel_requested = true;
-        if (a.started) machine_->setFlag(a.instance, a.tag + 1);
+        if (a.started && machine_) machine_->setFlag(a.instance, a.tag + 1);
     }
 }
 
@@ -234,65 +257,166 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
     }
 }
 
-void ServingEngine::driverLoop() {
-    auto sink = [this](std::span<const OutputRecord> recs) { handleRecords(recs); };
-    for (;;) {
-        bool keep_going;
-        std::vector<std::pair<StreamCallback, StreamEvent>> deliveries;
-        {
-            std::unique_lock<std::mutex> lock(mutex_);
-            wake_.wait(lock, [&] {
-                return stopping_ || !to_push_.empty() || !to_cancel_.empty() || !active_.empty() ||
-                       machine_->inFlight();
-            });
-            for (auto& [id, msg] : to_push_) {
-                Status s = machine_->pushInput(std::move(msg));
-                if (!s) failure_ = s;
-            }
-            to_push_.clear();
-            for (uint64_t id : to_cancel_) {
-                for (auto& [tag, a] : active_) {
-                    if (a->id == id) finishRequest(*a, FinishReason::Cancelled);
-                }
-            }
-            to_cancel_.clear();
-            if (stopping_) {
-                for (auto& [tag, a] : active_) finishRequest(*a, FinishReason::Cancelled);
-                machine_->closeInput();
-            }
+void ServingEngine::takePending(Deliveries* out) {
+    for (auto& [tag, a] : active_) {
+        for (StreamEvent& ev : a->pending) out->emplace_back(a->callback, std::move(ev));
+        a->pending.clear();
+    }
+}
+
+bool ServingEngine::serveStep() {
+    bool keep_going;
+    Deliveries deliveries;
+    {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] {
+            return stopping_ || !to_push_.empty() || !to_cancel_.empty() || !active_.empty() ||
+                   machine_->inFlight();
+        });
+        std::vector<uint32_t> refused;  // requests the machine would not queue: they end here
+        for (auto& [id, msg] : to_push_) {
+            Status s = machine_->pushInput(std::move(msg));
+            auto it = active_.find(uint32_t(id));
+            if (s || it == active_.end()) continue;
+            finishRequest(*it->second, FinishReason::Error);
+            it->second->pending.back().error = s.message();
+            refused.push_back(it->first);
+        }
+        to_push_.clear();
+        for (uint64_t id : to_cancel_) {
             for (auto& [tag, a] : active_) {
-                for (StreamEvent& ev : a->pending) deliveries.emplace_back(a->callback, std::move(ev));
-                a->pending.clear();
+                if (a->id == id) finishRequest(*a, FinishReason::Cancelled);
             }
-            keep_going = stopping_ || !active_.empty();
         }
-        for (auto& [cb, ev] : deliveries) {
-            if (cb) cb(ev);
+        to_cancel_.clear();
+        if (stopping_) {
+            for (auto& [tag, a] : active_) finishRequest(*a, FinishReason::Cancelled);
+            machine_->closeInput();
         }
-        Result<bool> progressed = machine_->pump(sink, keep_going);
-        if (!progressed) {
-            deliveries.clear();
-            {
-                std::lock_guard<std::mutex> lock(mutex_);
-                failure_ = progressed.status();
-                for (auto& [tag, a] : active_) finishRequest(*a, FinishReason::Error);
-                for (auto& [tag, a] : active_) {
-                    for (StreamEvent& ev : a->pending) deliveries.emplace_back(a->callback, std::move(ev));
-                }
-                active_.clear();
-            }
-            for (auto& [cb, ev] : deliveries) {
-                if (cb) cb(ev);
-            }
-            return;
-        }
+        takePending(&deliveries);
+        for (uint32_t tag : refused) active_.erase(tag);
+        keep_going = stopping_ || !active_.empty();
+    }
+    for (auto& [cb, ev] : deliveries) {
+        if (cb) cb(ev);
+    }
+    clearVkFailure();
+    Result<bool> progressed = machine_->pump(
+        [this](std::span<const OutputRecord> recs) { handleRecords(recs); }, keep_going);
+    if (!progressed) {
+        failAll(progressed.status());
+        return false;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Counters go on across device rebuilds: the machines before this one are in retired_.
+    const GpuStats& st = machine_->stats();  // the driver is the machine's only user
+    metrics_.submits = retired_.submits + st.submits;
+    metrics_.round_trips = retired_.round_trips + st.round_trips;
+    metrics_.cycles = retired_.cycles + st.cycles;
+    metrics_.resumes = retired_.resumes + st.resumes;
+    if (!progressed.value() && stopping_) health_.state = ServeState::Stopped;
+    return true;
+}
+
+void ServingEngine::driverLoop() {
+    for (;;) {
+        if (!machine_ && !recover()) break;
+        if (!serveStep()) continue;
         std::lock_guard<std::mutex> lock(mutex_);
-        const GpuStats& st = machine_->stats();  // the driver is the machine's only user
-        metrics_.submits = st.submits;
-        metrics_.round_trips = st.round_trips;
-        metrics_.cycles = st.cycles;
-        metrics_.resumes = st.resumes;
-        if (!progressed.value() && stopping_) return;  // input closed, every instance halted
+        if (health_.state == ServeState::Stopped) break;  // input closed, every instance halted
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    health_.state = ServeState::Stopped;
+}
+
+// A chain failed: the machine is gone. Every request not finished ends with the failure, which
+// names the call and what was running; the machine is destroyed (after the GPU drains).
+void ServingEngine::failAll(const Status& failure) {
+    engine_.noteDeviceFailure();  // marks the device lost when it was
+    const GpuStats& st = machine_->stats();
+    Deliveries deliveries;
+    std::string message;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::string running;
+        size_t n_running = 0, n_waiting = 0;
+        for (auto& [tag, a] : active_) {
+            if (a->finished) continue;
+            if (a->started) {
+                running += strFormat("%s%llu (instance %u)", n_running++ ? ", " : "",
+                                     (unsigned long long)a->id, a->instance);
+            } else {
+                ++n_waiting;
+            }
+        }
+        message = failure.message() + " while serving ";
+        message += n_running ? strFormat("request%s %s", n_running > 1 ? "s" : "", running.c_str())
+                             : std::string("no running request");
+        if (n_waiting) message += strFormat(", %zu waiting", n_waiting);
+        message += strFormat(" (after %llu chain submits, at VM cycle %llu)",
+                             (unsigned long long)st.submits, (unsigned long long)st.cycles);
+        for (auto& [tag, a] : active_) {
+            if (a->finished) continue;
+            finishRequest(*a, FinishReason::Error);
+            a->pending.back().error = message;
+            a->pending.back().device_failure = true;
+        }
+        takePending(&deliveries);
+        active_.clear();
+        to_push_.clear();
+        to_cancel_.clear();
+        serving_.assign(options_.instances, 0xFFFFFFFFu);
+        retired_.submits += st.submits;
+        retired_.round_trips += st.round_trips;
+        retired_.cycles += st.cycles;
+        retired_.resumes += st.resumes;
+        health_.state = ServeState::Recovering;
+        health_.failure = message;
+        health_.failed_attempts = 0;
+        health_.attempt_error.clear();
+    }
+    for (auto& [cb, ev] : deliveries) {
+        if (cb) cb(ev);
+    }
+    log(message + "; rebuilding the device");
+    machine_.reset();
+}
+
+// Rebuilds the device, the pipelines and the machine until it works or the engine stops.
+bool ServingEngine::recover() {
+    uint32_t delay_ms = options_.recovery_delay_ms;
+    for (;;) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (stopping_) return false;
+        }
+        Status s = engine_.resetDevice();
+        if (s) {
+            auto m =
+                engine_.createMachine(options_.instances, options_.chain_cycles, 0xFFFFFFFFull);
+            if (m) {
+                std::unique_lock<std::mutex> lock(mutex_);
+                machine_ = std::move(m.value());
+                health_.state = ServeState::Serving;
+                const uint32_t n = ++health_.recoveries;
+                lock.unlock();
+                log(strFormat("the device is rebuilt (recovery %u); serving again", n));
+                return true;
+            }
+            s = m.status();
+        }
+        std::unique_lock<std::mutex> lock(mutex_);
+        const uint32_t attempt = ++health_.failed_attempts;
+        health_.attempt_error = s.message();
+        lock.unlock();
+        log(strFormat("rebuilding the device failed (attempt %u): %s; retrying in %u ms", attempt,
+                      s.message().c_str(), delay_ms));
+        lock.lock();
+        if (wake_.wait_for(lock, std::chrono::milliseconds(delay_ms), [&] { return stopping_; })) {
+            return false;
+        }
+        delay_ms = std::min(delay_ms * 2,
+                            std::max(options_.recovery_delay_max_ms, options_.recovery_delay_ms));
     }
 }
 

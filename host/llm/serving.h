@@ -6,6 +6,13 @@
 //
 // Cancellation (client gone, stop string seen): the host sets the serving instance's flag word
 // to tag + 1; the program checks it after every token and ends the request.
+//
+// Device loss: when a chain fails (VK_ERROR_DEVICE_LOST, out of device memory, any Vulkan
+// failure), every request not yet finished ends with FinishReason::Error and `device_failure`,
+// its message naming the call and what was running; the driver then rebuilds the device, the
+// pipelines and the machine (uploading the weights again from the open model) and serves again.
+// Meanwhile health() says Recovering and submit() refuses with `*unavailable`. A rebuild that
+// fails is retried with a doubling delay, for as long as the engine lives.
 #pragma once
 
 #include <condition_variable>
@@ -35,6 +42,10 @@ struct StreamEvent {
     FinishReason reason = FinishReason::None;
     uint32_t prompt_tokens = 0;
     uint32_t completion_tokens = 0;  // total so far
+    // With FinishReason::Error: what failed and what was running, and whether it was the device
+    // (the engine is rebuilding it: the request may be sent again).
+    std::string error;
+    bool device_failure = false;
 };
 
 // Called on the driver thread; must not block for long. Whatever it refers to must outlive the
@@ -45,6 +56,21 @@ struct ServeOptions {
     uint32_t instances = 4;
     uint32_t max_queue = 0;     // requests waiting for an instance (0: 8 per instance)
     uint32_t chain_cycles = 16; // shorter chains stream tokens sooner
+    // Device rebuilds: the delay after a failed attempt, doubling up to the maximum.
+    uint32_t recovery_delay_ms = 250;
+    uint32_t recovery_delay_max_ms = 30000;
+    // Where device failures and rebuilds are reported, one line each (default: stderr).
+    std::function<void(const std::string&)> log;
+};
+
+enum class ServeState { Serving, Recovering, Stopped };
+
+struct ServeHealth {
+    ServeState state = ServeState::Serving;
+    uint32_t recoveries = 0;       // device rebuilds that succeeded
+    uint32_t failed_attempts = 0;  // rebuild attempts that failed since the last failure
+    std::string failure;           // the last device failure and what was running ("" if none)
+    std::string attempt_error;     // why the last rebuild attempt failed ("" if none)
 };
 
 struct ServeMetrics {
@@ -55,6 +81,7 @@ struct ServeMetrics {
     uint64_t busy_instances = 0;
     uint32_t instances = 0;
     uint64_t submits = 0, round_trips = 0, cycles = 0, resumes = 0;
+    uint64_t recoveries = 0;  // device rebuilds after a failure
 };
 
 class ServingEngine {
@@ -67,32 +94,41 @@ public:
     static Result<std::unique_ptr<ServingEngine>> create(Engine& engine, const ServeOptions& options);
 
     // Queues a request; `stop` strings end it when they appear in the text (the text is cut
-    // before them). Fails when the request is invalid (message names the field) or the queue is
-    // full (`*queue_full` set).
+    // before them). Fails when the request is invalid (message names the field), the queue is
+    // full (`*queue_full` set) or the device is being rebuilt (`*unavailable` set).
     Result<uint64_t> submit(GenerationRequest request, std::vector<std::string> stop,
-                            StreamCallback callback, bool* queue_full = nullptr);
+                            StreamCallback callback, bool* queue_full = nullptr,
+                            bool* unavailable = nullptr);
     // Ends a request early (its callback gets a Cancelled finish). Unknown ids are ignored.
     void cancel(uint64_t id);
 
     ServeMetrics metrics() const;
+    ServeHealth health() const;
     Engine& engine() { return engine_; }
 
 private:
     struct Active;
     ServingEngine(Engine& e, const ServeOptions& o);
+    using Deliveries = std::vector<std::pair<StreamCallback, StreamEvent>>;
     void driverLoop();
+    bool serveStep();  // one pass of the driver; false: a chain failed
     void handleRecords(std::span<const OutputRecord> records);
     void finishRequest(Active& a, FinishReason reason);
+    void takePending(Deliveries* out);
+    void failAll(const Status& failure);
+    bool recover();  // false: stopping
+    void log(const std::string& line) const;
 
     Engine& engine_;
     ServeOptions options_;
-    std::unique_ptr<GpuMachine> machine_;
+    std::unique_ptr<GpuMachine> machine_;  // the driver thread's; null while recovering
     std::thread driver_;
 
     mutable std::mutex mutex_;
     std::condition_variable wake_;
     bool stopping_ = false;
-    Status failure_;  // a Vulkan failure stops serving; later submits get it
+    ServeHealth health_;
+    GpuStats retired_;  // counters of the machines that device failures ended
     uint64_t next_id_ = 1;
     std::deque<std::pair<uint64_t, std::vector<uint32_t>>> to_push_;  // encoded, not yet queued
     std::vector<uint64_t> to_cancel_;

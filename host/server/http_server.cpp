@@ -1,12 +1,16 @@
 // HttpServer (see http_server.h): cpp-httplib routes over the C API.
 #include "host/server/http_server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <random>
@@ -19,8 +23,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long a response may go without bytes before the server writes a keep-alive (an SSE comment,
-// or JSON whitespace before a complete body). Writing is how a closed client shows.
+// How long a stream may go without bytes before the server writes a keep-alive (an SSE comment).
+// Writing is how a closed client shows.
 constexpr auto kKeepAlive = std::chrono::milliseconds(500);
 constexpr int kPollMs = 100;
 
@@ -55,6 +59,67 @@ ApiError apiError(int status, std::string message, std::string type = "invalid_r
     e.param = std::move(param);
     e.code = std::move(code);
     return e;
+}
+
+// How long a client should wait before retrying while the device is rebuilt (seconds).
+constexpr const char* kRetryAfter = "1";
+
+int portOf(const sockaddr_storage& a) {
+    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+    return -1;
+}
+
+// The server's socket of the connection `req` arrived on, found by its local and peer ports (-1:
+// not found). httplib 0.11 does not give handlers their socket; a handler that holds its response
+// until the end watches it to see the client leave.
+int connectionSocket(const httplib::Request& req) {
+    if (req.local_port <= 0 || req.remote_port <= 0) return -1;
+    DIR* dir = opendir("/proc/self/fd");
+    if (!dir) return -1;
+    int found = -1;
+    while (dirent* e = readdir(dir)) {
+        char* end = nullptr;
+        long fd = std::strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+        sockaddr_storage local{}, peer{};
+        socklen_t n = sizeof local;
+        if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &n) != 0 ||
+            portOf(local) != req.local_port) {
+            continue;
+        }
+        n = sizeof peer;
+        if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &n) == 0 &&
+            portOf(peer) == req.remote_port) {
+            found = int(fd);
+            break;
+        }
+    }
+    closedir(dir);
+    return found;
+}
+
+// True when the peer of a connected socket has closed (or the socket failed). Linux reports a
+// peer's close as POLLRDHUP; elsewhere only a reset shows (and /proc/self/fd is missing anyway).
+bool peerClosed(int fd) {
+#ifdef POLLRDHUP
+    constexpr short kClosed = POLLRDHUP;
+#else
+    constexpr short kClosed = 0;
+#endif
+    pollfd p{fd, kClosed, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (kClosed | POLLHUP | POLLERR | POLLNVAL));
+}
+
+// The error of a request that ended with BLUEVM_FINISH_ERROR: 503 when the device failed (the
+// engine is rebuilding it; the request may be sent again), else 500.
+ApiError finishError(const bluevm_event& ev, const char* message) {
+    if (ev.error == BLUEVM_ERR_DEVICE_LOST) {
+        return apiError(503, std::string(message) + "; the device is being rebuilt, retry later",
+                        "server_error", "", "device_lost");
+    }
+    return apiError(500, std::string("the engine failed while generating: ") + message,
+                    "server_error");
 }
 
 // One accepted generation: its id in the engine and what its response has sent so far.
@@ -99,13 +164,13 @@ struct HttpServer::Impl {
     void routes();
     void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
     bool pump(Generation& g, httplib::DataSink& sink);
+    void answerWhole(Generation& g, const httplib::Request& req, httplib::Response& res);
+    void health(httplib::Response& res);
     std::string metricsText();
 };
 
 void HttpServer::Impl::routes() {
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-        res.set_content("{\"status\":\"ok\"}", "application/json");
-    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
         nlohmann::json data = nlohmann::json::array();
         data.push_back({{"id", options.model_names.front()},
@@ -217,6 +282,10 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
                 return sendError(res, apiError(400, bluevm_last_error()));
             case BLUEVM_ERR_SHUTDOWN:
                 return sendError(res, apiError(503, bluevm_last_error(), "server_error"));
+            case BLUEVM_ERR_DEVICE_LOST:
+                res.set_header("Retry-After", kRetryAfter);
+                return sendError(
+                    res, apiError(503, bluevm_last_error(), "server_error", "", "recovering"));
             default:
                 return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
         }
@@ -229,19 +298,72 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
     g->stream = ar.stream;
     g->include_usage = ar.include_usage;
     if (ar.echo && !ar.has_prompt_ids) g->text = ar.prompt;
-    if (g->stream) {
-        res.set_header("Cache-Control", "no-cache");
-        res.set_header("X-Accel-Buffering", "no");
-    }
+    if (!g->stream) return answerWhole(*g, req, res);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
-        g->stream ? "text/event-stream" : "application/json",
+        "text/event-stream",
         // The provider owns the Generation: when httplib drops it (done, or the client gone),
         // the destructor cancels the request if it still runs and releases it.
         [this, g](size_t, httplib::DataSink& sink) { return pump(*g, sink); });
 }
 
-// One step of a response: waits briefly for new text and writes it. Returns false when the
-// client is gone (the request is then cancelled) or the server is stopping.
+void HttpServer::Impl::health(httplib::Response& res) {
+    bluevm_health h;
+    if (bluevm_engine_health(engine, &h) != BLUEVM_OK) {
+        return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
+    }
+    nlohmann::json j = {{"status", h.state == BLUEVM_ENGINE_SERVING      ? "ok"
+                                   : h.state == BLUEVM_ENGINE_RECOVERING ? "recovering"
+                                                                         : "stopped"},
+                        {"recoveries", h.recoveries}};
+    if (h.failure[0]) j["last_failure"] = h.failure;
+    if (h.state == BLUEVM_ENGINE_RECOVERING) {
+        j["failed_attempts"] = h.failed_attempts;
+        if (h.attempt_error[0]) j["attempt_error"] = h.attempt_error;
+        res.status = 503;
+        res.set_header("Retry-After", kRetryAfter);
+    } else if (h.state == BLUEVM_ENGINE_STOPPED) {
+        res.status = 503;
+    }
+    res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "application/json");
+}
+
+// A non-streamed response: held until the request ends, so that its status can still say how it
+// ended (503 when the device failed). The client leaving cancels the request.
+void HttpServer::Impl::answerWhole(Generation& g, const httplib::Request& req,
+                                   httplib::Response& res) {
+    const int socket = connectionSocket(req);
+    for (;;) {
+        if (stopping) {
+            return sendError(res, apiError(503, "the server is stopping", "server_error"));
+        }
+        if (socket >= 0 && peerClosed(socket)) return;  // ~Generation cancels the request
+        bluevm_event ev;
+        bluevm_status st = bluevm_poll(engine, g.id, kPollMs, &ev);
+        if (st == BLUEVM_ERR_TIMEOUT) continue;
+        if (st != BLUEVM_OK) {
+            return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
+        }
+        g.text.append(ev.text, ev.text_len);
+        if (!ev.finished) continue;
+        g.finished = true;
+        if (ev.reason == BLUEVM_FINISH_ERROR) {
+            ApiError e = finishError(ev, bluevm_last_error());
+            if (e.status == 503) res.set_header("Retry-After", kRetryAfter);
+            return sendError(res, e);
+        }
+        Usage usage{ev.prompt_tokens, ev.completion_tokens};
+        res.set_content(responseBody(g.endpoint, g.response_id, g.created, g.model, g.text,
+                                     finishName(ev.reason), usage),
+                        "application/json");
+        return;
+    }
+}
+
+// One step of a streamed response: waits briefly for new text and writes it. Returns false when
+// the client is gone (the request is then cancelled) or the server is stopping.
 bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
     if (stopping) return false;
     auto write = [&](const std::string& s) {
@@ -263,36 +385,29 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
     bluevm_status st = bluevm_poll(engine, g.id, kPollMs, &ev);
     if (st == BLUEVM_ERR_TIMEOUT) {
         if (Clock::now() - g.last_write < kKeepAlive) return true;
-        return write(g.stream ? ": keep-alive\n\n" : " ");
+        return write(": keep-alive\n\n");
     }
     if (st != BLUEVM_OK) return false;
     std::string piece(ev.text, ev.text_len);
-    if (g.stream) {
-        if (!piece.empty() &&
-            !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, piece, ""))) {
-            return false;
-        }
-    } else {
-        g.text += piece;
+    if (!piece.empty() &&
+        !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, piece, ""))) {
+        return false;
     }
     if (!ev.finished) return true;
     g.finished = true;
     Usage usage{ev.prompt_tokens, ev.completion_tokens};
     if (ev.reason == BLUEVM_FINISH_ERROR) {
-        ApiError e = apiError(500, "the engine failed while generating; see the server's log", "server_error");
-        bool ok = write(g.stream ? "data: " + errorBody(e) + "\n\n" : errorBody(e));
+        // The status line went out with the first byte: the error is the stream's last event.
+        bool ok = write("data: " + errorBody(finishError(ev, bluevm_last_error())) + "\n\n");
         sink.done();
         return ok;
     }
-    const std::string finish = finishName(ev.reason);
-    bool ok;
-    if (g.stream) {
-        ok = write(streamChunk(g.endpoint, g.response_id, g.created, g.model, "", finish));
-        if (ok && g.include_usage) ok = write(usageChunk(g.endpoint, g.response_id, g.created, g.model, usage));
-        if (ok) ok = write(kStreamDone);
-    } else {
-        ok = write(responseBody(g.endpoint, g.response_id, g.created, g.model, g.text, finish, usage));
+    bool ok = write(
+        streamChunk(g.endpoint, g.response_id, g.created, g.model, "", finishName(ev.reason)));
+    if (ok && g.include_usage) {
+        ok = write(usageChunk(g.endpoint, g.response_id, g.created, g.model, usage));
     }
+    if (ok) ok = write(kStreamDone);
     if (ok) sink.done();
     return ok;
 }
@@ -320,6 +435,13 @@ std::string HttpServer::Impl::metricsText() {
     metric("bluevm_host_round_trips_total", "counter", "Host waits that decided what the GPU runs next (0 by design).", double(m.round_trips));
     metric("bluevm_vm_cycles_total", "counter", "VM cycles run.", double(m.cycles));
     metric("bluevm_gpu_resumes_total", "counter", "Submits that restarted the GPU after it idled with no request.", double(m.resumes));
+    metric("bluevm_device_recoveries_total", "counter",
+           "Device rebuilds after a lost device or exhausted device memory.", double(m.recoveries));
+    bluevm_health h;
+    const bool recovering =
+        bluevm_engine_health(engine, &h) == BLUEVM_OK && h.state == BLUEVM_ENGINE_RECOVERING;
+    metric("bluevm_device_recovering", "gauge",
+           "1 while the device is being rebuilt (requests get 503).", recovering ? 1.0 : 0.0);
     out += "# HELP bluevm_http_requests_total HTTP requests answered, by path and status.\n"
            "# TYPE bluevm_http_requests_total counter\n";
     std::lock_guard<std::mutex> lock(counts_mutex);

@@ -6,6 +6,13 @@
 //
 // A client that disconnects cancels its request, which frees its instance. Bad requests get 400
 // with an OpenAI error body naming the field; an unknown model 404; a full queue 429.
+//
+// Device loss (or exhausted device memory): the requests in flight get 503 (code "device_lost",
+// the message naming the Vulkan call and what was running; a stream gets it as its last event)
+// while the engine rebuilds the device, the machine and the weights. Meanwhile /health answers
+// 503 {"status": "recovering", ...} and new requests 503 with Retry-After (code "recovering");
+// then /health is 200 {"status": "ok", "recoveries": N, "last_failure": "..."} again.
+// A non-streamed response is held until its request ends, so its status says how it ended.
 #pragma once
 
 #include <memory>
