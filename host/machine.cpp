@@ -30,9 +30,10 @@ GpuMachine::Impl::~Impl() {
 }
 
 Status GpuMachine::Impl::allocate() {
-    Result<Buffer> c = createBuffer(dev, layout.control_words * 4,
-                                    VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT,
-                                    MemKind::DEVICE, "the control buffer");
+    Result<Buffer> c =
+        createBuffer(dev, layout.control_words * 4,
+                     VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT,
+                     MemKind::DEVICE, "the control buffer");
     if (!c) return c.status();
     control = c.value();
     Result<Buffer> i = createBuffer(dev, layout.io_words * 4, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
@@ -43,10 +44,10 @@ Status GpuMachine::Impl::allocate() {
     std::memset(io.mapped, 0, layout.io_words * 4);
     for (size_t p = 0; p < pages.page_bytes.size(); ++p) {
         std::string what = strFormat("tensor page %zu", p);
-        Result<Buffer> b = createBuffer(dev, pages.page_bytes[p],
-                                        VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
-                                            VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT,
-                                        MemKind::DEVICE, what.c_str());
+        Result<Buffer> b = createBuffer(
+            dev, pages.page_bytes[p],
+            VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT,
+            MemKind::DEVICE, what.c_str());
         if (!b) return b.status();
         page_buffers.push_back(b.value());
         VkBufferViewCreateInfo vi{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
@@ -54,7 +55,7 @@ Status GpuMachine::Impl::allocate() {
         vi.format = VK_FORMAT_R32G32B32A32_UINT;
         vi.range = b->size / 16 * 16;
         VkBufferView view;
-        BLUE_VK_TRY(vkCreateBufferView(dev.device(), &vi, nullptr, &view));
+        BLUE_VK_TRY_ON(dev, vkCreateBufferView(dev.device(), &vi, nullptr, &view));
         page_views.push_back(view);
     }
     return Status::ok();
@@ -148,13 +149,13 @@ Status GpuMachine::Impl::createDescriptors() {
     pi.maxSets = 1;
     pi.poolSizeCount = 1;
     pi.pPoolSizes = &size;
-    BLUE_VK_TRY(vkCreateDescriptorPool(dev.device(), &pi, nullptr, &pool));
+    BLUE_VK_TRY_ON(dev, vkCreateDescriptorPool(dev.device(), &pi, nullptr, &pool));
     VkDescriptorSetLayout sl = pipelines.setLayout();
     VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
     ai.descriptorPool = pool;
     ai.descriptorSetCount = 1;
     ai.pSetLayouts = &sl;
-    BLUE_VK_TRY(vkAllocateDescriptorSets(dev.device(), &ai, &set));
+    BLUE_VK_TRY_ON(dev, vkAllocateDescriptorSets(dev.device(), &ai, &set));
     VkDescriptorBufferInfo ctl_info{control.buffer, 0, VK_WHOLE_SIZE};
     VkDescriptorBufferInfo io_info{io.buffer, 0, VK_WHOLE_SIZE};
     std::vector<VkDescriptorBufferInfo> page_info(BLUE_MAX_PAGES);
@@ -189,14 +190,14 @@ Status GpuMachine::Impl::createOperandSets() {
     pi.maxSets = n;
     pi.poolSizeCount = 1;
     pi.pPoolSizes = &size;
-    BLUE_VK_TRY(vkCreateDescriptorPool(dev.device(), &pi, nullptr, &operand_pool));
+    BLUE_VK_TRY_ON(dev, vkCreateDescriptorPool(dev.device(), &pi, nullptr, &operand_pool));
     std::vector<VkDescriptorSetLayout> layouts(n, pipelines.operandLayout());
     std::vector<VkDescriptorSet> sets(n);
     VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
     ai.descriptorPool = operand_pool;
     ai.descriptorSetCount = n;
     ai.pSetLayouts = layouts.data();
-    BLUE_VK_TRY(vkAllocateDescriptorSets(dev.device(), &ai, sets.data()));
+    BLUE_VK_TRY_ON(dev, vkAllocateDescriptorSets(dev.device(), &ai, sets.data()));
     uint32_t k = 0;
     for (auto& [pages_of, s] : unique) {
         s = sets[k++];
@@ -283,9 +284,10 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     if (options.chains == 0 || options.chains > BLUE_MAX_CHAINS || options.chain_cycles == 0) {
         return BLUE_ERROR("chains must be 1..%u and chain cycles at least 1", BLUE_MAX_CHAINS);
     }
+    if (dev.lost()) return Status::error("the device was lost earlier (" + dev.lostReason() + ")");
     auto impl = std::make_unique<Impl>(dev, pipelines, m, options);
-    uint64_t page_limit = std::min<uint64_t>({dev.maxPageBytes(), dev.maxAllocationBytes(),
-                                              0xFFFFFF00ull});
+    uint64_t page_limit =
+        std::min<uint64_t>({dev.maxPageBytes(), dev.maxAllocationBytes(), 0xFFFFFF00ull});
     Result<PagePlan> pages = planPages(m, options.instances, page_limit);
     if (!pages) return pages.status();
     impl->pages = std::move(pages.value());
@@ -312,7 +314,8 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
 
 Status GpuMachine::pushInput(std::vector<uint32_t> message) {
     const Layout& l = impl_->m.layout;
-    if (l.in_slots == 0) return Status::error("this program reads no input (its layout has in_slots=0)");
+    if (l.in_slots == 0)
+        return Status::error("this program reads no input (its layout has in_slots=0)");
     if (message.size() + 1 > l.in_slot_words) {
         return BLUE_ERROR("input message of %zu words is longer than an input slot (%u words)",
                           message.size(), l.in_slot_words - 1);
@@ -321,7 +324,9 @@ Status GpuMachine::pushInput(std::vector<uint32_t> message) {
     return Status::ok();
 }
 
-void GpuMachine::closeInput() { impl_->input_closed = true; }
+void GpuMachine::closeInput() {
+    impl_->input_closed = true;
+}
 
 Status GpuMachine::Impl::submit(GpuStats* stats) {
     VkDevice d = dev.device();
@@ -337,11 +342,11 @@ Status GpuMachine::Impl::submit(GpuStats* stats) {
         ++stats->chain_rerecords;
     }
     publishInput(c);
-    BLUE_VK_TRY(vkResetFences(d, 1, &fences[c]));
+    BLUE_VK_TRY_ON(dev, vkResetFences(d, 1, &fences[c]));
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
     si.commandBufferCount = 1;
     si.pCommandBuffers = &chains[c];
-    BLUE_VK_TRY(vkQueueSubmit(dev.queue(), 1, &si, fences[c]));
+    BLUE_VK_TRY_ON(dev, vkQueueSubmit(dev.queue(), 1, &si, fences[c]));
     inflight.push_back(c);
     next_chain = (c + 1) % uint32_t(chains.size());
     ++stats->submits;
@@ -353,13 +358,22 @@ Status GpuMachine::Impl::submit(GpuStats* stats) {
 Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport* report) {
     Impl& im = *impl_;
     if (!keep_going) im.paused = true;
+    if (im.dev.lost())
+        return Status::error("the device was lost earlier (" + im.dev.lostReason() + ")");
     while (keep_going && !im.gpu_done && im.inflight.size() < im.chains.size()) {
-        BLUE_TRY(im.submit(&stats_));
+        const uint32_t c = im.next_chain;
+        if (Status s = im.submit(&stats_); !s)
+            return Status::error(s.message() + strFormat(" in chain %u", c));
     }
     if (im.inflight.empty()) return false;
     uint32_t c = im.inflight.front();
     im.inflight.pop_front();
-    BLUE_VK_TRY(vkWaitForFences(im.dev.device(), 1, &im.fences[c], VK_TRUE, UINT64_MAX));
+    auto wait = [&]() -> Status {
+        BLUE_VK_TRY_ON(im.dev,
+                       vkWaitForFences(im.dev.device(), 1, &im.fences[c], VK_TRUE, UINT64_MAX));
+        return Status::ok();
+    };
+    if (Status s = wait(); !s) return Status::error(s.message() + strFormat(" in chain %u", c));
     ++stats_.host_waits;
     BLUE_TRY(im.collectProfile(c));
     BLUE_TRY(im.timeChain(c, &stats_));
@@ -369,12 +383,18 @@ Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport
     stats_.block_runs = snap[BLUE_C_BLOCK_RUNS - BLUE_C_CYCLE];
     uint32_t live = snap[BLUE_C_LIVE - BLUE_C_CYCLE];
     im.gpu_done = live == 0 || snap[0] >= im.layout.at(BLUE_H_MAX_CYCLES);
-    stats_.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - im.started).count();
+    stats_.wall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - im.started)
+            .count();
     return true;
 }
 
-bool GpuMachine::gpuDone() const { return impl_->gpu_done; }
-bool GpuMachine::inFlight() const { return !impl_->inflight.empty(); }
+bool GpuMachine::gpuDone() const {
+    return impl_->gpu_done;
+}
+bool GpuMachine::inFlight() const {
+    return !impl_->inflight.empty();
+}
 
 void GpuMachine::setFlag(uint32_t index, uint32_t value) {
     if (index >= impl_->opt.instances) return;
@@ -382,7 +402,9 @@ void GpuMachine::setFlag(uint32_t index, uint32_t value) {
     impl_->ioWords()[impl_->layout.at(BLUE_H_IO_FLAGS) + index] = value;
 }
 
-size_t GpuMachine::pendingInput() const { return impl_->pending.size(); }
+size_t GpuMachine::pendingInput() const {
+    return impl_->pending.size();
+}
 
 Result<RunReport> GpuMachine::run(const OutputSink& sink, bool keep_output) {
     RunReport report;
@@ -417,8 +439,8 @@ Status GpuMachine::readTensor(uint32_t index, std::vector<uint8_t>* out) {
                           t.name.c_str());
     }
     std::vector<uint8_t> raw(p.bytes);
-    Status s = downloadFromBuffer(impl_->dev, impl_->page_buffers[p.page], p.offset, raw.data(),
-                                  p.bytes);
+    Status s =
+        downloadFromBuffer(impl_->dev, impl_->page_buffers[p.page], p.offset, raw.data(), p.bytes);
     if (!s.isOk()) return s;
     // Slices are padded to whole texels on the GPU; hand back the reference machine's packing.
     const uint64_t natural = tensorSliceBytes(t), count = p.slice ? p.bytes / p.slice : 0;
@@ -437,12 +459,15 @@ std::string formatProfile(const GpuStats& stats) {
         rows.push_back(k);
         total += k.ms;
     }
-    std::sort(rows.begin(), rows.end(), [](const KernelTime& a, const KernelTime& b) { return a.ms > b.ms; });
-    std::string out = strFormat("%-16s %10s %10s %12s %7s\n", "kernel", "dispatches", "total ms", "us/dispatch", "share");
+    std::sort(rows.begin(), rows.end(),
+              [](const KernelTime& a, const KernelTime& b) { return a.ms > b.ms; });
+    std::string out = strFormat("%-16s %10s %10s %12s %7s\n", "kernel", "dispatches", "total ms",
+                                "us/dispatch", "share");
     for (const KernelTime& k : rows) {
-        out += strFormat("%-16s %10llu %10.2f %12.2f %6.1f%%\n", k.name.c_str(),
-                         (unsigned long long)k.dispatches, k.ms, 1000.0 * k.ms / double(k.dispatches),
-                         total > 0 ? 100.0 * k.ms / total : 0.0);
+        out +=
+            strFormat("%-16s %10llu %10.2f %12.2f %6.1f%%\n", k.name.c_str(),
+                      (unsigned long long)k.dispatches, k.ms, 1000.0 * k.ms / double(k.dispatches),
+                      total > 0 ? 100.0 * k.ms / total : 0.0);
     }
     out += strFormat("%-16s %10s %10.2f\n", "total", "", total);
     return out;

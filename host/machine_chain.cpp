@@ -108,7 +108,7 @@ Status GpuMachine::Impl::createChains() {
     VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
     pi.queueFamilyIndex = dev.queueFamily();
     pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;  // chains are re-recorded
-    BLUE_VK_TRY(vkCreateCommandPool(d, &pi, nullptr, &cmd_pool));
+    BLUE_VK_TRY_ON(dev, vkCreateCommandPool(d, &pi, nullptr, &cmd_pool));
     const uint32_t n = opt.chains;
     chains.resize(n);
     chain_len.assign(n, 0);
@@ -120,12 +120,12 @@ Status GpuMachine::Impl::createChains() {
         VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
         qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
         qi.queryCount = 2 * n;
-        BLUE_VK_TRY(vkCreateQueryPool(d, &qi, nullptr, &timing));
+        BLUE_VK_TRY_ON(dev, vkCreateQueryPool(d, &qi, nullptr, &timing));
         if (opt.profile) {
             queries_per_chain = 1 + opt.chain_cycles * uint32_t(2 + dispatches.size());
             query_kernel.assign(queries_per_chain, 0);
             qi.queryCount = queries_per_chain * n;
-            BLUE_VK_TRY(vkCreateQueryPool(d, &qi, nullptr, &queries));
+            BLUE_VK_TRY_ON(dev, vkCreateQueryPool(d, &qi, nullptr, &queries));
         }
     } else if (opt.profile) {
         return Status::error("--profile needs GPU timestamps, which this device's queue lacks");
@@ -134,12 +134,12 @@ Status GpuMachine::Impl::createChains() {
     ai.commandPool = cmd_pool;
     ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     ai.commandBufferCount = n;
-    BLUE_VK_TRY(vkAllocateCommandBuffers(d, &ai, chains.data()));
+    BLUE_VK_TRY_ON(dev, vkAllocateCommandBuffers(d, &ai, chains.data()));
     for (uint32_t c = 0; c < n; ++c) {
         BLUE_TRY(recordChain(c));
         VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
         VkFence f;
-        BLUE_VK_TRY(vkCreateFence(d, &fi, nullptr, &f));
+        BLUE_VK_TRY_ON(dev, vkCreateFence(d, &fi, nullptr, &f));
         fences.push_back(f);
     }
     return Status::ok();
@@ -211,12 +211,12 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
 
     VkCommandBuffer cb = chains[c];
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-    BLUE_VK_TRY(vkBeginCommandBuffer(cb, &bi));
+    BLUE_VK_TRY_ON(dev, vkBeginCommandBuffer(cb, &bi));
     if (timing) vkCmdResetQueryPool(cb, timing, 2 * c, 2);
     if (queries) vkCmdResetQueryPool(cb, queries, qbase, queries_per_chain);
     ChainWriter rec{cb, sync, pipelines.layout()};
     chain_dispatches[c] = body(rec);
-    BLUE_VK_TRY(vkEndCommandBuffer(cb));
+    BLUE_VK_TRY_ON(dev, vkEndCommandBuffer(cb));
     chain_len[c] = cycles;
     queries_used[c] = q;
     return Status::ok();
@@ -226,9 +226,9 @@ Status GpuMachine::Impl::collectProfile(uint32_t chain) {
     if (!queries || queries_used[chain] == 0) return Status::ok();
     const uint32_t used = queries_used[chain];
     std::vector<uint64_t> ts(used);
-    BLUE_VK_TRY(vkGetQueryPoolResults(dev.device(), queries, chain * queries_per_chain, used,
-                                      ts.size() * 8, ts.data(), 8,
-                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT));
+    BLUE_VK_TRY_ON(dev, vkGetQueryPoolResults(dev.device(), queries, chain * queries_per_chain,
+                                              used, ts.size() * 8, ts.data(), 8,
+                                              VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT));
     for (uint32_t q = 1; q < used; ++q) {
         KernelTime& k = profile[query_kernel[q]];
         k.ms += double((ts[q] - ts[q - 1]) & timestamp_mask) * timestamp_ms;
@@ -240,8 +240,8 @@ Status GpuMachine::Impl::collectProfile(uint32_t chain) {
 Status GpuMachine::Impl::timeChain(uint32_t c, GpuStats* stats) {
     if (!timing) return Status::ok();
     uint64_t ts[2];
-    BLUE_VK_TRY(vkGetQueryPoolResults(dev.device(), timing, 2 * c, 2, sizeof ts, ts, 8,
-                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT));
+    BLUE_VK_TRY_ON(dev, vkGetQueryPoolResults(dev.device(), timing, 2 * c, 2, sizeof ts, ts, 8,
+                                              VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT));
     const double ms = double((ts[1] - ts[0]) & timestamp_mask) * timestamp_ms;
     stats->submit_ms_max = std::max(stats->submit_ms_max, ms);
     stats->submit_ms_total += ms;

@@ -362,7 +362,10 @@ TEST_CASE(
         uint32_t recoveries = 0;
         size_t failed_requests = 0, points = 0;
         std::set<std::string> sites;
-        for (uint64_t k : spread(window, 16)) {
+        // The calls a pair of requests takes vary with timing (idle pumps), so points past the
+        // end of a shorter run do not fire: stride over the window until 16 have fired.
+        for (uint64_t k : spread(window, 32)) {
+            if (points >= 16) break;
             CAPTURE(k);
             const uint64_t hits = faultHits();
             faultInject({VK_ERROR_DEVICE_LOST, k});
@@ -618,7 +621,7 @@ TEST_CASE(
     CHECK(std::regex_search(
         gen.err_text,
         std::regex("bluevm: device lost \\(VK_ERROR_DEVICE_LOST from vkWaitForFences "
-                   "at host/machine\\.cpp:[0-9]+\\) while generating request 0 \\(")));
+                   "at host/machine\\.cpp:[0-9]+\\)( in chain [0-9]+)? while generating request 0 \\(")));
 
     FaultyChild srv("device_lost@vkWaitForFences:1",
                     {binary("host/bluevm"), "serve", "--model", stories(), "--port", "0",
