@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "host/device_needs.h"
+#include "host/device_profile.h"
 #include "host/vk_check.h"
 
 namespace blue {
@@ -100,8 +102,9 @@ Result<VkInstance> createInstance(bool validation, const ValidationChecks& check
     VkInstance instance = VK_NULL_HANDLE;
     VkResult r = vkCreateInstance(&ci, nullptr, &instance);
     if (r == VK_ERROR_INCOMPATIBLE_DRIVER) {
-        return Status::error("no Vulkan driver found; install one, e.g. `apt-get install "
-                             "mesa-vulkan-drivers` for the CPU driver lavapipe");
+        return Status::error(
+            "no Vulkan driver found; install one, e.g. `apt-get install "
+            "mesa-vulkan-drivers` for the CPU driver lavapipe");
     }
     BLUE_VK_TRY(r);
     volkLoadInstance(instance);
@@ -110,28 +113,76 @@ Result<VkInstance> createInstance(bool validation, const ValidationChecks& check
 
 const char* typeName(VkPhysicalDeviceType t) {
     switch (t) {
-        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete GPU";
-        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated GPU";
-        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual GPU";
-        case VK_PHYSICAL_DEVICE_TYPE_CPU: return "CPU";
-        default: return "other";
+        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+            return "discrete GPU";
+        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+            return "integrated GPU";
+        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+            return "virtual GPU";
+        case VK_PHYSICAL_DEVICE_TYPE_CPU:
+            return "CPU";
+        default:
+            return "other";
     }
 }
 
 int typeRank(VkPhysicalDeviceType t) {
     switch (t) {
-        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
-        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
-        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
-        case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
-        default: return 4;
+        case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+            return 0;
+        case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+            return 1;
+        case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+            return 2;
+        case VK_PHYSICAL_DEVICE_TYPE_CPU:
+            return 3;
+        default:
+            return 4;
     }
 }
 
-DeviceInfo describe(VkPhysicalDevice pd, uint32_t index) {
+void readLimits(const VkPhysicalDeviceLimits& l, DeviceInfo& info) {
+    info.max_storage_buffer_range = l.maxStorageBufferRange;
+    info.max_texel_buffer_elements = l.maxTexelBufferElements;
+    for (int i = 0; i < 3; ++i) {
+        info.max_workgroup_count[i] = l.maxComputeWorkGroupCount[i];
+        info.max_workgroup_size[i] = l.maxComputeWorkGroupSize[i];
+    }
+    info.max_workgroup_invocations = l.maxComputeWorkGroupInvocations;
+    info.max_shared_memory = l.maxComputeSharedMemorySize;
+    info.min_storage_offset_alignment = uint32_t(l.minStorageBufferOffsetAlignment);
+    info.max_stage_storage_buffers = l.maxPerStageDescriptorStorageBuffers;
+    info.max_stage_storage_images = l.maxPerStageDescriptorStorageImages;
+    info.max_stage_resources = l.maxPerStageResources;
+    info.max_set_storage_buffers = l.maxDescriptorSetStorageBuffers;
+    info.max_set_storage_images = l.maxDescriptorSetStorageImages;
+    info.max_bound_sets = l.maxBoundDescriptorSets;
+    info.max_push_constants = l.maxPushConstantsSize;
+}
+
+void readMemory(const VkPhysicalDeviceMemoryProperties& mem, DeviceInfo& info) {
+    for (uint32_t h = 0; h < mem.memoryHeapCount; ++h) {
+        if (mem.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) {
+            info.device_local_bytes += mem.memoryHeaps[h].size;
+        }
+    }
+    for (uint32_t t = 0; t < mem.memoryTypeCount; ++t) {
+        VkMemoryPropertyFlags fl = mem.memoryTypes[t].propertyFlags;
+        if ((fl & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) &&
+            (fl & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+            mem.memoryHeaps[mem.memoryTypes[t].heapIndex].size >= info.device_local_bytes / 2) {
+            info.unified_memory = true;
+        }
+    }
+}
+
+// The real device's limits and features, before any profile.
+DeviceInfo readDevice(VkPhysicalDevice pd, uint32_t index) {
     VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
-    VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, &driver};
-    VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, &m3};
+    VkPhysicalDeviceMaintenance3Properties m3{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, &driver};
+    VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
+                                           &m3};
     VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &sub};
     vkGetPhysicalDeviceProperties2(pd, &p2);
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
@@ -146,45 +197,32 @@ DeviceInfo describe(VkPhysicalDevice pd, uint32_t index) {
     info.name = p.deviceName;
     info.type = typeName(p.deviceType);
     info.driver = std::string(driver.driverName) + " " + driver.driverInfo;
+    info.api_version = p.apiVersion;
     info.api = strFormat("%u.%u.%u", VK_API_VERSION_MAJOR(p.apiVersion),
                          VK_API_VERSION_MINOR(p.apiVersion), VK_API_VERSION_PATCH(p.apiVersion));
-    info.max_storage_buffer_range = p.limits.maxStorageBufferRange;
-    info.max_texel_buffer_elements = p.limits.maxTexelBufferElements;
+    readLimits(p.limits, info);
     info.max_allocation = m3.maxMemoryAllocationSize;
-    for (int i = 0; i < 3; ++i) info.max_workgroup_count[i] = p.limits.maxComputeWorkGroupCount[i];
-    info.max_workgroup_invocations = p.limits.maxComputeWorkGroupInvocations;
     info.subgroup_size = sub.subgroupSize;
-    info.min_storage_offset_alignment = uint32_t(p.limits.minStorageBufferOffsetAlignment);
-    for (uint32_t h = 0; h < mem.memoryHeapCount; ++h) {
-        if (mem.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) {
-            info.device_local_bytes += mem.memoryHeaps[h].size;
-        }
-    }
-    for (uint32_t t = 0; t < mem.memoryTypeCount; ++t) {
-        VkMemoryPropertyFlags fl = mem.memoryTypes[t].propertyFlags;
-        if ((fl & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && (fl & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
-            mem.memoryHeaps[mem.memoryTypes[t].heapIndex].size >= info.device_local_bytes / 2) {
-            info.unified_memory = true;
-        }
-    }
-    bool ballot = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                  (sub.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
-    bool api12 = p.apiVersion >= VK_API_VERSION_1_2;
-    info.features = {
-        {"vulkan 1.2", api12},
-        {"storage buffer array dynamic indexing", f2.features.shaderStorageBufferArrayDynamicIndexing != 0},
-        {"subgroup ballot (compute)", ballot},
-        {"storage buffer array non-uniform indexing", f12.shaderStorageBufferArrayNonUniformIndexing != 0},
-        {"timeline semaphores", f12.timelineSemaphore != 0},
-        {"shader int64", f2.features.shaderInt64 != 0},
-        {"shader float16", f12.shaderFloat16 != 0},
-        {"8-bit storage", f12.storageBuffer8BitAccess != 0},
-    };
-    for (size_t i = 0; i < 3; ++i) {
-        if (!info.features[i].second) {
-            info.missing += (info.missing.empty() ? "" : ", ") + info.features[i].first;
-        }
-    }
+    readMemory(mem, info);
+    info.subgroup_ballot = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                           (sub.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
+    info.dynamic_indexing = f2.features.shaderStorageBufferArrayDynamicIndexing != 0;
+    info.nonuniform_indexing = f12.shaderStorageBufferArrayNonUniformIndexing != 0;
+    info.timeline = f12.timelineSemaphore != 0;
+    info.int64 = f2.features.shaderInt64 != 0;
+    info.float16 = f12.shaderFloat16 != 0;
+    info.int8 = f12.shaderInt8 != 0;
+    info.storage8 = f12.storageBuffer8BitAccess != 0;
+    return info;
+}
+
+// What BlueVM believes about a device: the real one lowered to the profile (if any), with its
+// features described and its unmet needs listed.
+DeviceInfo describe(VkPhysicalDevice pd, uint32_t index, const DeviceProfile& profile) {
+    DeviceInfo info = readDevice(pd, index);
+    if (!profile.name.empty()) applyDeviceProfile(profile, info);
+    info.features = describeFeatures(info);
+    info.missing = unmetNeeds(info);
     return info;
 }
 
@@ -198,35 +236,46 @@ std::vector<VkPhysicalDevice> physicalDevices(VkInstance instance) {
 
 bool containsIgnoringCase(const std::string& hay, const std::string& needle) {
     auto it = std::search(hay.begin(), hay.end(), needle.begin(), needle.end(), [](char a, char b) {
-        return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+        return std::tolower(static_cast<unsigned char>(a)) ==
+               std::tolower(static_cast<unsigned char>(b));
     });
     return it != hay.end();
+}
+
+// "llvmpipe (...)", or "llvmpipe (...) emulating mali-g610-panvk".
+std::string deviceLabel(const DeviceInfo& d) {
+    return d.profile.empty() ? d.name : d.name + " emulating " + d.profile;
 }
 
 // Picks a device by the selection string or by type preference.
 Result<uint32_t> pickDevice(const std::vector<DeviceInfo>& infos,
                             const std::vector<VkPhysicalDeviceType>& types, std::string select) {
     if (infos.empty()) {
-        return Status::error("no Vulkan device found; install a driver, e.g. `apt-get install "
-                             "mesa-vulkan-drivers` for the CPU driver lavapipe");
+        return Status::error(
+            "no Vulkan device found; install a driver, e.g. `apt-get install "
+            "mesa-vulkan-drivers` for the CPU driver lavapipe");
     }
     if (select.empty()) {
         if (const char* env = std::getenv("BLUE_DEVICE")) select = env;
     }
     if (!select.empty()) {
-        bool numeric = std::all_of(select.begin(), select.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+        bool numeric = std::all_of(select.begin(), select.end(), [](char c) {
+            return std::isdigit(static_cast<unsigned char>(c));
+        });
         for (const DeviceInfo& d : infos) {
-            bool match = numeric ? std::to_string(d.index) == select : containsIgnoringCase(d.name, select);
+            bool match =
+                numeric ? std::to_string(d.index) == select : containsIgnoringCase(d.name, select);
             if (!match) continue;
             if (!d.missing.empty()) {
                 return BLUE_ERROR("device %u (%s) lacks what BlueVM needs: %s", d.index,
-                                  d.name.c_str(), d.missing.c_str());
+                                  deviceLabel(d).c_str(), d.missing.c_str());
             }
             return d.index;
         }
         std::string names;
         for (const DeviceInfo& d : infos) names += strFormat("\n  %u: %s", d.index, d.name.c_str());
-        return BLUE_ERROR("no Vulkan device matches '%s'; devices:%s", select.c_str(), names.c_str());
+        return BLUE_ERROR("no Vulkan device matches '%s'; devices:%s", select.c_str(),
+                          names.c_str());
     }
     int best = -1;
     for (const DeviceInfo& d : infos) {
@@ -234,28 +283,30 @@ Result<uint32_t> pickDevice(const std::vector<DeviceInfo>& infos,
         if (best < 0 || typeRank(types[d.index]) < typeRank(types[best])) best = int(d.index);
     }
     if (best < 0) {
-        return BLUE_ERROR("no Vulkan device has what BlueVM needs (device 0 lacks: %s)",
-                          infos[0].missing.c_str());
+        return BLUE_ERROR("no Vulkan device has what BlueVM needs (device 0, %s, lacks: %s)",
+                          deviceLabel(infos[0]).c_str(), infos[0].missing.c_str());
     }
     return uint32_t(best);
 }
 
 }  // namespace
 
-Result<std::vector<DeviceInfo>> listDevices() {
+Result<std::vector<DeviceInfo>> listDevices(const std::string& limits) {
+    Result<DeviceProfile> profile = profileFromOptions(limits);
+    if (!profile) return profile.status();
     Result<VkInstance> instance = createInstance(false);
     if (!instance) return instance.status();
     std::vector<DeviceInfo> infos;
     auto list = physicalDevices(instance.value());
-    for (uint32_t i = 0; i < list.size(); ++i) infos.push_back(describe(list[i], i));
+    for (uint32_t i = 0; i < list.size(); ++i)
+        infos.push_back(describe(list[i], i, profile.value()));
     vkDestroyInstance(instance.value(), nullptr);
     return infos;
 }
 
-VKAPI_ATTR VkBool32 VKAPI_CALL Device::debugCallback(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
-                                                     VkDebugUtilsMessageTypeFlagsEXT,
-                                                     const VkDebugUtilsMessengerCallbackDataEXT* data,
-                                                     void* user) {
+VKAPI_ATTR VkBool32 VKAPI_CALL Device::debugCallback(
+    VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
+    const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
     auto* self = static_cast<Device*>(user);
     if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
         self->validation_errors_.fetch_add(1);
@@ -278,6 +329,8 @@ std::string Device::lastValidationMessage() const {
 }
 
 Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
+    Result<DeviceProfile> profile = profileFromOptions(options.limits);
+    if (!profile) return profile.status();
     bool validation = options.validation || envFlag("BLUE_VALIDATION");
     ValidationChecks checks = validationChecksFromEnv();
     Result<VkInstance> instance = createInstance(validation, checks);
@@ -286,7 +339,8 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     dev->instance_ = instance.value();
     if (validation) dev->validation_checks_ = checks.describe();
     if (validation) {
-        VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+        VkDebugUtilsMessengerCreateInfoEXT mi{
+            VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
         mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT |
                              VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT;
         mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
@@ -300,7 +354,7 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     std::vector<DeviceInfo> infos;
     std::vector<VkPhysicalDeviceType> types;
     for (uint32_t i = 0; i < list.size(); ++i) {
-        infos.push_back(describe(list[i], i));
+        infos.push_back(describe(list[i], i, profile.value()));
         VkPhysicalDeviceProperties p;
         vkGetPhysicalDeviceProperties(list[i], &p);
         types.push_back(p.deviceType);
@@ -311,6 +365,7 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     dev->info_ = infos[pick.value()];
     vkGetPhysicalDeviceProperties(dev->physical_, &dev->props_);
     vkGetPhysicalDeviceMemoryProperties(dev->physical_, &dev->memory_);
+    writeClampedLimits(dev->info_, dev->props_, dev->memory_);
 
     uint32_t nq = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(dev->physical_, &nq, nullptr);
@@ -329,18 +384,20 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     qi.queueCount = 1;
     qi.pQueuePriorities = &priority;
 
-    VkPhysicalDeviceVulkan12Features have12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-    VkPhysicalDeviceFeatures2 have{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &have12};
-    vkGetPhysicalDeviceFeatures2(dev->physical_, &have);
+    // Enable what the (emulated) device has, no more: a kernel that used a feature a profile
+    // turned off would then be flagged by the validation layer.
+    VkPhysicalDeviceFeatures have{};
+    vkGetPhysicalDeviceFeatures(dev->physical_, &have);
+    const DeviceInfo& info = dev->info_;
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-    f12.timelineSemaphore = have12.timelineSemaphore;
-    f12.shaderFloat16 = have12.shaderFloat16;
-    f12.storageBuffer8BitAccess = have12.storageBuffer8BitAccess;
-    f12.shaderInt8 = have12.shaderInt8;
+    f12.timelineSemaphore = info.timeline;
+    f12.shaderFloat16 = info.float16;
+    f12.storageBuffer8BitAccess = info.storage8;
+    f12.shaderInt8 = info.int8;
     VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
     f2.features.shaderStorageBufferArrayDynamicIndexing = VK_TRUE;
-    f2.features.shaderInt64 = have.features.shaderInt64;
-    f2.features.robustBufferAccess = have.features.robustBufferAccess;
+    f2.features.shaderInt64 = info.int64;
+    f2.features.robustBufferAccess = have.robustBufferAccess;
 
     VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f2};
     di.queueCreateInfoCount = 1;

@@ -25,27 +25,65 @@ struct DeviceOptions {
     // by default; BLUE_VALIDATION=core drops synchronization validation, BLUE_VALIDATION=gpu adds
     // GPU-assisted validation (out-of-bounds descriptor access, instrumented shaders; slow).
     bool validation = false;
+    // Emulate a smaller device (`--device-limits`): a built-in profile name (`bluevm devices
+    // --profiles` lists them) or the path of a profile file (host/device_profiles/README.md).
+    // Its limits clamp the real device's and its features can only be turned off. Empty: the
+    // BLUE_DEVICE_LIMITS environment variable, else none.
+    std::string limits;
 };
 
-// What `bluevm devices` prints about one physical device.
+// One optional or required Vulkan feature, as `bluevm devices` prints it.
+struct DeviceFeature {
+    std::string name;
+    bool supported = false;
+    std::string use;  // what BlueVM does with it, e.g. "required" or "unused by the kernels"
+};
+
+// What BlueVM knows about one physical device: every limit and feature it reads, after an
+// emulated profile (DeviceOptions::limits) has clamped them. Code that depends on a limit reads
+// it here (or through Device's accessors), never from the raw VkPhysicalDeviceProperties.
 struct DeviceInfo {
     uint32_t index = 0;
     std::string name, type, driver, api;
-    uint64_t device_local_bytes = 0;
-    uint64_t max_storage_buffer_range = 0;
-    uint64_t max_texel_buffer_elements = 0;
-    uint64_t max_allocation = 0;
+    uint32_t api_version = 0;                // VK_MAKE_API_VERSION of the device
+    uint64_t device_local_bytes = 0;         // sum of the DEVICE_LOCAL heaps
+    uint64_t max_storage_buffer_range = 0;   // maxStorageBufferRange
+    uint64_t max_texel_buffer_elements = 0;  // maxTexelBufferElements
+    uint64_t max_allocation = 0;             // maxMemoryAllocationSize
     uint32_t max_workgroup_count[3] = {0, 0, 0};
+    uint32_t max_workgroup_size[3] = {0, 0, 0};
     uint32_t max_workgroup_invocations = 0;
+    uint32_t max_shared_memory = 0;  // maxComputeSharedMemorySize
     uint32_t subgroup_size = 0;
     uint32_t min_storage_offset_alignment = 0;
-    bool unified_memory = false;  // device-local memory the host can map
-    std::vector<std::pair<std::string, bool>> features;  // name, supported
-    std::string missing;  // required features it lacks (empty: usable)
+    uint32_t max_stage_storage_buffers = 0;  // maxPerStageDescriptorStorageBuffers
+    uint32_t max_stage_storage_images = 0;   // ...StorageImages (storage texel buffers count here)
+    uint32_t max_stage_resources = 0;        // maxPerStageResources
+    uint32_t max_set_storage_buffers = 0;    // maxDescriptorSetStorageBuffers
+    uint32_t max_set_storage_images = 0;     // maxDescriptorSetStorageImages
+    uint32_t max_bound_sets = 0;             // maxBoundDescriptorSets
+    uint32_t max_push_constants = 0;         // maxPushConstantsSize (bytes)
+    bool unified_memory = false;             // device-local memory the host can map
+    // Features (Vulkan names in comments).
+    bool dynamic_indexing = false;     // shaderStorageBufferArrayDynamicIndexing
+    bool nonuniform_indexing = false;  // shaderStorageBufferArrayNonUniformIndexing
+    bool subgroup_ballot = false;      // VK_SUBGROUP_FEATURE_BALLOT_BIT in compute
+    bool timeline = false;             // timelineSemaphore
+    bool int64 = false;                // shaderInt64
+    bool float16 = false;              // shaderFloat16
+    bool int8 = false;                 // shaderInt8
+    bool storage8 = false;             // storageBuffer8BitAccess
+    std::string profile;               // the emulated profile (empty: the real device)
+    std::vector<std::string>
+        clamped;  // what the profile changed, e.g. "maxStorageBufferRange 4294967295 -> 134217728"
+    std::vector<DeviceFeature> features;  // every feature above, with what BlueVM uses it for
+    std::string missing;  // what BlueVM needs and the device lacks, with numbers (empty: usable)
 };
 
-// Lists every Vulkan physical device (creates and destroys a temporary instance).
-Result<std::vector<DeviceInfo>> listDevices();
+// Lists every Vulkan physical device (creates and destroys a temporary instance), as seen through
+// the profile `limits` names (empty: BLUE_DEVICE_LIMITS, else none). Fails when there is no
+// Vulkan loader or driver, or the profile cannot be loaded.
+Result<std::vector<DeviceInfo>> listDevices(const std::string& limits = "");
 
 class Device {
 public:
@@ -54,7 +92,9 @@ public:
     Device& operator=(const Device&) = delete;
 
     // Creates the instance and the logical device. Fails with a clear message when there is no
-    // Vulkan loader or driver, no usable device, or the selection matches nothing.
+    // Vulkan loader or driver, no usable device (naming what it lacks, with the numbers), the
+    // selection matches nothing, or the limits profile cannot be loaded. Only the features the
+    // (emulated) device has are enabled, so the validation layer flags a kernel that uses more.
     static Result<std::unique_ptr<Device>> create(const DeviceOptions& options);
 
     VkInstance instance() const { return instance_; }
@@ -62,16 +102,24 @@ public:
     VkDevice device() const { return device_; }
     VkQueue queue() const { return queue_; }
     uint32_t queueFamily() const { return queue_family_; }
+    // Properties and memory heaps with the emulated profile's limits written in (pipeline cache
+    // UUID, timestamp period and memory types stay the real device's).
     const VkPhysicalDeviceProperties& props() const { return props_; }
     const VkPhysicalDeviceMemoryProperties& memory() const { return memory_; }
     const DeviceInfo& info() const { return info_; }
-    // Largest range one storage-buffer binding may cover.
-    uint64_t maxBindingBytes() const { return info_.max_storage_buffer_range; }
+    // Largest buffer BlueVM binds whole (VK_WHOLE_SIZE): within one storage binding's range and
+    // one allocation (every buffer has its own).
+    uint64_t maxBindingBytes() const {
+        return std::min(info_.max_storage_buffer_range, maxAllocationBytes());
+    }
     // Largest page: a storage binding, and a texel view of 16-byte texels, must both cover it.
     uint64_t maxPageBytes() const {
         return std::min(info_.max_storage_buffer_range, info_.max_texel_buffer_elements * 16);
     }
-    uint64_t maxAllocationBytes() const { return info_.max_allocation; }
+    // Largest allocation: maxMemoryAllocationSize, and never more than the device-local heaps.
+    uint64_t maxAllocationBytes() const {
+        return std::min(info_.max_allocation, info_.device_local_bytes);
+    }
 
     // Validation-layer errors and warnings seen since creation (0 when validation is off).
     uint32_t validationErrors() const { return validation_errors_.load(); }

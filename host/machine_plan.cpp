@@ -16,6 +16,8 @@ namespace blue {
 namespace {
 
 constexpr uint64_t kTensorAlign = 256;
+// maxComputeWorkGroupCount[1] every Vulkan device allows (the specification's minimum).
+constexpr uint32_t kMinGroupsY = 65535;
 
 std::string lower(std::string_view s) {
     std::string r(s);
@@ -37,9 +39,10 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
             break;
         case Op::MATMUL:
             if (m.tensors[a[1]].cls != BLUE_TC_WEIGHT) {
-                return strFormat("the matrix '%s' is not a WEIGHT tensor; the kernels read "
-                                 "matrices in the GPU weight layout, which only weights have",
-                                 m.tensors[a[1]].name.c_str());
+                return strFormat(
+                    "the matrix '%s' is not a WEIGHT tensor; the kernels read "
+                    "matrices in the GPU weight layout, which only weights have",
+                    m.tensors[a[1]].name.c_str());
             }
             break;
         case Op::KVSTORE:
@@ -56,7 +59,8 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
             }
             break;
         }
-        default: break;
+        default:
+            break;
     }
     return {};
 }
@@ -110,10 +114,11 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
         h[index] = uint32_t(at);
         at += words;
         if (at * 4 > max_binding_bytes || at > 0xFFFFFFFFull) {
-            return BLUE_ERROR("the control buffer for %u instances needs more than the device's "
-                              "largest storage binding (%llu MiB); use fewer instances or smaller "
-                              "per-instance memory",
-                              options.instances, (unsigned long long)(max_binding_bytes >> 20));
+            return BLUE_ERROR(
+                "the control buffer for %u instances needs more than the device's "
+                "largest storage binding (%llu MiB); use fewer instances or smaller "
+                "per-instance memory",
+                options.instances, (unsigned long long)(max_binding_bytes >> 20));
         }
     }
     c.control_words = at;
@@ -133,9 +138,10 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
         at += words;
     }
     if (at * 4 > max_binding_bytes) {
-        return BLUE_ERROR("the I/O rings (%u input slots of %u words, %u output records) exceed "
-                          "the device's largest storage binding",
-                          l.in_slots, l.in_slot_words, options.out_records);
+        return BLUE_ERROR(
+            "the I/O rings (%u input slots of %u words, %u output records) exceed "
+            "the device's largest storage binding",
+            l.in_slots, l.in_slot_words, options.out_records);
     }
     c.io_words = at;
     return c;
@@ -151,7 +157,8 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
             if ((t.cls == BLUE_TC_WEIGHT) != (pass == 0)) continue;
             TensorPlace& p = plan.places[i];
             WeightLayout wl;
-            if (t.cls == BLUE_TC_WEIGHT && t.ndim == 2 && weightLayout(t.dtype, t.ne[0], t.ne[1], &wl)) {
+            if (t.cls == BLUE_TC_WEIGHT && t.ndim == 2 &&
+                weightLayout(t.dtype, t.ne[0], t.ne[1], &wl)) {
                 p.repacked = true;
                 p.slice = wl.bytes;
             } else {
@@ -162,10 +169,10 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                                                          : 1;
             p.bytes = p.slice * count;
             if (p.bytes > page_limit) {
-                return BLUE_ERROR("tensor '%s' needs %.1f MiB, more than the device's largest "
-                                  "storage binding (%.1f MiB)",
-                                  t.name.c_str(), double(p.bytes) / (1 << 20),
-                                  double(page_limit) / (1 << 20));
+                return BLUE_ERROR(
+                    "tensor '%s' needs %.1f MiB, more than the device's largest "
+                    "storage binding (%.1f MiB)",
+                    t.name.c_str(), double(p.bytes) / (1 << 20), double(page_limit) / (1 << 20));
             }
             if (plan.page_bytes.empty() ||
                 ((plan.page_bytes.back() + kTensorAlign - 1) & ~(kTensorAlign - 1)) + p.bytes >
@@ -186,17 +193,42 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
     return plan;
 }
 
+Status checkDeviceFit(const PagePlan& pages, const ControlLayout& layout, uint32_t instances,
+                      uint64_t device_local_bytes, uint32_t max_groups_x) {
+    uint64_t total = layout.control_words * 4;
+    for (uint64_t bytes : pages.page_bytes) total += bytes;
+    if (total > device_local_bytes) {
+        return BLUE_ERROR(
+            "the module needs %.1f MiB of device memory (%zu tensor pages and the "
+            "control buffer for %u instances), the device has %.1f MiB",
+            double(total) / (1 << 20), pages.page_bytes.size(), instances,
+            double(device_local_bytes) / (1 << 20));
+    }
+    uint64_t groups = (uint64_t(instances) + BLUE_SEQ_WG - 1) / BLUE_SEQ_WG;
+    if (groups > max_groups_x) {
+        return BLUE_ERROR(
+            "%u instances need %llu sequencer workgroups of %u, the device allows "
+            "%u (maxComputeWorkGroupCount[0]); use at most %llu instances",
+            instances, (unsigned long long)groups, BLUE_SEQ_WG, max_groups_x,
+            (unsigned long long)max_groups_x * BLUE_SEQ_WG);
+    }
+    return Status::ok();
+}
+
 uint32_t matmulRowsPerInvocation(DType type) {
     switch (type) {
         case DType::F32:
         case DType::F16:
-        case DType::BF16: return BLUE_MM_R_PLAIN;
+        case DType::BF16:
+            return BLUE_MM_R_PLAIN;
         case DType::Q8_0:
         case DType::Q4_0:
         case DType::Q4_1:
         case DType::Q5_0:
-        case DType::Q5_1: return BLUE_MM_R_SMALLQ;
-        default: return BLUE_MM_R_KQ;
+        case DType::Q5_1:
+            return BLUE_MM_R_SMALLQ;
+        default:
+            return BLUE_MM_R_KQ;
     }
 }
 
@@ -238,7 +270,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             for (size_t i = 0; i < ti.args.size(); ++i) {
                 char letter = info.format[i];
                 bool tensor = (letter == 't' || letter == 'o') && ti.args[i] != 0xFFFFFFFFu;
-                if (tensor && i < BLUE_MAX_TEX_OPERANDS) d.operand_pages[i] = pages.places[ti.args[i]].page;
+                if (tensor && i < BLUE_MAX_TEX_OPERANDS)
+                    d.operand_pages[i] = pages.places[ti.args[i]].page;
                 if (letter == 'o' && ti.args[i] == 0xFFFFFFFFu) {
                     d.push[w++] = 0xFFFFFFFFu;  // no tensor: page 0xFFFF
                     w += BLUE_TREF_WORDS - 1;
@@ -257,9 +290,12 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             }
             uint64_t n = dst.elements();
             switch (info.grid) {
-                case Grid::ELEM: d.fixed = uint32_t((n + BLUE_ELEM_WG - 1) / BLUE_ELEM_WG); break;
+                case Grid::ELEM:
+                    d.fixed = uint32_t((n + BLUE_ELEM_WG - 1) / BLUE_ELEM_WG);
+                    break;
                 case Grid::MATMUL: {
-                    uint32_t rows = BLUE_MATMUL_WG * matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
+                    uint32_t rows =
+                        BLUE_MATMUL_WG * matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
                     d.fixed = uint32_t((n + rows - 1) / rows);
                     d.axis = 1;
                     break;
@@ -270,13 +306,18 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.fixed = (heads + BLUE_ATTN_WG - 1) / BLUE_ATTN_WG;
                     break;
                 }
-                default: d.fixed = 1; break;
+                default:
+                    d.fixed = 1;
+                    break;
             }
-            if (d.fixed > max_groups_x) {
-                return BLUE_ERROR("block '%s': %s on tensor '%s' needs %u workgroups, the device "
-                                  "allows %u",
-                                  m.blocks[b].name.c_str(), std::string(info.name).c_str(),
-                                  dst.name.c_str(), d.fixed, max_groups_x);
+            // The fixed axis is x, except for MATMUL (rows along y, items along x).
+            const uint32_t max_fixed = d.axis == 0 ? max_groups_x : kMinGroupsY;
+            if (d.fixed > max_fixed) {
+                return BLUE_ERROR(
+                    "block '%s': %s on tensor '%s' needs %u workgroups%s, the device "
+                    "allows %u",
+                    m.blocks[b].name.c_str(), std::string(info.name).c_str(), dst.name.c_str(),
+                    d.fixed, d.axis == 0 ? "" : " along y", max_fixed);
             }
             if (info.grid == Grid::MATMUL) {
                 // One item (decode of one instance): the single-item kernel; more: tiles of 4.

@@ -47,6 +47,13 @@ struct PagePlan {
 // page or pages run out.
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit);
 
+// What planPages and planControl cannot see alone, checked against the device once both ran:
+// the pages and the control buffer (device-local memory) together fit `device_local_bytes`,
+// and the sequencer's grid (BLUE_SEQ_WG instances per workgroup, along x) fits `max_groups_x`.
+// Fails naming the numbers.
+Status checkDeviceFit(const PagePlan& pages, const ControlLayout& layout, uint32_t instances,
+                      uint64_t device_local_bytes, uint32_t max_groups_x);
+
 struct DispatchDesc {
     uint32_t block = 0;
     std::string pipeline;
@@ -67,10 +74,11 @@ struct DispatchDesc {
 uint32_t matmulRowsPerInvocation(DType type);
 
 // One dispatch per tensor instruction, block by block (MATMUL: two, a single-item variant and a
-// batched one, of which the plan kernel enables one per cycle). Fails naming the instruction when no
-// kernel exists for its operand types, its kernel cannot run its shape (an odd ROPE head size,
-// an F16 KV cache with odd rows, an ATTN head larger than BLUE_ATTN_MAX_HEAD) or its grid
-// exceeds `max_groups_x`.
+// batched one, of which the plan kernel enables one per cycle). Fails naming the instruction when
+// no kernel exists for its operand types, its kernel cannot run its shape (an odd ROPE head size,
+// an F16 KV cache with odd rows, an ATTN head larger than BLUE_ATTN_MAX_HEAD) or its fixed grid
+// exceeds the device: `max_groups_x` along x, and along y (MATMUL's rows) the 65535 workgroups
+// every Vulkan device allows.
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
                                                  uint32_t max_groups_x);
 

@@ -24,6 +24,20 @@ const EmbeddedShader* findShader(const std::string& name) {
     return nullptr;
 }
 
+struct DeviceVariant {
+    const char* kernel;
+    const char* variant;
+    bool (*wanted)(const DeviceInfo&);
+    const char* because;    // why the variant is chosen
+    const char* otherwise;  // why the kernel itself is
+};
+
+const DeviceVariant kVariants[] = {
+    {"sequencer", "sequencer_noballot", [](const DeviceInfo& d) { return !d.subgroup_ballot; },
+     "no subgroup ballot in compute: live instances are counted with one atomic add each",
+     "subgroup ballot in compute: one atomic add per subgroup counts its live instances"},
+};
+
 void makeDirs(const std::string& path) {
     for (size_t i = 1; i <= path.size(); ++i) {
         if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0755);
@@ -32,10 +46,35 @@ void makeDirs(const std::string& path) {
 
 }  // namespace
 
-bool Pipelines::exists(const std::string& name) { return findShader(name) != nullptr; }
+std::string kernelVariant(const std::string& kernel, const DeviceInfo& info) {
+    for (const DeviceVariant& v : kVariants) {
+        if (kernel == v.kernel && v.wanted(info)) return v.variant;
+    }
+    return kernel;
+}
+
+std::string kernelVariantReason(const std::string& kernel, const DeviceInfo& info) {
+    for (const DeviceVariant& v : kVariants) {
+        if (kernel == v.kernel) return v.wanted(info) ? v.because : v.otherwise;
+    }
+    return "";
+}
+
+bool kernelChosen(const std::string& embedded, const DeviceInfo& info) {
+    for (const DeviceVariant& v : kVariants) {
+        if (embedded == v.variant) return v.wanted(info);
+        if (embedded == v.kernel) return !v.wanted(info);
+    }
+    return true;
+}
+
+bool Pipelines::exists(const std::string& name) {
+    return findShader(name) != nullptr;
+}
 
 std::string Pipelines::cachePath() const {
-    if (const char* off = std::getenv("BLUE_NO_PIPELINE_CACHE"); off && *off && std::strcmp(off, "0")) {
+    if (const char* off = std::getenv("BLUE_NO_PIPELINE_CACHE");
+        off && *off && std::strcmp(off, "0")) {
         return "";
     }
     std::string dir;
@@ -67,7 +106,8 @@ Result<std::unique_ptr<Pipelines>> Pipelines::create(Device& dev) {
     si.pBindings = bindings;
     BLUE_VK_TRY(vkCreateDescriptorSetLayout(dev.device(), &si, nullptr, &p->set_layout_));
     VkDescriptorSetLayoutBinding operands{0, VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER,
-                                          BLUE_MAX_TEX_OPERANDS, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+                                          BLUE_MAX_TEX_OPERANDS, VK_SHADER_STAGE_COMPUTE_BIT,
+                                          nullptr};
     si.bindingCount = 1;
     si.pBindings = &operands;
     BLUE_VK_TRY(vkCreateDescriptorSetLayout(dev.device(), &si, nullptr, &p->operand_layout_));
@@ -98,7 +138,7 @@ Result<std::unique_ptr<Pipelines>> Pipelines::create(Device& dev) {
 
 Result<VkPipeline> Pipelines::get(const std::string& name) {
     if (auto it = pipelines_.find(name); it != pipelines_.end()) return it->second;
-    const EmbeddedShader* shader = findShader(name);
+    const EmbeddedShader* shader = findShader(kernelVariant(name, dev_.info()));
     if (!shader) return BLUE_ERROR("no kernel named '%s' is built into this BlueVM", name.c_str());
     VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
     mi.codeSize = shader->words * 4;

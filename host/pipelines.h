@@ -14,6 +14,19 @@
 
 namespace blue {
 
+// Kernel variants chosen per device. A variant is another build of one kernel's shader (a define,
+// shaders/CMakeLists.txt), embedded under its own name; Pipelines::get(kernel) returns the variant
+// the device needs. Today only the sequencer has one: without subgroup ballot in compute it
+// counts live instances with one atomic add per live invocation ("sequencer_noballot").
+//
+// The embedded kernel that runs `kernel` on this device (`kernel` itself when it has no variant).
+std::string kernelVariant(const std::string& kernel, const DeviceInfo& info);
+// Why kernelVariant chose what it chose, for `bluevm devices` (empty when there is no choice).
+std::string kernelVariantReason(const std::string& kernel, const DeviceInfo& info);
+// False for an embedded kernel that is a variant not chosen for this device (or the kernel a
+// chosen variant replaces): its needs do not count against the device.
+bool kernelChosen(const std::string& embedded, const DeviceInfo& info);
+
 class Pipelines {
 public:
     ~Pipelines();
@@ -24,7 +37,8 @@ public:
 
     // True when an embedded kernel of that name exists.
     static bool exists(const std::string& name);
-    // The pipeline of an embedded kernel, created on first use.
+    // The pipeline of an embedded kernel (its variant for this device, kernelVariant), created
+    // on first use.
     Result<VkPipeline> get(const std::string& name);
 
     VkDescriptorSetLayout setLayout() const { return set_layout_; }          // set 0

@@ -8,7 +8,12 @@
 // for all the code inside the step loop on every step. So the hot loop holds only the fast ops
 // (ALU, compares, floats, branches, local memory), and everything else (faults, atomics, I/O,
 // mailboxes, blocks, calls) runs in slowStep, once per slow instruction, outside that loop.
+// BLUE_NO_SUBGROUPS builds the variant for devices without subgroup ballot in compute
+// ("sequencer_noballot", chosen by host/pipelines.cpp): it counts live instances with one atomic
+// add per live invocation instead of one per subgroup.
+#ifndef BLUE_NO_SUBGROUPS
 #extension GL_KHR_shader_subgroup_ballot : require
+#endif
 #define BLUE_CONTROL_COHERENT coherent
 #include "common/bindings.glsl"
 #include "opcodes.glsl"
@@ -433,8 +438,12 @@ void main() {
         g_status = ctl[g_state + BLUE_S_STATUS];
         live = g_status == BLUE_ST_RUNNING || g_status == BLUE_ST_PARKED;
     }
+#ifdef BLUE_NO_SUBGROUPS
+    if (live) atomicAdd(ctl[BLUE_C_LIVE_ACC], 1u);
+#else
     uint n_live = subgroupBallotBitCount(subgroupBallot(live));
     if (subgroupElect() && n_live > 0u) atomicAdd(ctl[BLUE_C_LIVE_ACC], n_live);
+#endif
     if (!live) return;
 
     g_status = BLUE_ST_RUNNING;

@@ -73,6 +73,7 @@ Command addBenchCommand(CLI::App& app) {
     sub->add_option("--instances", a->instances, "comma-separated instance counts for the batched test, e.g. 1,4,16,64");
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
+    addDeviceLimitsOption(sub);
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_flag("--json", a->json, "print one JSON object instead of the table");
     sub->add_flag("--no-bandwidth", a->no_bandwidth, "skip measuring this machine's memory bandwidth");

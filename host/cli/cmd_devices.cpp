@@ -1,35 +1,105 @@
-// `bluevm devices`: lists Vulkan devices with the features and limits BlueVM uses.
+// `bluevm devices`: lists Vulkan devices with the limits and features BlueVM uses, what it uses
+// each for, the kernel variants it chose and why, and whether it can run there at all. With
+// --device-limits (or BLUE_DEVICE_LIMITS) it shows the device as an emulated profile sees it;
+// --profiles lists the built-in profiles and where their numbers come from.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 
 #include "host/cli/commands.h"
 #include "host/device.h"
+#include "host/device_profile.h"
+#include "host/pipelines.h"
 
 namespace blue::cli {
 
+namespace {
+
+double mib(uint64_t bytes) {
+    return double(bytes) / (1 << 20);
+}
+
+void printLimits(const DeviceInfo& d) {
+    uint64_t page = std::min(d.max_storage_buffer_range, d.max_texel_buffer_elements * 16);
+    std::printf(
+        "   memory: device-local %.1f GiB%s; largest storage binding %.0f MiB; largest "
+        "allocation %.0f MiB; largest page %.0f MiB (binding, and texel view of %llu "
+        "texels)\n",
+        double(d.device_local_bytes) / (1ull << 30), d.unified_memory ? " (host-mappable)" : "",
+        mib(d.max_storage_buffer_range), mib(d.max_allocation), mib(page),
+        (unsigned long long)d.max_texel_buffer_elements);
+    std::printf(
+        "   compute: max count %u x %u x %u; max size %u x %u x %u, %u invocations; shared "
+        "memory %u bytes; subgroup %u\n",
+        d.max_workgroup_count[0], d.max_workgroup_count[1], d.max_workgroup_count[2],
+        d.max_workgroup_size[0], d.max_workgroup_size[1], d.max_workgroup_size[2],
+        d.max_workgroup_invocations, d.max_shared_memory, d.subgroup_size);
+    std::printf(
+        "   descriptors: %u storage buffers and %u storage texel views per stage, %u "
+        "resources per stage, %u sets, %u bytes of push constants\n",
+        d.max_stage_storage_buffers, d.max_stage_storage_images, d.max_stage_resources,
+        d.max_bound_sets, d.max_push_constants);
+    std::printf(
+        "   min storage offset alignment %u (unused: every binding starts at offset 0; "
+        "tensors sit 256-byte aligned in pages and are addressed by push constants)\n",
+        d.min_storage_offset_alignment);
+}
+
+void printDevice(const DeviceInfo& d) {
+    std::printf("%u: %s (%s)\n", d.index, d.name.c_str(), d.type.c_str());
+    std::printf("   driver: %s, Vulkan %s\n", d.driver.c_str(), d.api.c_str());
+    if (!d.profile.empty()) {
+        std::string changes;
+        for (const std::string& c : d.clamped) changes += (changes.empty() ? "" : ", ") + c;
+        std::printf("   emulating %s: %s\n", d.profile.c_str(),
+                    changes.empty() ? "no limit lower than the device's" : changes.c_str());
+    }
+    printLimits(d);
+    std::printf("   features:\n");
+    for (const DeviceFeature& f : d.features) {
+        std::printf("     %-42s %-3s  %s\n", f.name.c_str(), f.supported ? "yes" : "no",
+                    f.use.c_str());
+    }
+    std::printf("   sequencer kernel: %s (%s)\n", kernelVariant("sequencer", d).c_str(),
+                kernelVariantReason("sequencer", d).c_str());
+    std::printf("   usable by BlueVM: %s\n",
+                d.missing.empty() ? "yes" : ("no, lacks " + d.missing).c_str());
+}
+
+int printProfiles() {
+    for (const std::string& name : builtinProfileNames()) {
+        auto p = loadDeviceProfile(name);
+        if (!p) return fail(p.message());
+        std::printf("%s: %s\n   source: %s\n", name.c_str(), p->device.c_str(), p->source.c_str());
+        for (const auto& [key, note] : p->notes)
+            std::printf("   %s: %s\n", key.c_str(), note.c_str());
+    }
+    return 0;
+}
+
+}  // namespace
+
+void addDeviceLimitsOption(CLI::App* sub) {
+    sub->add_option_function<std::string>(
+        "--device-limits",
+        [](const std::string& spec) { setenv("BLUE_DEVICE_LIMITS", spec.c_str(), 1); },
+        "emulate another GPU's limits: a built-in profile (`bluevm devices --profiles`) or a "
+        "profile file (sets BLUE_DEVICE_LIMITS)");
+}
+
 Command addDevicesCommand(CLI::App& app) {
-    CLI::App* sub = app.add_subcommand("devices", "List Vulkan devices and what BlueVM uses of them");
-    (void)sub;
-    return [] {
+    CLI::App* sub =
+        app.add_subcommand("devices", "List Vulkan devices and what BlueVM uses of them");
+    addDeviceLimitsOption(sub);
+    auto profiles = std::make_shared<bool>(false);
+    sub->add_flag("--profiles", *profiles,
+                  "list the built-in device-limit profiles and their sources");
+    return [profiles] {
+        if (*profiles) return printProfiles();
         auto list = listDevices();
         if (!list) return fail(list.message());
-        for (const DeviceInfo& d : list.value()) {
-            std::printf("%u: %s (%s)\n", d.index, d.name.c_str(), d.type.c_str());
-            std::printf("   driver: %s, Vulkan %s\n", d.driver.c_str(), d.api.c_str());
-            std::printf("   device-local memory %.1f GiB%s; largest storage binding %.0f MiB; "
-                        "largest allocation %.0f MiB\n",
-                        double(d.device_local_bytes) / (1ull << 30),
-                        d.unified_memory ? " (host-mappable)" : "",
-                        double(d.max_storage_buffer_range) / (1 << 20),
-                        double(d.max_allocation) / (1 << 20));
-            std::printf("   workgroups: max count %u x %u x %u, max %u invocations; subgroup %u; "
-                        "min storage offset alignment %u\n",
-                        d.max_workgroup_count[0], d.max_workgroup_count[1], d.max_workgroup_count[2],
-                        d.max_workgroup_invocations, d.subgroup_size, d.min_storage_offset_alignment);
-            std::string feats;
-            for (const auto& [name, ok] : d.features) feats += (feats.empty() ? "" : ", ") + name + (ok ? " yes" : " no");
-            std::printf("   features: %s\n", feats.c_str());
-            std::printf("   usable by BlueVM: %s\n", d.missing.empty() ? "yes" : ("no, lacks " + d.missing).c_str());
-        }
+        for (const DeviceInfo& d : list.value()) printDevice(d);
         if (list->empty()) std::printf("no Vulkan devices\n");
         return 0;
     };

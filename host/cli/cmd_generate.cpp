@@ -187,6 +187,7 @@ Command addGenerateCommand(CLI::App& app) {
     sub->add_option("--ctx", a->ctx, "context length per instance (default: the model's, at most 2048)");
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
+    addDeviceLimitsOption(sub);
     sub->add_option("--out", a->out, "with --prompts: write the JSONL results here");
     sub->add_flag("--ids", a->ids, "print token ids instead of text");
     sub->add_flag("--no-echo", a->no_echo, "do not print the prompt before the generated text");

@@ -140,6 +140,7 @@ Command addRunCommand(CLI::App& app) {
     sub->add_option("program", args->program, "the program")->required();
     sub->add_option("--instances,-n", args->instances, "instances to run")->check(CLI::Range(1u, 1u << 24));
     sub->add_option("--device", args->device, "Vulkan device: index or part of its name");
+    addDeviceLimitsOption(sub);
     sub->add_option("--max-cycles", args->max_cycles, "stop a program that runs longer (watchdog)")->check(CLI::PositiveNumber);
     sub->add_option("--chain-cycles", args->chain_cycles, "cycles recorded per chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--max-submit-ms", args->max_submit_ms,

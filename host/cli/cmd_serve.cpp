@@ -114,6 +114,7 @@ Command addServeCommand(CLI::App& app) {
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per submitted chain (fewer: tokens stream sooner)")->check(CLI::Range(2u, 4096u));
     sub->add_option("--threads", a->threads, "HTTP worker threads (default: enough for every instance and queued request)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
+    addDeviceLimitsOption(sub);
     sub->add_option("--alias", a->alias, "the model name reported by /v1/models");
     sub->add_flag("--log", a->log, "log one line per HTTP request on stderr");
     return [a] { return serve(*a); };

@@ -27,6 +27,10 @@ int runGenerationModule(const std::string& path, const std::string& prompt, int3
                         float temperature, uint32_t seed, uint32_t instances, bool stats,
                         const std::string& device);
 
+// Registers --device-limits NAME|FILE on a command that opens a device: it sets
+// BLUE_DEVICE_LIMITS for this process, which Device::create reads (host/device_profile.h).
+void addDeviceLimitsOption(CLI::App* sub);
+
 // Prints "bluevm: message" to stderr and returns 1.
 int fail(const std::string& message);
 
