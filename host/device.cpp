@@ -397,7 +397,10 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
     f2.features.shaderStorageBufferArrayDynamicIndexing = VK_TRUE;
     f2.features.shaderInt64 = info.int64;
-    f2.features.robustBufferAccess = have.robustBufferAccess;
+    // Robust access turns an out-of-bounds read into a zero; GPU-assisted validation should see
+    // it as the bug it is, so it runs without.
+    const bool gpu_av = dev->validation_checks_.find("GPU-assisted") != std::string::npos;
+    f2.features.robustBufferAccess = gpu_av ? VK_FALSE : have.robustBufferAccess;
 
     VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f2};
     di.queueCreateInfoCount = 1;

@@ -297,6 +297,8 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     auto layout = planControl(m, options, uint32_t(impl->dispatches.size()), dev.maxBindingBytes());
     if (!layout) return layout.status();
     impl->layout = layout.value();
+    BLUE_TRY(checkDeviceFit(impl->pages, impl->layout, options.instances,
+                            dev.info().device_local_bytes, dev.info().max_workgroup_count[0]));
     BLUE_TRY(impl->allocate());
     BLUE_TRY(impl->initControl());
     BLUE_TRY(impl->uploadWeights(weights));

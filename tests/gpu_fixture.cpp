@@ -21,6 +21,9 @@ Gpu& gpu() {
                            (g->device->validationEnabled()
                                 ? " with validation (" + g->device->validationChecks() + ")"
                                 : "");
+        if (const char* limits = std::getenv("BLUE_DEVICE_LIMITS"); limits && *limits) {
+            note += std::string(", limits of the profile ") + limits;
+        }
         MESSAGE(note);
         return g;
     }();

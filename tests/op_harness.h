@@ -112,6 +112,7 @@ struct BothMachines {
 
 // Runs `m` with `instances` instances on both machines; fails the test unless both runs end
 // with every instance halted.
+// Null when an emulated device profile refuses the module (a tensor larger than its page).
 std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances);
 
 // max |gpu - ref| and max |ref| over the compared elements; a NaN or infinity where the other

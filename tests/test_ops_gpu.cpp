@@ -148,6 +148,7 @@ void elementwiseCase(Op op, double bound) {
     for (InstancePlan& p : plans) p.tensor_words.push_back({bi, om.random(kWidth, -4, 4)});
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
     for (const auto& [dst, what] : outputs) expectClose(*both, dst, totalRows(plans), bound, what);
 }
 
@@ -171,6 +172,7 @@ void matmulCase(DType t) {
         std::vector<InstancePlan> plans = raggedPlans(om, rows, starts);
         Module m = om.build(plans);
         auto both = runOnBoth(m, uint32_t(plans.size()));
+        if (!both) return;
         const bool single = totalRows(plans) == 1;
         if (single) kernelsRun().insert(kernelName(m, uint32_t(Op::MATMUL), {y, w, x}) + "_b1");
         // The GPU accumulates K products in float, the reference in double. Recursive summation
@@ -217,6 +219,7 @@ void embedCase(DType t) {
     plans[2].tokens = {17, 42};
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
     // Dequantization is exact in float for the plain types, Q8_0 and Q4_0 (a copy, or d * q
     // with at most 19 significant bits): identical rows. Formats with a second term (d * q - m)
     // may round once more where a device fuses the multiply-add: 1e-6.
@@ -240,6 +243,7 @@ void tsumCase() {
     for (InstancePlan& p : plans) p.tensor_words.push_back({ai, om.random(kWidth, -1, 3)});
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
     // A float tree sum of n = 300 terms errs by at most log2(n) * 2^-24 * sum |a| (~5e-7 * 900)
     // against sums of about 300 (values in [-1, 3)): 1e-5 is ample.
     expectClose(*both, s, totalRows(plans), 1e-5, "TSUM rows");
@@ -268,6 +272,7 @@ void rmsnormCase() {
     std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {3, 0, 6});
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
     // Float sum of squares (a few 2^-24 relative per term, tree order), inversesqrt (2 ULP in
     // Vulkan) and two products: a few 1e-7 relative per element; 1e-5 leaves margin.
     const uint32_t rows = totalRows(plans);

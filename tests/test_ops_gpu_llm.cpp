@@ -42,6 +42,7 @@ void ropeCase() {
     std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {7, 299, 1030});
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
     // The GPU forms the angle pos * scale * base^(-2i/n) / ff in float (pow within a few ULP),
     // an absolute error of up to ~1e-4 rad at position 1031, then takes sin and cos, which
     // Vulkan only bounds to 2^-11 absolute; the reference works in double. Each output is
@@ -67,6 +68,7 @@ void kvstoreCase(DType cache) {
     std::vector<InstancePlan> plans = raggedPlans(om, {2, 3, 1}, {15, 9, 3});
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
     // F32: a copy. F16: one conversion, whose rounding Vulkan leaves to the device (nearest or
     // toward zero): at most one half ULP, 2^-10 relative.
     const double bound = cache == DType::F32 ? 0.0 : 1e-3;
@@ -110,6 +112,7 @@ void attnShapeCase(DType cache, AttnShape s) {
     REQUIRE(token <= 900);
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
     // F32 caches: the GPU's float scores, exp (3 + 2|x| ULP, |x| < 20) and float sums over at
     // most 522 positions, rescaled per 256-position chunk, against the reference's double:
     // ~1e-5 relative at worst; 1e-4. F16 caches may also differ by one half ULP where the
