@@ -309,8 +309,8 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     std::unique_ptr<GpuMachine> machine(new GpuMachine(std::move(impl)));
     machine->stats_.instances = options.instances;
     machine->stats_.chain_cycles = options.chain_cycles;
-    machine->stats_.chain_cycles_now = options.chain_cycles;
-    machine->stats_.chain_cycles_min = options.chain_cycles;
+    machine->stats_.chain_cycles_now = machine->impl_->cycles_now;
+    machine->stats_.chain_cycles_min = machine->impl_->cycles_now;
     return machine;
 }
 

@@ -73,6 +73,9 @@ uint32_t timestampBits(const Device& dev) {
     return dev.queueFamily() < n ? families[dev.queueFamily()].timestampValidBits : 0;
 }
 
+// Cycles in the first chains under a watchdog bound, before any submission has been timed.
+constexpr uint32_t kFirstChainCycles = 4;
+
 double defaultMaxSubmitMs() {
     const char* env = std::getenv("BLUE_MAX_SUBMIT_MS");
     if (env && *env) return std::max(0.0, std::atof(env));
@@ -92,7 +95,10 @@ uint32_t GpuMachine::Impl::profileSlot(const std::string& name) {
 Status GpuMachine::Impl::createChains() {
     VkDevice d = dev.device();
     if (opt.max_submit_ms < 0) opt.max_submit_ms = defaultMaxSubmitMs();
-    cycles_now = opt.chain_cycles;
+    // Under a bound, the first chains go out before any has been timed: start short and let
+    // timeChain double the length while submissions stay well under the bound.
+    cycles_now =
+        opt.max_submit_ms > 0 ? std::min(opt.chain_cycles, kFirstChainCycles) : opt.chain_cycles;
     for (const DispatchDesc& desc : dispatches) {
         Result<VkPipeline> p = pipelines.get(desc.pipeline);
         if (!p) return p.status();

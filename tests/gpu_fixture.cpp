@@ -17,7 +17,8 @@ Gpu& gpu() {
         auto p = Pipelines::create(*g->device);
         REQUIRE_MESSAGE(p.isOk(), p.message());
         g->pipelines = std::move(p.value());
-        std::string note = "GPU tests run on " + g->device->info().name +
+        std::string note = "GPU tests run on " + g->device->info().name + ", subgroup " +
+                           std::to_string(g->device->info().subgroup_size) +
                            (g->device->validationEnabled()
                                 ? " with validation (" + g->device->validationChecks() + ")"
                                 : "");
