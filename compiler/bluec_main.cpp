@@ -4,6 +4,8 @@
 //   bluec check prog.bir                parse and verify only
 //   bluec lower --model M.gguf -o M.bir [--ctx N] [--max-rows N] [--chunk N] [--kv f16|f32]
 //                                       compile a GGUF model into a generation program
+//   bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...]
+//                                       compile a cascade (compiler/cascade/cascade.h)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -11,6 +13,7 @@
 #include <filesystem>
 
 #include "compiler/asm.h"
+#include "compiler/cascade/cascade.h"
 #include "compiler/gguf.h"
 #include "compiler/lower_model.h"
 #include "compiler/model_config.h"
@@ -23,7 +26,9 @@ constexpr const char* kUsage =
     "       bluec dis FILE.bir [-o OUT.blue] disassemble\n"
     "       bluec check FILE.bir             parse and verify a module\n"
     "       bluec lower --model M.gguf -o OUT.bir [--ctx N] [--max-rows N] [--chunk N]\n"
-    "                   [--kv f16|f32]       compile a GGUF model into a generation program\n";
+    "                   [--kv f16|f32]       compile a GGUF model into a generation program\n"
+    "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--kv f16|f32]\n"
+    "                                        compile a cascade of models\n";
 
 int fail(const std::string& msg) {
     std::fprintf(stderr, "bluec: %s\n", msg.c_str());
@@ -87,6 +92,43 @@ int lower(int argc, char** argv) {
     return s ? 0 : fail(s.message());
 }
 
+int cascade(int argc, char** argv) {
+    std::string source, output;
+    blue::CascadeOptions opt;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        std::string v = i + 1 < argc ? argv[i + 1] : "";
+        bool ok = true;
+        if (a == "-o" && i + 1 < argc) {
+            output = v;
+        } else if (a == "--model" && i + 1 < argc) {
+            size_t eq = v.find('=');
+            if (eq == std::string::npos || eq == 0 || eq + 1 == v.size()) return fail("cascade: --model needs NAME=PATH, got '" + v + "'");
+            opt.models[v.substr(0, eq)] = v.substr(eq + 1);
+        } else if (a == "--max-rows" && i + 1 < argc) {
+            ok = parseU32(v, &opt.max_rows) && opt.max_rows > 0;
+        } else if (a == "--kv" && (v == "f16" || v == "f32")) {
+            opt.kv_type = v == "f16" ? blue::DType::F16 : blue::DType::F32;
+        } else if (!a.empty() && a[0] == '-') {
+            return fail("cascade: unknown or incomplete option '" + a + "'\n" + kUsage);
+        } else if (source.empty()) {
+            source = a;
+            continue;
+        } else {
+            return fail("cascade: unexpected argument '" + a + "'");
+        }
+        if (!ok) return fail("cascade: " + a + " needs a positive number, got '" + v + "'");
+        ++i;
+    }
+    if (source.empty() || output.empty()) return fail(std::string("cascade needs FILE.cas and -o OUT.bir\n") + kUsage);
+    opt.chunk = std::min(opt.chunk, opt.max_rows);
+    opt.module_dir = std::filesystem::absolute(output).parent_path().string();
+    auto m = blue::compileCascadeFile(source, opt);
+    if (!m) return fail(m.message());
+    blue::Status s = blue::writeModuleFile(m.value(), output);
+    return s ? 0 : fail(s.message());
+}
+
 int main(int argc, char** argv) {
     if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
         std::fputs(kUsage, argc < 2 ? stderr : stdout);
@@ -94,6 +136,7 @@ int main(int argc, char** argv) {
     }
     std::string cmd = argv[1], input, output;
     if (cmd == "lower") return lower(argc, argv);
+    if (cmd == "cascade") return cascade(argc, argv);
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "-o" && i + 1 < argc) {

@@ -21,23 +21,25 @@ uint32_t floatBits(float f) { return std::bit_cast<uint32_t>(f); }
 struct Lowering {
     const GgufFile& gguf;
     const ModelConfig& cfg;
-    const LowerOptions& opt;
-    Module m;
+    DType kv_type;
+    Module& m;
+    std::string prefix;         // before every tensor and block name (several models in one module)
+    uint32_t extern_index = 0;  // the model's file among the module's externs
     std::map<std::string, uint32_t> ids;
 
     // A WEIGHT tensor read from the GGUF file, by its GGUF name.
     uint32_t weight(const std::string& name) {
-        if (auto it = ids.find(name); it != ids.end()) return it->second;
+        if (auto it = ids.find(prefix + name); it != ids.end()) return it->second;
         const GgufTensor* g = gguf.findTensor(name);
         assert(g && "modelConfigFromGguf checked the tensor exists");
         TensorDecl t;
-        t.name = name;
+        t.name = prefix + name;
         t.dtype = g->type;
         t.cls = BLUE_TC_WEIGHT;
         t.ndim = g->n_dims;
         for (uint32_t d = 0; d < 4; ++d) t.ne[d] = uint64_t(g->ne[d]);
         t.source = DataSource::EXTERN;
-        t.extern_index = 0;
+        t.extern_index = extern_index;
         t.offset = g->offset;
         t.bytes = g->n_bytes;
         return add(t);
@@ -50,7 +52,7 @@ struct Lowering {
     uint32_t activation(const std::string& name, uint32_t cls, DType type,
                         std::initializer_list<uint64_t> dims) {
         TensorDecl t;
-        t.name = name;
+        t.name = prefix + name;
         t.dtype = type;
         t.cls = cls;
         t.ndim = uint32_t(dims.size());
@@ -63,12 +65,12 @@ struct Lowering {
         return ids[t.name] = uint32_t(m.tensors.size() - 1);
     }
 
-    Status forwardBlock(CodeBuilder& cb, uint32_t ctx);
+    uint32_t forwardBlock(CodeBuilder& cb, uint32_t ctx);
     void attention(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a);
     void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
 };
 
-Status Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx) {
+uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx) {
     const uint32_t dim = cfg.n_embd, q_dim = cfg.n_head * cfg.head_dim;
     const uint32_t kv_dim = cfg.n_head_kv * cfg.head_dim;
     std::map<std::string, uint32_t> a;
@@ -85,7 +87,7 @@ Status Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx) {
     uint32_t logits = activation("logits", BLUE_TC_INSTANCE, DType::F32, {cfg.n_vocab});
     uint32_t eps = floatBits(cfg.rms_norm_eps);
 
-    uint32_t block = cb.beginBlock("forward", BLUE_FA_COUNT);
+    uint32_t block = cb.beginBlock(prefix + "forward", BLUE_FA_COUNT);
     cb.tensor(Op::EMBED, {a["x"], weight("token_embd.weight"), BLUE_FA_TOKENS});
     for (uint32_t l = 0; l < cfg.n_layer; ++l) {
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "attn_norm.weight"), eps, 0});
@@ -104,8 +106,7 @@ Status Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx) {
     cb.tensor(Op::MATMUL, {logits, head, xlast});
     cb.tensor(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
     cb.endBlock();
-    (void)block;
-    return Status::ok();
+    return block;
 }
 
 void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
@@ -133,8 +134,8 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
                              floatBits(cfg.rope_freq_base), floatBits(scale)});
     }
     std::string ln = std::to_string(l);
-    uint32_t kc = activation("kcache." + ln, BLUE_TC_INSTANCE, opt.kv_type, {kv_dim, ctx});
-    uint32_t vc = activation("vcache." + ln, BLUE_TC_INSTANCE, opt.kv_type, {kv_dim, ctx});
+    uint32_t kc = activation("kcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
+    uint32_t vc = activation("vcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
     cb.tensor(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
     cb.tensor(Op::ATTN, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS,
                          floatBits(1.0f / std::sqrt(float(cfg.head_dim)))});
@@ -155,12 +156,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     auto emit = cb.newLabel("emit"), reject = cb.newLabel("reject");
 
     // End-of-generation tokens of the model, in the constant pool: {count, ids...}.
-    std::vector<uint32_t> eog;
-    for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                            "tokenizer.ggml.eom_token_id"}) {
-        auto id = gguf.getU32(key);
-        if (id.isOk() && id.value() < cfg.n_vocab) eog.push_back(id.value());
-    }
+    std::vector<uint32_t> eog = endOfGenerationTokens(gguf, cfg);
     uint32_t eog_at = uint32_t(m.consts.size());
     m.consts.push_back(uint32_t(eog.size()));
     m.consts.insert(m.consts.end(), eog.begin(), eog.end());
@@ -280,18 +276,39 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
 
 }  // namespace
 
-Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const LowerOptions& opt) {
+Status checkLowerable(const ModelConfig& cfg) {
     if (cfg.isMoe()) return Status::error("mixture-of-experts models are not lowered yet");
     if (cfg.rope_scaling == RopeScaling::Yarn) return Status::error("YaRN rope scaling is not supported yet");
     if (cfg.head_dim_v != cfg.head_dim) return Status::error("K and V head sizes differ; not supported");
+    return Status::ok();
+}
+
+uint32_t addForwardBlock(Module& m, CodeBuilder& cb, const GgufFile& gguf, const ModelConfig& cfg,
+                         DType kv_type, uint32_t ctx, uint32_t extern_index, const std::string& prefix) {
+    Lowering lw{gguf, cfg, kv_type, m, prefix, extern_index, {}};
+    return lw.forwardBlock(cb, ctx);
+}
+
+std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelConfig& cfg) {
+    std::vector<uint32_t> eog;
+    for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                            "tokenizer.ggml.eom_token_id"}) {
+        auto id = gguf.getU32(key);
+        if (id.isOk() && id.value() < cfg.n_vocab) eog.push_back(id.value());
+    }
+    return eog;
+}
+
+Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const LowerOptions& opt) {
+    BLUE_TRY(checkLowerable(cfg));
     uint32_t ctx = opt.ctx ? opt.ctx : std::min<uint32_t>(cfg.n_ctx_train ? cfg.n_ctx_train : 2048, 2048);
     uint32_t max_rows = opt.max_rows ? opt.max_rows : 512;
     uint32_t chunk = std::min(opt.chunk ? opt.chunk : 128, max_rows);
     if (ctx < 2) return Status::error("context length must be at least 2");
     if (max_rows > BLUE_MAX_ROWS) return BLUE_ERROR("max rows %u is above %u", max_rows, BLUE_MAX_ROWS);
 
-    Lowering lw{gguf, cfg, opt, {}, {}};
-    Module& m = lw.m;
+    Module m;
+    Lowering lw{gguf, cfg, opt.kv_type, m, "", 0, {}};
     m.externs.push_back(opt.model_path);
     m.layout.regs = 32;
     m.layout.local_words = BLUE_LM_HISTORY + ctx;
@@ -300,8 +317,8 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     m.layout.max_rows = max_rows;
     m.layout.max_steps = 4096;
     CodeBuilder cb(&m);
-    BLUE_TRY(lw.forwardBlock(cb, ctx));
-    lw.generationProgram(cb, 0, ctx, chunk);
+    uint32_t block = lw.forwardBlock(cb, ctx);
+    lw.generationProgram(cb, block, ctx, chunk);
     BLUE_TRY(cb.finish());
     m.meta = {{kMetaKind, "llm-generate"},
               {kMetaArch, std::string(modelArchName(cfg.arch))},

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "compiler/gguf.h"
 #include "compiler/model_config.h"
@@ -31,6 +32,20 @@ struct LowerOptions {
 // Lowers a validated model. Fails for architectures or features the forward block does not
 // implement yet (MoE, YaRN), naming them.
 Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& config, const LowerOptions& options);
+
+// Fails, naming the feature, for models the forward block does not implement yet.
+Status checkLowerable(const ModelConfig& config);
+
+class CodeBuilder;
+// Adds one model's forward block (vm/llm_abi.h: BLUE_FA_* arguments) and its tensors to `m`:
+// weights read from extern `extern_index`, activations and KV caches (`ctx` positions, `kv_type`)
+// of its own; every tensor and the block are named with `prefix` first, so several models can
+// share a module. Returns the block's index. The model must pass checkLowerable.
+uint32_t addForwardBlock(Module& m, CodeBuilder& cb, const GgufFile& gguf, const ModelConfig& config,
+                         DType kv_type, uint32_t ctx, uint32_t extern_index, const std::string& prefix);
+
+// The model's end-of-generation tokens (eos, eot, eom as its metadata names them).
+std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelConfig& config);
 
 // Module metadata keys the host reads.
 inline constexpr const char* kMetaKind = "blue.kind";          // "llm-generate"

@@ -101,4 +101,13 @@ private:
         if (!blue_try_s_) return blue_try_s_;  \
     } while (0)
 
+// `BLUE_TRY_ASSIGN(auto x, f());` declares (or assigns) x from a Result, or returns its failure.
+#define BLUE_TRY_CAT_(a, b) a##b
+#define BLUE_TRY_CAT(a, b) BLUE_TRY_CAT_(a, b)
+#define BLUE_TRY_ASSIGN(lhs, expr) BLUE_TRY_ASSIGN_IMPL_(BLUE_TRY_CAT(blue_try_r_, __LINE__), lhs, expr)
+#define BLUE_TRY_ASSIGN_IMPL_(tmp, lhs, expr) \
+    auto tmp = (expr);                         \
+    if (!tmp) return tmp.status();             \
+    lhs = std::move(tmp.value())
+
 }  // namespace blue

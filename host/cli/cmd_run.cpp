@@ -2,11 +2,13 @@
 // or on the reference interpreter with --ref, and prints each instance's output.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "compiler/asm.h"
+#include "host/cascade/cascade_run.h"
 #include "host/cli/commands.h"
 #include "host/machine.h"
 #include "vm/interp.h"
@@ -29,6 +31,9 @@ struct RunArgs {
     int32_t n_predict = 256;
     float temperature = 0.8f;
     uint32_t seed = 0;
+    // Cascades:
+    std::vector<std::string> models;  // NAME=PATH
+    std::string dump_slots;
 };
 
 std::string dirOf(const std::string& path) {
@@ -132,6 +137,69 @@ int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,
     return finish(m, report.value(), text, args, machine.value()->stats().json());
 }
 
+std::string readTextFile(const std::string& path, bool* ok) {
+    std::ifstream in(path, std::ios::binary);
+    *ok = bool(in);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// `bluevm run CASCADE.bir`: the task comes from --input (a text file) or --prompt.
+int runCascade(const RunArgs& args) {
+    CascadeRunOptions opt;
+    opt.device = args.device;
+    opt.reference = args.ref;
+    opt.instances = args.instances;
+    opt.chain_cycles = args.chain_cycles;
+    opt.max_submit_ms = args.max_submit_ms;
+    for (const std::string& mp : args.models) {
+        size_t eq = mp.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == mp.size()) return fail("--model needs NAME=PATH, got '" + mp + "'");
+        opt.models[mp.substr(0, eq)] = mp.substr(eq + 1);
+    }
+    std::string task = args.prompt;
+    if (!args.input.empty()) {
+        bool ok = false;
+        task = readTextFile(args.input, &ok);
+        if (!ok) return fail(args.input + ": cannot open the task file");
+        while (!task.empty() && (task.back() == '\n' || task.back() == '\r')) task.pop_back();
+    }
+    auto runner = CascadeRunner::open(args.program, opt);
+    if (!runner) return fail(runner.message());
+    const CascadeInfo& info = runner.value()->info();
+    std::vector<CascadeTask> tasks;
+    for (uint32_t i = 0; i < args.instances; ++i) tasks.push_back({task, args.seed + i});
+    auto results = runner.value()->run(tasks);
+    if (!results) return fail(results.message());
+    for (size_t i = 0; i < results->size(); ++i) {
+        const CascadeResult& r = (*results)[i];
+        if (!r.complete) return fail(strFormat("task %zu did not complete", i));
+        if (tasks.size() > 1) std::printf("[%zu] seed %u\n", i, tasks[i].seed);
+        for (uint32_t o : info.outputs) {
+            if (info.outputs.size() > 1) std::printf("--- %s ---\n", info.slots[o].c_str());
+            std::printf("%s\n", r.slot_text[o].c_str());
+        }
+        if (!args.dump_slots.empty()) {
+            std::string dir = args.dump_slots + (tasks.size() > 1 ? "/" + std::to_string(i) : "");
+            std::error_code ec;
+            std::filesystem::create_directories(dir, ec);
+            if (ec) return fail("--dump-slots: cannot create " + dir + ": " + ec.message());
+            for (size_t k = 0; k < info.slots.size(); ++k) {
+                std::ofstream f(dir + "/" + info.slots[k] + ".txt", std::ios::binary | std::ios::trunc);
+                if (!(f << r.slot_text[k])) return fail("--dump-slots: cannot write " + dir + "/" + info.slots[k] + ".txt");
+            }
+        }
+        if (args.stats) {
+            std::string json = cascadeStatsJson(r);
+            json.pop_back();
+            std::fprintf(stderr, "%s,\"machine\":%s}\n", json.c_str(), runner.value()->statsJson().c_str());
+        }
+    }
+    std::fflush(stdout);
+    return 0;
+}
+
 }  // namespace
 
 Command addRunCommand(CLI::App& app) {
@@ -148,17 +216,20 @@ Command addRunCommand(CLI::App& app) {
                     "default: BLUE_MAX_SUBMIT_MS or 50)")
         ->check(CLI::Range(0.0, 1e6));
     sub->add_option("--out", args->out, "write the output to FILE instead of stdout");
-    sub->add_option("--input", args->input, "input messages: one per line, numbers");
+    sub->add_option("--input", args->input, "input messages: one per line, numbers (cascades: the task, a text file)");
     sub->add_flag("--stats", args->stats, "print execution counters as one JSON line on stderr");
     sub->add_flag("--ref", args->ref, "run on the CPU reference interpreter instead of the GPU");
     sub->add_flag("--profile", args->profile, "time every kernel with GPU timestamps (stderr)");
     sub->add_option("--prompt", args->prompt, "generation programs: the prompt (empty: from BOS)");
     sub->add_option("--n-predict", args->n_predict, "generation programs: tokens to generate at most");
     sub->add_option("--temp", args->temperature, "generation programs: temperature (0: greedy)");
-    sub->add_option("--seed", args->seed, "generation programs: random seed");
+    sub->add_option("--seed", args->seed, "generation programs and cascades: random seed");
+    sub->add_option("--model", args->models, "cascades: NAME=PATH replaces a model's file (same tensors); repeatable");
+    sub->add_option("--dump-slots", args->dump_slots, "cascades: write every slot's text to DIR/SLOT.txt");
     return [args] {
         auto m = loadProgram(args->program);
         if (!m) return fail(m.message());
+        if (const std::string* kind = m->metaValue("blue.kind"); kind && *kind == "cascade") return runCascade(*args);
         if (const std::string* kind = m->metaValue("blue.kind"); kind && *kind == "llm-generate" && !args->ref) {
             return runGenerationModule(args->program, args->prompt, args->n_predict, args->temperature,
                                        args->seed, args->instances, args->stats, args->device);

@@ -1,0 +1,87 @@
+// The cascade language's syntax tree (see cascade.h for the language). The parser fills it; the
+// lowering (lower.cpp) checks names and sizes against the models and emits the module.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace blue::cascade {
+
+struct Loc {
+    uint32_t line = 0, col = 0;  // 1-based
+};
+
+// A condition: comparisons of stage statistics and slot lengths with numbers, `contains`, and
+// `and` / `or` / `not` over them.
+struct Cond {
+    enum Kind { CMP, CONTAINS, AND, OR, NOT } kind = CMP;
+    Loc loc;
+    // CMP: subject.metric op number; CONTAINS: subject contains text
+    std::string subject, metric, op, text;
+    Loc metric_loc, text_loc;
+    double number = 0;
+    std::unique_ptr<Cond> a, b;
+};
+
+// One part of a prompt: literal text, or the contents of a slot (`input` is the task).
+struct PromptPart {
+    bool literal = false;
+    std::string text;  // the literal, or the slot's name
+    Loc loc;
+};
+
+struct Stage {
+    std::string name;
+    Loc loc;
+    std::string model;
+    Loc model_loc;
+    std::vector<PromptPart> prompt;
+    Loc prompt_loc;
+    std::string target;  // the slot the stage writes
+    Loc target_loc;
+    bool append = false;  // `append SLOT` keeps what is there; `write SLOT` replaces it
+    uint32_t max_tokens = 64;
+    float temperature = 0.8f, top_p = 1.0f, min_p = 0.0f, repeat_penalty = 1.0f;
+    uint32_t top_k = 0, repeat_last_n = 64;
+    std::vector<std::string> stops;
+    std::vector<Loc> stop_locs;
+    std::unique_ptr<Cond> skip_if;
+};
+
+struct Stmt {
+    enum Kind { STAGE, RUN, IF, REPEAT, BREAK } kind = STAGE;
+    Loc loc;
+    uint32_t stage = 0;  // STAGE, RUN: index into Program::stages
+    std::unique_ptr<Cond> cond;  // IF; BREAK (null: unconditional)
+    std::vector<Stmt> body, else_body;  // IF, REPEAT
+    uint32_t count = 0;  // REPEAT
+};
+
+struct ModelDecl {
+    std::string name, path;
+    Loc loc, path_loc;
+};
+
+struct SlotDecl {
+    std::string name;
+    uint32_t capacity = 0;
+    Loc loc;
+};
+
+struct Program {
+    std::string file;  // for messages
+    std::vector<ModelDecl> models;
+    std::vector<SlotDecl> slots;  // without `input`
+    uint32_t input_capacity = 256;
+    Loc input_loc;
+    std::vector<Stage> stages;
+    std::vector<Stmt> body;
+    std::vector<std::string> outputs;
+    std::vector<Loc> output_locs;
+    uint32_t budget = 0;  // total generated tokens per request (0: no limit)
+    uint32_t context = 0;  // per model (0: min(trained context, 2048))
+};
+
+}  // namespace blue::cascade

@@ -1,0 +1,861 @@
+// Cascade lowering: checks a parsed cascade against its models and emits one module with a
+// forward block per model and control code that runs the whole cascade per request on the GPU
+// (vm/cascade_abi.h): prompt assembly from literals and slots, sampling parameters, prefill and
+// decode with stop and budget rules, statistics, skips, conditions and bounded loops.
+#include <bit>
+#include <filesystem>
+#include <map>
+
+#include "compiler/cascade/cascade.h"
+#include "compiler/code_builder.h"
+#include "compiler/gguf.h"
+#include "compiler/lower_model.h"
+#include "compiler/model_config.h"
+#include "compiler/tokenizer.h"
+#include "vm/abi.h"
+#include "vm/cascade_abi.h"
+#include "vm/llm_abi.h"
+#include "vm/mapped_file.h"
+#include "vm/weights.h"
+#include "vm/verify.h"
+
+namespace blue {
+
+namespace {
+
+using namespace cascade;
+
+constexpr uint32_t kNoToken = 0xFFFFFFFFu;
+
+uint32_t floatBits(float f) { return std::bit_cast<uint32_t>(f); }
+
+// Registers of the cascade program. Loop counters take kLoop0 + nesting depth.
+enum Reg : uint8_t {
+    kSlot = 1, kTmp, kTmp2, kTag, kSeed, kRuns, kTotal, kPos, kPrompt, kGen, kTok, kI, kN, kWord,
+    kF1, kF2, kMinus1, kLen, kIid, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kCancelMark,
+    kFlagWord, kChunk, kJ, kWord2, kZero, kLoop0 = 32,
+};
+constexpr uint32_t kRegs = 64;
+
+struct LoadedModel {
+    std::string name, path;  // path: as the module records it
+    GgufFile gguf;
+    ModelConfig cfg;
+    Tokenizer tok;
+    uint32_t ctx = 0, block = 0, bos = kNoToken;
+    std::vector<uint32_t> eog;
+    bool used = false;
+};
+
+struct Lowerer {
+    const Program& p;
+    const CascadeOptions& opt;
+    std::vector<LoadedModel> models;
+    std::vector<uint32_t> stage_model;  // per stage: index into models
+    Module m;
+    CodeBuilder cb{&m};
+    // Local memory layout.
+    uint32_t stats_base = BLUE_SP_WORDS, slots_base = 0, hist_base = 0, max_ctx = 0;
+    std::vector<uint32_t> slot_addr;  // [0] input, then p.slots
+    std::vector<uint32_t> slot_cap;
+    CodeBuilder::Label finish_label = 0, cancel_label = 0;
+    std::vector<CodeBuilder::Label> loop_ends;
+
+    Status errorAt(Loc l, const std::string& msg) const {
+        return BLUE_ERROR("%s:%u:%u: %s", p.file.c_str(), l.line, l.col, msg.c_str());
+    }
+
+    // Slot index (0: input), or -1.
+    int slotIndex(const std::string& name) const {
+        if (name == "input") return 0;
+        for (size_t i = 0; i < p.slots.size(); ++i) {
+            if (p.slots[i].name == name) return int(i + 1);
+        }
+        return -1;
+    }
+    int stageIndex(const std::string& name) const {
+        for (size_t i = 0; i < p.stages.size(); ++i) {
+            if (p.stages[i].name == name) return int(i);
+        }
+        return -1;
+    }
+    const Tokenizer& vocab() const { return models[0].tok; }
+
+    // Tokens of literal text. `mid`: the text continues earlier tokens (not the start of a
+    // prompt), so SentencePiece's space prefix must not add a word boundary that is not there.
+    std::vector<uint32_t> tokensOf(const std::string& text, bool mid) const {
+        const Tokenizer& t = vocab();
+        std::string s = text;
+        bool spm_prefix = mid && t.addSpacePrefix();
+        if (spm_prefix && !s.empty() && s[0] == ' ') s.erase(0, 1);  // the prefix puts it back
+        else spm_prefix = spm_prefix && !s.empty();
+        std::vector<int32_t> ids = t.encode(s, false, true);
+        if (spm_prefix && !ids.empty() && !(text[0] == ' ')) {
+            // The tokenizer put a space before text that has none: drop it from the first piece.
+            std::string_view first = t.tokenText(ids[0]);
+            const std::string_view kSpace = "\xE2\x96\x81";
+            if (first == kSpace) {
+                ids.erase(ids.begin());
+            } else if (first.substr(0, kSpace.size()) == kSpace) {
+                int32_t bare = t.findToken(first.substr(kSpace.size()));
+                if (bare >= 0) ids[0] = bare;
+            }
+        }
+        return {ids.begin(), ids.end()};
+    }
+
+    uint32_t addConsts(const std::vector<uint32_t>& words) {
+        uint32_t at = uint32_t(m.consts.size());
+        m.consts.insert(m.consts.end(), words.begin(), words.end());
+        return at;
+    }
+
+    Status openModels();
+    Status checkNames();
+    Status checkCond(const Cond& c, Loc before) const;
+    Status checkStmts(const std::vector<Stmt>& body);
+    Status checkSizes();
+    void layout();
+    void emitProgram();
+    void emitStmts(const std::vector<Stmt>& body, uint32_t depth);
+    void emitStage(uint32_t s);
+    void emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label no);
+    void emitCopy(uint32_t slot);
+    void emitOutputs();
+    Result<Module> run();
+};
+
+// ---- models ----------------------------------------------------------------------------------
+
+std::string recordedPath(const std::string& path, const std::string& module_dir) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path a = fs::absolute(path, ec);
+    fs::path rel = fs::relative(a, fs::absolute(module_dir, ec), ec);
+    return ec || rel.empty() ? a.string() : rel.string();
+}
+
+Status Lowerer::openModels() {
+    if (p.models.empty()) return errorAt({1, 1}, "the cascade declares no model (add `model NAME = \"PATH.gguf\"`)");
+    for (const auto& [name, path] : opt.models) {
+        bool found = false;
+        for (const ModelDecl& d : p.models) found |= d.name == name;
+        if (!found) return BLUE_ERROR("%s: --model %s: the cascade declares no model '%s'", p.file.c_str(), name.c_str(), name.c_str());
+    }
+    std::string src_dir = std::filesystem::path(p.file).parent_path().string();
+    for (const ModelDecl& d : p.models) {
+        LoadedModel lm;
+        lm.name = d.name;
+        auto over = opt.models.find(d.name);
+        std::string path = over != opt.models.end() ? over->second : resolveModulePath(src_dir, d.path);
+        std::string where = over != opt.models.end() ? "--model " + d.name : "";
+        auto fail = [&](const std::string& msg) {
+            return over != opt.models.end() ? BLUE_ERROR("%s: %s", where.c_str(), msg.c_str())
+                                            : errorAt(d.path_loc, "model '" + d.name + "': " + msg);
+        };
+        auto g = ggufOpen(path);
+        if (!g) return fail(g.message());
+        lm.gguf = std::move(g.value());
+        auto cfg = modelConfigFromGguf(lm.gguf);
+        if (!cfg) return fail(cfg.message());
+        lm.cfg = cfg.value();
+        if (Status s = checkLowerable(lm.cfg); !s) return fail(path + ": " + s.message());
+        auto tok = Tokenizer::fromGguf(lm.gguf);
+        if (!tok) return fail(tok.message());
+        lm.tok = std::move(tok.value());
+        lm.path = recordedPath(path, opt.module_dir);
+        uint32_t trained = lm.cfg.n_ctx_train ? lm.cfg.n_ctx_train : 2048;
+        lm.ctx = p.context ? p.context : std::min<uint32_t>(trained, 2048);
+        if (p.context && p.context > trained) {
+            return errorAt(d.loc, strFormat("context %u is more than model '%s' was trained for (%u)", p.context, d.name.c_str(), trained));
+        }
+        if (lm.tok.addBos() && lm.tok.bos() >= 0) lm.bos = uint32_t(lm.tok.bos());
+        lm.eog = endOfGenerationTokens(lm.gguf, lm.cfg);
+        if (!models.empty() && vocabFingerprint(lm.tok) != vocabFingerprint(models[0].tok)) {
+            return errorAt(d.loc, strFormat(
+                "model '%s' has another vocabulary than model '%s' (%d and %d tokens, or different token texts); "
+                "stages pass tokens to each other, and re-tokenizing between vocabularies is not supported",
+                d.name.c_str(), models[0].name.c_str(), lm.tok.vocabSize(), models[0].tok.vocabSize()));
+        }
+        models.push_back(std::move(lm));
+    }
+    return Status::ok();
+}
+
+// ---- checks ----------------------------------------------------------------------------------
+
+bool before(Loc a, Loc b) { return a.line < b.line || (a.line == b.line && a.col < b.col); }
+
+Status Lowerer::checkCond(const Cond& c, Loc at) const {
+    switch (c.kind) {
+        case Cond::AND:
+        case Cond::OR:
+            BLUE_TRY(checkCond(*c.a, at));
+            return checkCond(*c.b, at);
+        case Cond::NOT: return checkCond(*c.a, at);
+        case Cond::CONTAINS:
+            if (slotIndex(c.subject) < 0) return errorAt(c.loc, "'contains' needs a slot; '" + c.subject + "' is not one");
+            if (tokensOf(c.text, true).empty()) return errorAt(c.text_loc, "the text has no tokens");
+            return Status::ok();
+        case Cond::CMP: break;
+    }
+    if (slotIndex(c.subject) >= 0) {
+        if (c.metric != "length") return errorAt(c.metric_loc, "a slot has one statistic, 'length'; found '" + c.metric + "'");
+        return Status::ok();
+    }
+    int s = stageIndex(c.subject);
+    if (s < 0) return errorAt(c.loc, "no stage or slot named '" + c.subject + "'");
+    if (!before(p.stages[s].loc, at)) return errorAt(c.loc, "stage '" + c.subject + "' is written after this condition (line " + std::to_string(p.stages[s].loc.line) + ")");
+    static const char* metrics[] = {"tokens", "entropy_mean", "entropy_max", "logprob_mean", "runs"};
+    for (const char* name : metrics) {
+        if (c.metric == name) return Status::ok();
+    }
+    return errorAt(c.metric_loc, "unknown statistic '" + c.metric + "' (tokens, entropy_mean, entropy_max, logprob_mean, runs)");
+}
+
+Status Lowerer::checkStmts(const std::vector<Stmt>& body) {
+    for (const Stmt& s : body) {
+        if (s.cond) BLUE_TRY(checkCond(*s.cond, s.loc));
+        BLUE_TRY(checkStmts(s.body));
+        BLUE_TRY(checkStmts(s.else_body));
+    }
+    return Status::ok();
+}
+
+Status Lowerer::checkNames() {
+    stage_model.resize(p.stages.size());
+    for (size_t i = 0; i < p.stages.size(); ++i) {
+        const Stage& st = p.stages[i];
+        if (st.model.empty()) {
+            if (models.size() != 1) return errorAt(st.loc, "stage '" + st.name + "' names no model, and the cascade has several");
+            stage_model[i] = 0;
+        } else {
+            bool found = false;
+            for (size_t k = 0; k < models.size(); ++k) {
+                if (models[k].name == st.model) { stage_model[i] = uint32_t(k); found = true; }
+            }
+            if (!found) return errorAt(st.model_loc, "no model named '" + st.model + "'");
+        }
+        models[stage_model[i]].used = true;
+        for (const PromptPart& part : st.prompt) {
+            if (!part.literal && slotIndex(part.text) < 0) return errorAt(part.loc, "no slot named '" + part.text + "'");
+        }
+        int target = slotIndex(st.target);
+        if (target < 0) return errorAt(st.target_loc, "no slot named '" + st.target + "'");
+        if (target == 0) return errorAt(st.target_loc, "the input slot is read-only");
+        for (size_t k = 0; k < st.stops.size(); ++k) {
+            if (tokensOf(st.stops[k], true).empty()) return errorAt(st.stop_locs[k], "the stop string has no tokens");
+        }
+        if (st.skip_if) BLUE_TRY(checkCond(*st.skip_if, st.loc));
+    }
+    for (size_t k = 0; k < models.size(); ++k) {
+        if (!models[k].used) return errorAt(p.models[k].loc, "model '" + models[k].name + "' is declared but no stage uses it");
+    }
+    for (size_t k = 0; k < p.outputs.size(); ++k) {
+        int s = slotIndex(p.outputs[k]);
+        if (s < 0) return errorAt(p.output_locs[k], "no slot named '" + p.outputs[k] + "'");
+        if (s == 0) return errorAt(p.output_locs[k], "'input' is the task itself; output a slot the stages write");
+    }
+    if (p.stages.empty()) return errorAt({1, 1}, "the cascade has no stage");
+    return checkStmts(p.body);
+}
+
+// Every stage's prompt and generation must fit its model's context whatever the slots hold:
+// checked here, so the program never has to truncate.
+Status Lowerer::checkSizes() {
+    for (size_t i = 0; i < p.stages.size(); ++i) {
+        const Stage& st = p.stages[i];
+        const LoadedModel& lm = models[stage_model[i]];
+        uint64_t worst = lm.bos != kNoToken ? 1 : 0;
+        bool first = true;
+        for (const PromptPart& part : st.prompt) {
+            worst += part.literal ? tokensOf(part.text, !first).size() : slot_cap[size_t(slotIndex(part.text))];
+            first = false;
+        }
+        uint32_t cap = slot_cap[size_t(slotIndex(st.target))];
+        if (st.max_tokens > cap) {
+            return errorAt(st.loc, strFormat("stage '%s': max_tokens %u is more than slot '%s' holds (%u)",
+                                             st.name.c_str(), st.max_tokens, st.target.c_str(), cap));
+        }
+        if (worst + st.max_tokens > lm.ctx) {
+            return errorAt(st.prompt_loc, strFormat(
+                "stage '%s': its prompt can reach %llu tokens (full slots) and it may add %u, more than the "
+                "context of model '%s' (%u); shrink the slots or max_tokens, or raise `context`",
+                st.name.c_str(), (unsigned long long)worst, st.max_tokens, lm.name.c_str(), lm.ctx));
+        }
+    }
+    return Status::ok();
+}
+
+// ---- code ------------------------------------------------------------------------------------
+
+void Lowerer::layout() {
+    uint32_t addr = stats_base + uint32_t(p.stages.size()) * BLUE_CAS_STAGE_WORDS;
+    slots_base = addr;
+    slot_cap.push_back(p.input_capacity);
+    for (const SlotDecl& s : p.slots) slot_cap.push_back(s.capacity);
+    for (uint32_t cap : slot_cap) {
+        slot_addr.push_back(addr);
+        addr += 1 + cap;
+    }
+    hist_base = addr;
+    for (const LoadedModel& lm : models) max_ctx = std::max(max_ctx, lm.ctx);
+}
+
+void Lowerer::emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label no) {
+    switch (c.kind) {
+        case Cond::AND: {
+            auto mid = cb.newLabel();
+            emitCond(*c.a, mid, no);
+            cb.bind(mid);
+            emitCond(*c.b, yes, no);
+            return;
+        }
+        case Cond::OR: {
+            auto mid = cb.newLabel();
+            emitCond(*c.a, yes, mid);
+            cb.bind(mid);
+            emitCond(*c.b, yes, no);
+            return;
+        }
+        case Cond::NOT: emitCond(*c.a, no, yes); return;
+        case Cond::CONTAINS: {
+            // Is the text's token sequence a contiguous run of the slot's tokens?
+            std::vector<uint32_t> seq = tokensOf(c.text, true);
+            uint32_t at = addConsts(seq), base = slot_addr[size_t(slotIndex(c.subject))];
+            auto outer = cb.newLabel(), inner = cb.newLabel(), next = cb.newLabel();
+            cb.op(Op::LD, {kLen, kZero}, base);
+            cb.li(kN, uint32_t(seq.size()));
+            cb.li(kI, 0);
+            cb.bind(outer);
+            cb.op(Op::ADD, {kTmp, kI, kN});
+            cb.jump(Op::BLTU, {kLen, kTmp}, no);
+            cb.li(kJ, 0);
+            cb.bind(inner);
+            cb.jump(Op::BGEU, {kJ, kN}, yes);
+            cb.op(Op::ADD, {kTmp, kI, kJ});
+            cb.op(Op::LD, {kWord, kTmp}, base + 1);
+            cb.op(Op::LDK, {kWord2, kJ}, at);
+            cb.jump(Op::BNE, {kWord, kWord2}, next);
+            cb.op(Op::ADDI, {kJ, kJ}, 1);
+            cb.jump(Op::JMP, {}, inner);
+            cb.bind(next);
+            cb.op(Op::ADDI, {kI, kI}, 1);
+            cb.jump(Op::JMP, {}, outer);
+            return;
+        }
+        case Cond::CMP: break;
+    }
+    // The subject's value as a float in kF1.
+    int slot = slotIndex(c.subject);
+    if (slot >= 0) {
+        cb.op(Op::LD, {kTmp, kZero}, slot_addr[size_t(slot)]);
+        cb.op(Op::UTOF, {kF1, kTmp});
+    } else {
+        uint32_t st = stats_base + uint32_t(stageIndex(c.subject)) * BLUE_CAS_STAGE_WORDS;
+        if (c.metric == "tokens" || c.metric == "runs") {
+            cb.op(Op::LD, {kTmp, kZero}, st + (c.metric == "tokens" ? BLUE_CAS_ST_TOKENS : BLUE_CAS_ST_RUNS));
+            cb.op(Op::UTOF, {kF1, kTmp});
+        } else if (c.metric == "entropy_max") {
+            cb.op(Op::LD, {kF1, kZero}, st + BLUE_CAS_ST_ENT_MAX);
+        } else {  // a mean over the tokens; 0 when there are none
+            auto done = cb.newLabel();
+            cb.op(Op::LD, {kTmp, kZero}, st + BLUE_CAS_ST_TOKENS);
+            cb.op(Op::LF, {kF1}, floatBits(0.0f));
+            cb.jump(Op::BEQZ, {kTmp}, done);
+            cb.op(Op::LD, {kF1, kZero}, st + (c.metric == "entropy_mean" ? BLUE_CAS_ST_ENT_SUM : BLUE_CAS_ST_LP_SUM));
+            cb.op(Op::UTOF, {kF2, kTmp});
+            cb.op(Op::FDIV, {kF1, kF1, kF2});
+            cb.bind(done);
+        }
+    }
+    cb.op(Op::LF, {kF2}, floatBits(float(c.number)));
+    bool negate = c.op == "!=";
+    if (c.op == "<") cb.op(Op::FLT, {kTmp, kF1, kF2});
+    else if (c.op == "<=") cb.op(Op::FLE, {kTmp, kF1, kF2});
+    else if (c.op == ">") cb.op(Op::FLT, {kTmp, kF2, kF1});
+    else if (c.op == ">=") cb.op(Op::FLE, {kTmp, kF2, kF1});
+    else cb.op(Op::FEQ, {kTmp, kF1, kF2});
+    cb.jump(negate ? Op::BEQZ : Op::BNEZ, {kTmp}, yes);
+    cb.jump(Op::JMP, {}, no);
+}
+
+// Appends the tokens of the slot at `slot` to the history at kPos.
+void Lowerer::emitCopy(uint32_t slot) {
+    auto loop = cb.newLabel(), done = cb.newLabel();
+    cb.op(Op::LD, {kN, kZero}, slot);
+    cb.li(kI, 0);
+    cb.bind(loop);
+    cb.jump(Op::BGEU, {kI, kN}, done);
+    cb.op(Op::LD, {kWord, kI}, slot + 1);
+    cb.op(Op::ST, {kWord, kPos}, hist_base);
+    cb.op(Op::ADDI, {kPos, kPos}, 1);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, loop);
+    cb.bind(done);
+}
+
+void Lowerer::emitStage(uint32_t s) {
+    const Stage& st = p.stages[s];
+    const LoadedModel& lm = models[stage_model[s]];
+    const uint32_t stats = stats_base + s * BLUE_CAS_STAGE_WORDS;
+    const uint32_t target = slot_addr[size_t(slotIndex(st.target))];
+    const uint32_t target_cap = slot_cap[size_t(slotIndex(st.target))];
+    auto end = cb.newLabel(), run = cb.newLabel(), done = cb.newLabel();
+
+    if (st.skip_if) {
+        auto skip = cb.newLabel();
+        emitCond(*st.skip_if, skip, run);
+        cb.bind(skip);
+        cb.li(kTmp, BLUE_CAS_STATE_SKIPPED);
+        cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_STATE);
+        cb.jump(Op::JMP, {}, end);
+    }
+    cb.bind(run);
+    if (p.budget) {
+        auto ok = cb.newLabel();
+        cb.li(kTmp, p.budget);
+        cb.jump(Op::BLTU, {kTotal, kTmp}, ok);
+        cb.li(kTmp, BLUE_CAS_STATE_NO_BUDGET);
+        cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_STATE);
+        cb.jump(Op::JMP, {}, end);
+        cb.bind(ok);
+    }
+    // The prompt: BOS, then literals and slots in order.
+    cb.li(kPos, 0);
+    if (lm.bos != kNoToken) {
+        cb.li(kTmp, lm.bos);
+        cb.op(Op::ST, {kTmp, kZero}, hist_base);
+        cb.li(kPos, 1);
+    }
+    bool first = true;
+    for (const PromptPart& part : st.prompt) {
+        if (part.literal) {
+            std::vector<uint32_t> toks = tokensOf(part.text, !first);
+            if (!toks.empty()) {
+                uint32_t at = addConsts(toks);
+                auto loop = cb.newLabel(), copied = cb.newLabel();
+                cb.li(kI, 0);
+                cb.li(kN, uint32_t(toks.size()));
+                cb.bind(loop);
+                cb.jump(Op::BGEU, {kI, kN}, copied);
+                cb.op(Op::LDK, {kWord, kI}, at);
+                cb.op(Op::ST, {kWord, kPos}, hist_base);
+                cb.op(Op::ADDI, {kPos, kPos}, 1);
+                cb.op(Op::ADDI, {kI, kI}, 1);
+                cb.jump(Op::JMP, {}, loop);
+                cb.bind(copied);
+            }
+        } else {
+            emitCopy(slot_addr[size_t(slotIndex(part.text))]);
+        }
+        first = false;
+    }
+    cb.op(Op::MOV, {kPrompt, kPos});
+    // The target is cleared only now: a stage may rewrite the slot it reads.
+    if (!st.append) cb.op(Op::ST, {kZero, kZero}, target);
+    // Statistics of this run.
+    for (uint32_t w : {BLUE_CAS_ST_TOKENS, BLUE_CAS_ST_ENT_SUM, BLUE_CAS_ST_ENT_MAX, BLUE_CAS_ST_LP_SUM}) {
+        cb.op(Op::ST, {kZero, kZero}, stats + w);
+    }
+    cb.li(kTmp, BLUE_CAS_STATE_RAN);
+    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_STATE);
+    cb.op(Op::LD, {kTmp, kZero}, stats + BLUE_CAS_ST_RUNS);
+    cb.op(Op::ADDI, {kTmp, kTmp}, 1);
+    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_RUNS);
+    cb.op(Op::CYCLE, {kTmp});
+    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_CYCLES);
+    // Sampling parameters; each stage run draws from its own stream of the request's seed.
+    auto param = [&](uint32_t word, uint32_t value) {
+        cb.li(kTmp, value);
+        cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + word);
+    };
+    param(BLUE_SP_TEMP, floatBits(st.temperature));
+    param(BLUE_SP_TOP_K, st.top_k);
+    param(BLUE_SP_TOP_P, floatBits(st.top_p));
+    param(BLUE_SP_MIN_P, floatBits(st.min_p));
+    param(BLUE_SP_REPEAT_PENALTY, floatBits(st.repeat_penalty));
+    param(BLUE_SP_REPEAT_LAST_N, st.repeat_last_n);
+    param(BLUE_SP_PRESENCE, floatBits(0.0f));
+    param(BLUE_SP_FREQUENCY, floatBits(0.0f));
+    param(BLUE_SP_COUNTER, 0);
+    param(BLUE_SP_HIST_ADDR, hist_base);
+    cb.op(Op::MULI, {kTmp, kRuns}, 0x9E3779B9u);
+    cb.op(Op::ADD, {kTmp, kTmp, kSeed});
+    cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + BLUE_SP_SEED);
+    cb.op(Op::ADDI, {kRuns, kRuns}, 1);
+    cb.jump(Op::BEQZ, {kPrompt}, done);
+    // Prefill in chunks; the last chunk's sample is the first generated token.
+    auto prefill = cb.newLabel(), chunk_ok = cb.newLabel(), decode = cb.newLabel(), feed = cb.newLabel();
+    cb.li(kPos, 0);
+    cb.li(kChunk, opt.chunk);
+    cb.li(kArgSampling, BLUE_LM_SAMPLING);
+    cb.bind(prefill);
+    cb.op(Op::SUB, {kArgRows, kPrompt, kPos});
+    cb.jump(Op::BLTU, {kArgRows, kChunk}, chunk_ok);
+    cb.op(Op::MOV, {kArgRows, kChunk});
+    cb.bind(chunk_ok);
+    cb.op(Op::MOV, {kArgPos, kPos});
+    cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
+    cb.op(Op::ADD, {kPos, kPos, kArgRows});
+    cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+    cb.op(Op::RUN, {kArgRows}, lm.block);
+    cb.jump(Op::BLTU, {kPos, kPrompt}, prefill);
+    cb.li(kGen, 0);
+    // Decode: take the sampled token, check the stop rules, append it, feed it back.
+    cb.bind(decode);
+    cb.li(kTmp, st.max_tokens);
+    cb.jump(Op::BGEU, {kGen, kTmp}, done);
+    if (p.budget) {
+        cb.li(kTmp, p.budget);
+        cb.jump(Op::BGEU, {kTotal, kTmp}, done);
+    }
+    cb.op(Op::LD, {kTok, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
+    for (uint32_t id : lm.eog) {
+        cb.li(kTmp, id);
+        cb.jump(Op::BEQ, {kTok, kTmp}, done);
+    }
+    cb.op(Op::LD, {kLen, kZero}, target);
+    cb.li(kTmp, target_cap);
+    cb.jump(Op::BGEU, {kLen, kTmp}, done);
+    cb.op(Op::ST, {kTok, kLen}, target + 1);
+    cb.op(Op::ADDI, {kLen, kLen}, 1);
+    cb.op(Op::ST, {kLen, kZero}, target);
+    cb.op(Op::ADDI, {kGen, kGen}, 1);
+    cb.op(Op::ADDI, {kTotal, kTotal}, 1);
+    cb.op(Op::ST, {kGen, kZero}, stats + BLUE_CAS_ST_TOKENS);
+    cb.op(Op::LD, {kF1, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_ENTROPY);
+    cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
+    cb.op(Op::FADD, {kF2, kF2, kF1});
+    cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
+    cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
+    cb.op(Op::FMAX, {kF2, kF2, kF1});
+    cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
+    cb.op(Op::LD, {kF1, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
+    cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+    cb.op(Op::FADD, {kF2, kF2, kF1});
+    cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+    // Stop strings: the slot's last tokens (of this run) equal one of them; they are dropped.
+    for (const std::string& stop : st.stops) {
+        std::vector<uint32_t> seq = tokensOf(stop, true);
+        uint32_t at = addConsts(seq);
+        auto cmp = cb.newLabel(), match = cb.newLabel(), next = cb.newLabel();
+        cb.li(kN, uint32_t(seq.size()));
+        cb.jump(Op::BLTU, {kGen, kN}, next);
+        cb.li(kJ, 0);
+        cb.bind(cmp);
+        cb.jump(Op::BGEU, {kJ, kN}, match);
+        cb.op(Op::SUB, {kWord, kLen, kN});
+        cb.op(Op::ADD, {kWord, kWord, kJ});
+        cb.op(Op::LD, {kWord, kWord}, target + 1);
+        cb.op(Op::LDK, {kWord2, kJ}, at);
+        cb.jump(Op::BNE, {kWord, kWord2}, next);
+        cb.op(Op::ADDI, {kJ, kJ}, 1);
+        cb.jump(Op::JMP, {}, cmp);
+        cb.bind(match);
+        cb.op(Op::SUB, {kLen, kLen, kN});
+        cb.op(Op::ST, {kLen, kZero}, target);
+        cb.jump(Op::JMP, {}, done);
+        cb.bind(next);
+    }
+    cb.op(Op::INFLAG, {kFlagWord, kIid});
+    cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, cancel_label);
+    cb.bind(feed);
+    cb.li(kTmp, lm.ctx);
+    cb.jump(Op::BGEU, {kPos, kTmp}, done);
+    cb.op(Op::ST, {kTok, kPos}, hist_base);
+    cb.li(kArgRows, 1);
+    cb.op(Op::MOV, {kArgPos, kPos});
+    cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
+    cb.op(Op::ADDI, {kPos, kPos}, 1);
+    cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+    cb.op(Op::RUN, {kArgRows}, lm.block);
+    cb.jump(Op::JMP, {}, decode);
+    cb.bind(done);
+    cb.op(Op::CYCLE, {kTmp});
+    cb.op(Op::LD, {kTmp2, kZero}, stats + BLUE_CAS_ST_CYCLES);
+    cb.op(Op::SUB, {kTmp, kTmp, kTmp2});
+    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_CYCLES);
+    cb.bind(end);
+}
+
+void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
+    for (const Stmt& s : body) {
+        switch (s.kind) {
+            case Stmt::STAGE:
+            case Stmt::RUN: emitStage(s.stage); break;
+            case Stmt::IF: {
+                auto yes = cb.newLabel(), no = cb.newLabel(), end = cb.newLabel();
+                emitCond(*s.cond, yes, no);
+                cb.bind(yes);
+                emitStmts(s.body, depth);
+                cb.jump(Op::JMP, {}, end);
+                cb.bind(no);
+                emitStmts(s.else_body, depth);
+                cb.bind(end);
+                break;
+            }
+            case Stmt::REPEAT: {
+                uint8_t counter = uint8_t(kLoop0 + depth);
+                auto top = cb.newLabel(), end = cb.newLabel();
+                cb.li(counter, 0);
+                cb.bind(top);
+                cb.li(kTmp, s.count);
+                cb.jump(Op::BGEU, {counter, kTmp}, end);
+                loop_ends.push_back(end);
+                emitStmts(s.body, depth + 1);
+                loop_ends.pop_back();
+                cb.op(Op::ADDI, {counter, counter}, 1);
+                cb.jump(Op::JMP, {}, top);
+                cb.bind(end);
+                break;
+            }
+            case Stmt::BREAK: {
+                if (!s.cond) {
+                    cb.jump(Op::JMP, {}, loop_ends.back());
+                } else {
+                    auto go_on = cb.newLabel();
+                    emitCond(*s.cond, loop_ends.back(), go_on);
+                    cb.bind(go_on);
+                }
+                break;
+            }
+        }
+    }
+}
+
+void Lowerer::emitOutputs() {
+    for (uint32_t s = 0; s < p.stages.size(); ++s) {
+        uint32_t st = stats_base + s * BLUE_CAS_STAGE_WORDS;
+        const std::pair<uint32_t, Op> records[] = {
+            {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
+            {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
+            {BLUE_CAS_ST_RUNS, Op::OUTU}};
+        for (auto [word, op] : records) {
+            cb.op(Op::LD, {kTmp, kZero}, st + word);
+            cb.op(op, {kTmp});
+        }
+    }
+    for (size_t k = 1; k < slot_addr.size(); ++k) {
+        auto loop = cb.newLabel(), done = cb.newLabel();
+        cb.op(Op::LD, {kN, kZero}, slot_addr[k]);
+        cb.op(Op::OUTU, {kN});
+        cb.li(kI, 0);
+        cb.bind(loop);
+        cb.jump(Op::BGEU, {kI, kN}, done);
+        cb.op(Op::LD, {kTok, kI}, slot_addr[k] + 1);
+        cb.op(Op::OUTT, {kTok});
+        cb.op(Op::ADDI, {kI, kI}, 1);
+        cb.jump(Op::JMP, {}, loop);
+        cb.bind(done);
+    }
+}
+
+void Lowerer::emitProgram() {
+    auto next = cb.newLabel(), halt = cb.newLabel(), reject = cb.newLabel(), clear = cb.newLabel();
+    finish_label = cb.newLabel();
+    cancel_label = cb.newLabel();
+    cb.li(kZero, 0);
+    cb.li(kMinus1, 0xFFFFFFFFu);
+    cb.op(Op::IID, {kIid});
+    cb.bind(next);
+    cb.op(Op::INRECV, {kSlot});
+    cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
+    cb.li(kTmp, BLUE_CAS_REQ_TAG);
+    cb.op(Op::INLD, {kTag, kSlot, kTmp});
+    cb.op(Op::OUTBEGIN, {kTag});
+    cb.op(Op::ADDI, {kCancelMark, kTag}, 1);  // the host sets this instance's flag to tag + 1 to cancel
+    cb.li(kTmp, BLUE_CAS_REQ_SEED);
+    cb.op(Op::INLD, {kSeed, kSlot, kTmp});
+    // The task becomes the input slot; a task longer than the slot is refused.
+    cb.op(Op::INLEN, {kTmp, kSlot});
+    cb.op(Op::ADDI, {kTmp, kTmp}, uint32_t(-int32_t(BLUE_CAS_REQ_HEADER)));
+    cb.li(kTmp2, p.input_capacity + 1);
+    cb.jump(Op::BGEU, {kTmp, kTmp2}, reject);
+    cb.li(kWord, slot_addr[0] + 1);
+    cb.li(kTmp2, BLUE_CAS_REQ_HEADER);
+    cb.op(Op::INCPY, {kWord, kSlot, kTmp2});
+    cb.op(Op::ST, {kWord, kZero}, slot_addr[0]);
+    cb.op(Op::INFREE, {kSlot});
+    // Every statistic and slot starts empty.
+    cb.li(kI, stats_base);
+    cb.li(kN, slots_base);
+    cb.bind(clear);
+    cb.op(Op::ST, {kZero, kI}, 0);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::BLTU, {kI, kN}, clear);
+    for (size_t k = 1; k < slot_addr.size(); ++k) cb.op(Op::ST, {kZero, kZero}, slot_addr[k]);
+    cb.li(kRuns, 0);
+    cb.li(kTotal, 0);
+    emitStmts(p.body, 0);
+    cb.bind(finish_label);
+    emitOutputs();
+    cb.op(Op::OUTEND, {kTag});
+    cb.jump(Op::JMP, {}, next);
+    cb.bind(reject);
+    cb.op(Op::INFREE, {kSlot});
+    cb.bind(cancel_label);
+    cb.op(Op::OUTEND, {kTag});
+    cb.jump(Op::JMP, {}, next);
+    cb.bind(halt);
+    cb.op(Op::HALT);
+}
+
+std::string joinNames(const std::vector<std::string>& names) {
+    std::string out;
+    for (const std::string& n : names) out += (out.empty() ? "" : ",") + n;
+    return out;
+}
+
+Result<Module> Lowerer::run() {
+    BLUE_TRY(openModels());
+    layout();
+    BLUE_TRY(checkNames());
+    BLUE_TRY(checkSizes());
+    if (uint64_t(hist_base) + max_ctx > BLUE_MAX_LOCAL_WORDS) {
+        return errorAt({1, 1}, strFormat("slots and context need %llu words per instance, more than %u",
+                                         (unsigned long long)(hist_base + max_ctx), BLUE_MAX_LOCAL_WORDS));
+    }
+    for (size_t k = 0; k < models.size(); ++k) {
+        LoadedModel& lm = models[k];
+        m.externs.push_back(lm.path);
+        lm.block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), lm.name + "/");
+    }
+    m.layout.regs = kRegs;
+    m.layout.local_words = hist_base + max_ctx;
+    m.layout.in_slots = opt.in_slots;
+    m.layout.in_slot_words = BLUE_CAS_REQ_HEADER + p.input_capacity + 1;
+    m.layout.max_rows = opt.max_rows;
+    m.layout.max_steps = 4096;
+    emitProgram();
+    BLUE_TRY(cb.finish());
+    std::vector<std::string> names, stages, slots, caps, outputs;
+    for (const LoadedModel& lm : models) names.push_back(lm.name);
+    for (const Stage& st : p.stages) stages.push_back(st.name);
+    for (const SlotDecl& s : p.slots) {
+        slots.push_back(s.name);
+        caps.push_back(std::to_string(s.capacity));
+    }
+    if (p.outputs.empty()) {
+        // The slot the last stage in the source writes.
+        outputs.push_back(std::to_string(slotIndex(p.stages.back().target) - 1));
+    }
+    for (const std::string& o : p.outputs) outputs.push_back(std::to_string(slotIndex(o) - 1));
+    m.meta = {{kMetaKind, kCascadeKind},
+              {kMetaCtx, std::to_string(max_ctx)},
+              {"cascade.models", joinNames(names)},
+              {"cascade.stages", joinNames(stages)},
+              {"cascade.slots", joinNames(slots)},
+              {"cascade.slot_capacity", joinNames(caps)},
+              {"cascade.outputs", joinNames(outputs)},
+              {"cascade.input_capacity", std::to_string(p.input_capacity)},
+              {"cascade.vocab", vocabFingerprint(vocab())}};
+    Status s = verifyModule(m);
+    if (!s) return s.prefix("compiled cascade fails verification (compiler bug)");
+    return std::move(m);
+}
+
+std::vector<std::string> splitNames(const std::string& s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    if (s.empty()) return out;
+    for (;;) {
+        size_t comma = s.find(',', start);
+        out.push_back(s.substr(start, comma - start));
+        if (comma == std::string::npos) return out;
+        start = comma + 1;
+    }
+}
+
+}  // namespace
+
+Result<Module> compileCascade(std::string_view source, const std::string& file, const CascadeOptions& options) {
+    BLUE_TRY_ASSIGN(Program p, parseCascade(source, file));
+    Lowerer lw{p, options, {}, {}, {}};
+    return lw.run();
+}
+
+Result<Module> compileCascadeFile(const std::string& path, const CascadeOptions& options) {
+    auto bytes = MappedFile::open(path);
+    if (!bytes) return bytes.status();
+    std::string_view text(reinterpret_cast<const char*>(bytes->bytes().data()), bytes->bytes().size());
+    return compileCascade(text, path, options);
+}
+
+std::string vocabFingerprint(const Tokenizer& t) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&](std::string_view s) {
+        for (char c : s) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
+        h = (h ^ 0xFF) * 0x100000001b3ull;
+    };
+    mix(t.model() == TokenizerModel::Spm ? "spm" : "bpe");
+    for (int32_t i = 0; i < t.vocabSize(); ++i) mix(t.tokenText(i));
+    return strFormat("%d:%016llx", t.vocabSize(), (unsigned long long)h);
+}
+
+Result<CascadeInfo> CascadeInfo::fromModule(const Module& m) {
+    const std::string* kind = m.metaValue(kMetaKind);
+    if (!kind || *kind != kCascadeKind) return Status::error("not a cascade module (compile one with `bluec cascade`)");
+    auto get = [&](const char* key) -> Result<std::string> {
+        const std::string* v = m.metaValue(key);
+        if (!v) return BLUE_ERROR("cascade module has no '%s' metadata", key);
+        return *v;
+    };
+    auto number = [](const std::string& s, uint32_t* out) {
+        char* end = nullptr;
+        unsigned long v = std::strtoul(s.c_str(), &end, 10);
+        if (s.empty() || *end || v > 0xFFFFFFFFul) return false;
+        *out = uint32_t(v);
+        return true;
+    };
+    CascadeInfo info;
+    BLUE_TRY_ASSIGN(std::string models, get("cascade.models"));
+    BLUE_TRY_ASSIGN(std::string stages, get("cascade.stages"));
+    BLUE_TRY_ASSIGN(std::string slots, get("cascade.slots"));
+    BLUE_TRY_ASSIGN(std::string caps, get("cascade.slot_capacity"));
+    BLUE_TRY_ASSIGN(std::string outputs, get("cascade.outputs"));
+    BLUE_TRY_ASSIGN(std::string input, get("cascade.input_capacity"));
+    BLUE_TRY_ASSIGN(info.vocab, get("cascade.vocab"));
+    info.models = splitNames(models);
+    info.stages = splitNames(stages);
+    info.slots = splitNames(slots);
+    if (info.models.size() != m.externs.size()) return Status::error("cascade module: its models and external files differ in number");
+    std::vector<std::string> cap_text = splitNames(caps);
+    if (cap_text.size() != info.slots.size()) return Status::error("cascade module: slot capacities do not match its slots");
+    for (const std::string& c : cap_text) {
+        uint32_t v = 0;
+        if (!number(c, &v)) return BLUE_ERROR("cascade module: bad slot capacity '%s'", c.c_str());
+        info.slot_capacity.push_back(v);
+    }
+    for (const std::string& o : splitNames(outputs)) {
+        uint32_t v = 0;
+        if (!number(o, &v) || v >= info.slots.size()) return BLUE_ERROR("cascade module: bad output slot '%s'", o.c_str());
+        info.outputs.push_back(v);
+    }
+    if (!number(input, &info.input_capacity)) return Status::error("cascade module: bad input capacity");
+    return info;
+}
+
+Status rebindModel(Module& m, uint32_t extern_index, const GgufFile& gguf, const std::string& path) {
+    if (extern_index >= m.externs.size()) return BLUE_ERROR("no model %u in the module", extern_index);
+    for (TensorDecl& t : m.tensors) {
+        if (t.source != DataSource::EXTERN || t.extern_index != extern_index) continue;
+        size_t slash = t.name.find('/');
+        std::string name = slash == std::string::npos ? t.name : t.name.substr(slash + 1);
+        const GgufTensor* g = gguf.findTensor(name);
+        if (!g) return BLUE_ERROR("%s has no tensor '%s'", path.c_str(), name.c_str());
+        bool same_shape = true;
+        for (uint32_t d = 0; d < 4; ++d) same_shape &= uint64_t(g->ne[d]) == t.ne[d];
+        if (g->type != t.dtype || !same_shape || g->n_bytes != t.bytes) {
+            return BLUE_ERROR("%s: tensor '%s' is %s [%lld, %lld] but the cascade was compiled for %s [%llu, %llu]; "
+                              "compile it again with `bluec cascade --model`",
+                              path.c_str(), name.c_str(), std::string(dtypeName(g->type)).c_str(), (long long)g->ne[0],
+                              (long long)g->ne[1], std::string(dtypeName(t.dtype)).c_str(), (unsigned long long)t.ne[0], (unsigned long long)t.ne[1]);
+        }
+        t.offset = g->offset;
+    }
+    m.externs[extern_index] = path;
+    return Status::ok();
+}
+
+}  // namespace blue

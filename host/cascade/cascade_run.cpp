@@ -1,0 +1,242 @@
+// CascadeRunner (see cascade_run.h).
+#include "host/cascade/cascade_run.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "compiler/gguf.h"
+#include "vm/abi.h"
+#include "vm/cascade_abi.h"
+#include "vm/interp.h"
+
+namespace blue {
+
+namespace {
+
+std::string dirOf(const std::string& path) {
+    std::filesystem::path p(path);
+    return p.has_parent_path() ? p.parent_path().string() : ".";
+}
+
+float asFloat(uint32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// lavapipe runs small models' many small dispatches faster on its queue thread (see
+// host/llm/engine.cpp); a value the user set is kept.
+void chooseLavapipeThreads(const Module& m) {
+    if (std::getenv("LP_NUM_THREADS")) return;
+    uint64_t weights = 0;
+    for (const TensorDecl& t : m.tensors) {
+        if (t.source == DataSource::EXTERN) weights += t.bytes;
+    }
+    if (weights < (16ull << 20)) setenv("LP_NUM_THREADS", "0", 0);
+}
+
+}  // namespace
+
+const char* StageStats::stateName() const {
+    switch (state) {
+        case BLUE_CAS_STATE_RAN: return "ran";
+        case BLUE_CAS_STATE_SKIPPED: return "skipped";
+        case BLUE_CAS_STATE_NO_BUDGET: return "no budget";
+        default: return "not reached";
+    }
+}
+
+CascadeRunner::~CascadeRunner() = default;
+
+Result<std::unique_ptr<CascadeRunner>> CascadeRunner::open(const std::string& path, const CascadeRunOptions& options) {
+    std::unique_ptr<CascadeRunner> r(new CascadeRunner());
+    r->options_ = options;
+    auto m = loadModuleFile(path);
+    if (!m) return m.status();
+    r->module_ = std::move(m.value());
+    auto info = CascadeInfo::fromModule(r->module_);
+    if (!info) return Status(info.status()).prefix(path);
+    r->info_ = std::move(info.value());
+    std::string dir = dirOf(path);
+    for (const auto& [name, file] : options.models) {
+        size_t index = r->info_.models.size();
+        for (size_t k = 0; k < r->info_.models.size(); ++k) {
+            if (r->info_.models[k] == name) index = k;
+        }
+        if (index == r->info_.models.size()) {
+            return BLUE_ERROR("--model %s: %s has no model '%s' (it has: %s)", name.c_str(), path.c_str(), name.c_str(),
+                              r->module_.metaValue("cascade.models")->c_str());
+        }
+        auto g = ggufOpen(file);
+        if (!g) return Status(g.status()).prefix("--model " + name);
+        auto tok = Tokenizer::fromGguf(g.value());
+        if (!tok) return Status(tok.status()).prefix("--model " + name);
+        if (vocabFingerprint(tok.value()) != r->info_.vocab) {
+            return BLUE_ERROR("--model %s: %s has another vocabulary than the cascade was compiled for", name.c_str(), file.c_str());
+        }
+        std::string absolute = std::filesystem::absolute(file).string();
+        if (Status s = rebindModel(r->module_, uint32_t(index), g.value(), absolute); !s) return s.prefix("--model " + name);
+    }
+    // The tokenizer (all models share it) comes from the first model's file.
+    std::string first = resolveModulePath(dir, r->module_.externs[0]);
+    auto g = ggufOpen(first);
+    if (!g) return g.status();
+    auto tok = Tokenizer::fromGguf(g.value());
+    if (!tok) return tok.status();
+    if (vocabFingerprint(tok.value()) != r->info_.vocab) {
+        return BLUE_ERROR("%s: the vocabulary is not the one %s was compiled with; compile the cascade again", first.c_str(), path.c_str());
+    }
+    r->tokenizer_ = std::move(tok.value());
+    auto w = WeightSource::open(r->module_, dir);
+    if (!w) return w.status();
+    r->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
+    if (!options.reference) {
+        chooseLavapipeThreads(r->module_);
+        DeviceOptions dopt;
+        dopt.select = options.device;
+        auto dev = Device::create(dopt);
+        if (!dev) return dev.status();
+        auto p = Pipelines::create(*dev.value());
+        if (!p) return p.status();
+        r->device_ = std::move(dev.value());
+        r->pipelines_ = std::move(p.value());
+    }
+    return r;
+}
+
+Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeTask>& tasks) {
+    std::vector<std::vector<uint32_t>> messages;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+        std::vector<int32_t> ids = tokenizer_.encode(tasks[i].text, false, true);
+        if (ids.size() > info_.input_capacity) {
+            return BLUE_ERROR("task %zu has %zu tokens, more than the cascade's input slot holds (%u; `slot input[N]` sets it)",
+                              i, ids.size(), info_.input_capacity);
+        }
+        std::vector<uint32_t> msg(BLUE_CAS_REQ_HEADER);
+        msg[BLUE_CAS_REQ_TAG] = uint32_t(i);
+        msg[BLUE_CAS_REQ_SEED] = tasks[i].seed;
+        msg.insert(msg.end(), ids.begin(), ids.end());
+        messages.push_back(std::move(msg));
+    }
+    uint32_t instances = std::max<uint32_t>(1, std::min<uint32_t>(options_.instances, uint32_t(std::max<size_t>(1, tasks.size()))));
+    uint64_t max_cycles = options_.max_cycles ? options_.max_cycles : 10000000;
+    std::vector<OutputRecord> records;
+    RunReport report;
+    if (options_.reference) {
+        RefMachine machine(module_, *weights_, MachineOptions{instances, max_cycles});
+        for (auto& msg : messages) machine.pushInput(msg);
+        machine.closeInput();
+        report = machine.run();
+        records = report.output;
+        stats_json_ = strFormat("{\"engine\":\"reference\",\"cycles\":%llu,\"steps\":%llu,\"block_runs\":%llu,\"round_trips\":0}",
+                                (unsigned long long)report.cycles, (unsigned long long)report.steps,
+                                (unsigned long long)report.block_runs);
+    } else {
+        GpuOptions opt;
+        opt.instances = instances;
+        opt.max_cycles = max_cycles;
+        opt.chain_cycles = options_.chain_cycles;
+        opt.max_submit_ms = options_.max_submit_ms;
+        auto machine = GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
+        if (!machine) return machine.status();
+        for (auto& msg : messages) {
+            if (Status s = machine.value()->pushInput(msg); !s) return s;
+        }
+        machine.value()->closeInput();
+        auto rep = machine.value()->run(
+            [&](std::span<const OutputRecord> recs) { records.insert(records.end(), recs.begin(), recs.end()); }, false);
+        if (!rep) return rep.status();
+        report = std::move(rep.value());
+        gpu_stats_ = machine.value()->stats();
+        stats_json_ = gpu_stats_.json();
+    }
+    if (std::string faults = describeFaults(module_, report.instances); !faults.empty()) {
+        return Status::error("the cascade program faulted (a compiler bug):\n" + faults);
+    }
+    if (!report.status) return report.status;
+    return decode(records, tasks.size());
+}
+
+Result<std::vector<CascadeResult>> CascadeRunner::decode(std::span<const OutputRecord> records, size_t tasks) const {
+    std::vector<CascadeResult> results(tasks);
+    // Per instance: the request it is reporting and how far into the protocol it is.
+    struct Cursor {
+        int64_t tag = -1;
+        size_t field = 0;   // records of the current request so far
+        size_t slot = 0;    // slot being read
+        uint32_t left = 0;  // its tokens still to come
+        bool in_slot_tokens = false;
+    };
+    std::map<uint32_t, Cursor> cursors;
+    const size_t stage_fields = info_.stages.size() * BLUE_CAS_OUT_STAGE_RECORDS;
+    for (const OutputRecord& rec : records) {
+        Cursor& c = cursors[rec.inst];
+        auto bad = [&](const char* what) {
+            return BLUE_ERROR("cascade output of instance %u: %s (record kind %u)", rec.inst, what, rec.kind);
+        };
+        if (rec.kind == BLUE_OUT_BEGIN) {
+            if (rec.value >= tasks) return bad("unknown request tag");
+            c = Cursor{};
+            c.tag = rec.value;
+            results[rec.value].stages.resize(info_.stages.size());
+            for (size_t s = 0; s < info_.stages.size(); ++s) results[rec.value].stages[s].name = info_.stages[s];
+            results[rec.value].slots.assign(info_.slots.size(), {});
+            continue;
+        }
+        if (c.tag < 0) return bad("record outside a request");
+        CascadeResult& r = results[size_t(c.tag)];
+        if (rec.kind == BLUE_OUT_END) {
+            r.complete = c.field >= stage_fields && c.slot == info_.slots.size() && !c.in_slot_tokens;
+            c.tag = -1;
+            continue;
+        }
+        if (c.field < stage_fields) {
+            StageStats& st = r.stages[c.field / BLUE_CAS_OUT_STAGE_RECORDS];
+            switch (c.field % BLUE_CAS_OUT_STAGE_RECORDS) {
+                case 0: st.state = rec.value; break;
+                case 1: st.tokens = rec.value; break;
+                case 2: st.entropy_sum = asFloat(rec.value); break;
+                case 3: st.entropy_max = asFloat(rec.value); break;
+                case 4: st.logprob_sum = asFloat(rec.value); break;
+                case 5: st.cycles = rec.value; break;
+                case 6: st.runs = rec.value; break;
+            }
+            ++c.field;
+            continue;
+        }
+        if (!c.in_slot_tokens) {
+            if (rec.kind != BLUE_OUT_UINT || c.slot >= info_.slots.size()) return bad("expected a slot length");
+            c.left = rec.value;
+            c.in_slot_tokens = c.left > 0;
+            if (!c.in_slot_tokens) ++c.slot;
+            continue;
+        }
+        if (rec.kind != BLUE_OUT_TOKEN) return bad("expected a slot token");
+        r.slots[c.slot].push_back(int32_t(rec.value));
+        if (--c.left == 0) {
+            c.in_slot_tokens = false;
+            ++c.slot;
+        }
+    }
+    for (CascadeResult& r : results) {
+        for (const auto& slot : r.slots) r.slot_text.push_back(tokenizer_.decode(slot));
+        for (const StageStats& st : r.stages) r.generated += st.state == BLUE_CAS_STATE_RAN ? st.tokens : 0;
+    }
+    return results;
+}
+
+std::string cascadeStatsJson(const CascadeResult& r) {
+    std::string out = "{\"stages\":[";
+    for (size_t s = 0; s < r.stages.size(); ++s) {
+        const StageStats& st = r.stages[s];
+        out += strFormat("%s{\"name\":\"%s\",\"state\":\"%s\",\"runs\":%u,\"tokens\":%u,\"cycles\":%u,"
+                         "\"entropy_mean\":%.4f,\"entropy_max\":%.4f,\"logprob_mean\":%.4f}",
+                         s ? "," : "", st.name.c_str(), st.stateName(), st.runs, st.tokens, st.cycles,
+                         st.entropyMean(), st.entropy_max, st.logprobMean());
+    }
+    out += strFormat("],\"generated\":%u}", r.generated);
+    return out;
+}
+
+}  // namespace blue

@@ -1,0 +1,94 @@
+// Running a compiled cascade (compiler/cascade/cascade.h): opens its models once, uploads their
+// weights (shared by every instance and stage), feeds tasks into the input ring and decodes the
+// results the program writes at each request's end (vm/cascade_abi.h). Every decision between
+// the task and the result runs in the module's control code on the GPU (or on the reference
+// interpreter); the host only encodes the task and decodes the output records.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/cascade/cascade.h"
+#include "compiler/tokenizer.h"
+#include "host/device.h"
+#include "host/machine.h"
+#include "host/pipelines.h"
+#include "vm/module.h"
+#include "vm/weights.h"
+
+namespace blue {
+
+struct CascadeRunOptions {
+    std::string device;        // see DeviceOptions::select
+    bool reference = false;    // the CPU reference interpreter instead of the GPU
+    uint32_t instances = 1;    // tasks run at once
+    uint32_t chain_cycles = 64;
+    double max_submit_ms = -1;  // GpuOptions::max_submit_ms
+    uint64_t max_cycles = 0;    // watchdog (0: derived from the token budget)
+    // Model files by name, replacing the module's (same tensors, types and shapes).
+    std::map<std::string, std::string> models;
+};
+
+struct StageStats {
+    std::string name;
+    uint32_t state = 0;  // BLUE_CAS_STATE_*
+    uint32_t tokens = 0, cycles = 0, runs = 0;
+    float entropy_sum = 0, entropy_max = 0, logprob_sum = 0;
+    float entropyMean() const { return tokens ? entropy_sum / float(tokens) : 0.0f; }
+    float logprobMean() const { return tokens ? logprob_sum / float(tokens) : 0.0f; }
+    const char* stateName() const;  // "ran", "skipped", "no budget", "not reached"
+};
+
+struct CascadeTask {
+    std::string text;
+    uint32_t seed = 0;
+};
+
+struct CascadeResult {
+    bool complete = false;  // the program reported every stage and slot
+    std::vector<StageStats> stages;
+    std::vector<std::vector<int32_t>> slots;  // CascadeInfo::slots order
+    std::vector<std::string> slot_text;
+    uint32_t generated = 0;  // tokens over all stages' last runs
+};
+
+class CascadeRunner {
+public:
+    ~CascadeRunner();
+    // `path`: a .bir written by `bluec cascade`. Fails with a message naming the file, the
+    // model or the override that is wrong, or the device problem.
+    static Result<std::unique_ptr<CascadeRunner>> open(const std::string& path, const CascadeRunOptions& options);
+
+    const CascadeInfo& info() const { return info_; }
+    const Tokenizer& tokenizer() const { return tokenizer_; }
+    const Module& module() const { return module_; }
+
+    // Runs the tasks to completion, `options.instances` at a time. A task longer than the input
+    // slot is refused before anything runs.
+    Result<std::vector<CascadeResult>> run(const std::vector<CascadeTask>& tasks);
+
+    // The last run's counters as one JSON object (GPU: GpuStats; reference: cycles and steps).
+    const std::string& statsJson() const { return stats_json_; }
+    const GpuStats& gpuStats() const { return gpu_stats_; }
+
+private:
+    CascadeRunner() = default;
+    Result<std::vector<CascadeResult>> decode(std::span<const OutputRecord> records, size_t tasks) const;
+
+    CascadeRunOptions options_;
+    Module module_;
+    CascadeInfo info_;
+    Tokenizer tokenizer_;
+    std::unique_ptr<WeightSource> weights_;
+    std::unique_ptr<Device> device_;
+    std::unique_ptr<Pipelines> pipelines_;
+    std::string stats_json_;
+    GpuStats gpu_stats_;
+};
+
+// `{"stages":[...],"generated":N}`: one result's statistics as JSON (for --stats and traces).
+std::string cascadeStatsJson(const CascadeResult& r);
+
+}  // namespace blue

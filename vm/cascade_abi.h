@@ -1,0 +1,39 @@
+// The contract between a cascade program (compiler/cascade/lower.cpp) and the host that feeds it
+// tasks and reads its results (host/cascade/): the request message, the per-instance local-memory
+// layout and the output-ring protocol. Plain #defines, like vm/llm_abi.h (whose sampling block
+// the cascade reuses at local address 0).
+#ifndef BLUE_VM_CASCADE_ABI_H
+#define BLUE_VM_CASCADE_ABI_H
+
+// ---- a task: one input-ring message (u32 words) ---------------------------------------------
+#define BLUE_CAS_REQ_TAG 0     // request id, echoed by OUTBEGIN/OUTEND
+#define BLUE_CAS_REQ_SEED 1    // the request's seed; stage runs derive theirs from it
+#define BLUE_CAS_REQ_HEADER 2  // the task's tokens follow (they become the `input` slot)
+
+// ---- per-instance local memory -----------------------------------------------------------------
+// [0, BLUE_SP_WORDS)               the sampling block (vm/llm_abi.h)
+// then per stage BLUE_CAS_STAGE_WORDS words of statistics (below)
+// then per slot: one length word, then its capacity in tokens (slot 0 is `input`)
+// then the history the running stage prefills and extends (its model's context)
+#define BLUE_CAS_ST_STATE 0     // BLUE_CAS_STATE_*
+#define BLUE_CAS_ST_TOKENS 1    // tokens the last run generated
+#define BLUE_CAS_ST_ENT_SUM 2   // f32: sum of those tokens' entropies (nats)
+#define BLUE_CAS_ST_ENT_MAX 3   // f32: the largest of them
+#define BLUE_CAS_ST_LP_SUM 4    // f32: sum of their log-probabilities
+#define BLUE_CAS_ST_CYCLES 5    // VM cycles the last run took
+#define BLUE_CAS_ST_RUNS 6      // times the stage ran for this request
+#define BLUE_CAS_STAGE_WORDS 7
+
+#define BLUE_CAS_STATE_NOT_REACHED 0  // control never came to the stage
+#define BLUE_CAS_STATE_RAN 1
+#define BLUE_CAS_STATE_SKIPPED 2      // its `skip if` held
+#define BLUE_CAS_STATE_NO_BUDGET 3    // the request's token budget was spent
+
+// ---- the output ring, per request ---------------------------------------------------------------
+// OUTBEGIN tag; then for every stage in declaration order: OUTU state, OUTU tokens, OUTF entropy
+// sum, OUTF entropy max, OUTF log-probability sum, OUTU cycles, OUTU runs; then for every slot
+// but `input` in declaration order: OUTU length and that many OUTT tokens; then OUTEND tag.
+// A cancelled request (host flag word = tag + 1) ends early with OUTEND alone after OUTBEGIN.
+#define BLUE_CAS_OUT_STAGE_RECORDS 7
+
+#endif  // BLUE_VM_CASCADE_ABI_H
