@@ -27,7 +27,8 @@ constexpr const char* kUsage =
     "       bluec check FILE.bir             parse and verify a module\n"
     "       bluec lower --model M.gguf -o OUT.bir [--ctx N] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32]       compile a GGUF model into a generation program\n"
-    "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--kv f16|f32]\n"
+    "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--chunk N]\n"
+    "                   [--kv f16|f32]"
     "                                        compile a cascade of models\n";
 
 int fail(const std::string& msg) {
@@ -107,6 +108,8 @@ int cascade(int argc, char** argv) {
             opt.models[v.substr(0, eq)] = v.substr(eq + 1);
         } else if (a == "--max-rows" && i + 1 < argc) {
             ok = parseU32(v, &opt.max_rows) && opt.max_rows > 0;
+        } else if (a == "--chunk" && i + 1 < argc) {
+            ok = parseU32(v, &opt.chunk) && opt.chunk > 0;
         } else if (a == "--kv" && (v == "f16" || v == "f32")) {
             opt.kv_type = v == "f16" ? blue::DType::F16 : blue::DType::F32;
         } else if (!a.empty() && a[0] == '-') {

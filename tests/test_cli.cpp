@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/child.h"
 #include "tests/test_paths.h"
 
 namespace blue::test {
@@ -29,74 +30,6 @@ using json = nlohmann::json;
 
 std::string binary(const std::string& rel) { return std::string(BLUE_BINARY_DIR) + "/" + rel; }
 std::string stories() { return sharedDir() + "/models/stories260K/stories260K.gguf"; }
-
-// A child process with its stdout and stderr read through pipes.
-struct Child {
-    pid_t pid = -1;
-    int out = -1, err = -1;
-    std::string out_text, err_text;
-
-    explicit Child(const std::vector<std::string>& args) {
-        int po[2], pe[2];
-        REQUIRE(pipe(po) == 0);
-        REQUIRE(pipe(pe) == 0);
-        pid = fork();
-        REQUIRE(pid >= 0);
-        if (pid == 0) {
-            dup2(po[1], 1);
-            dup2(pe[1], 2);
-            close(po[0]);
-            close(pe[0]);
-            std::vector<char*> argv;
-            for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-            argv.push_back(nullptr);
-            execv(argv[0], argv.data());
-            _exit(127);
-        }
-        close(po[1]);
-        close(pe[1]);
-        out = po[0];
-        err = pe[0];
-    }
-    ~Child() {
-        if (pid > 0) {
-            kill(pid, SIGKILL);
-            waitpid(pid, nullptr, 0);
-        }
-        if (out >= 0) close(out);
-        if (err >= 0) close(err);
-    }
-    // Reads whatever arrives within `ms`; a pipe that reaches its end is closed.
-    void pump(int ms) {
-        pollfd fds[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
-        if (poll(fds, 2, ms) <= 0) return;
-        char buf[4096];
-        for (int k = 0; k < 2; ++k) {
-            int& fd = k == 0 ? out : err;
-            if (fd < 0 || !(fds[k].revents & (POLLIN | POLLHUP))) continue;
-            ssize_t got = read(fd, buf, sizeof buf);
-            if (got > 0) {
-                (k == 0 ? out_text : err_text).append(buf, size_t(got));
-            } else {
-                close(fd);
-                fd = -1;
-            }
-        }
-    }
-    // Waits for the exit, collecting output; returns the exit code (-1: killed or timed out).
-    int wait(int timeout_s = 300) {
-        auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-        while ((out >= 0 || err >= 0) && std::chrono::steady_clock::now() < until) pump(100);
-        if (out >= 0 || err >= 0) {
-            MESSAGE("the child ran past " << timeout_s << " s: killed");
-            kill(pid, SIGKILL);
-        }
-        int status = 0;
-        waitpid(pid, &status, 0);
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    }
-};
 
 // Greedy text of `bluevm generate` (one instance) for a prompt: what the server must return.
 std::string generateAlone(const std::string& prompt, int n) {

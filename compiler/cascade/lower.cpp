@@ -478,7 +478,6 @@ void Lowerer::emitStage(uint32_t s) {
     param(BLUE_SP_REPEAT_LAST_N, st.repeat_last_n);
     param(BLUE_SP_PRESENCE, floatBits(0.0f));
     param(BLUE_SP_FREQUENCY, floatBits(0.0f));
-    param(BLUE_SP_COUNTER, 0);
     param(BLUE_SP_HIST_ADDR, hist_base);
     cb.op(Op::MULI, {kTmp, kRuns}, 0x9E3779B9u);
     cb.op(Op::ADD, {kTmp, kTmp, kSeed});
@@ -499,6 +498,9 @@ void Lowerer::emitStage(uint32_t s) {
     cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
     cb.op(Op::ADD, {kPos, kPos, kArgRows});
     cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+    // Every chunk samples; only the last chunk's draw is kept, and it is draw 0 of the run
+    // whatever the chunk size, so sampled text does not depend on how the prompt was split.
+    cb.op(Op::ST, {kZero, kZero}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
     cb.op(Op::RUN, {kArgRows}, lm.block);
     cb.jump(Op::BLTU, {kPos, kPrompt}, prefill);
     cb.li(kGen, 0);

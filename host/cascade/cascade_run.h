@@ -72,6 +72,8 @@ public:
     // The last run's counters as one JSON object (GPU: GpuStats; reference: cycles and steps).
     const std::string& statsJson() const { return stats_json_; }
     const GpuStats& gpuStats() const { return gpu_stats_; }
+    // Validation-layer findings on the runner's device (0 on the reference interpreter).
+    uint32_t validationErrors() const { return device_ ? device_->validationErrors() : 0; }
 
 private:
     CascadeRunner() = default;
