@@ -51,6 +51,7 @@ struct Lowering {
 
     uint32_t activation(const std::string& name, uint32_t cls, DType type,
                         std::initializer_list<uint64_t> dims) {
+        if (auto it = ids.find(prefix + name); it != ids.end()) return it->second;  // another block's
         TensorDecl t;
         t.name = prefix + name;
         t.dtype = type;
@@ -65,12 +66,12 @@ struct Lowering {
         return ids[t.name] = uint32_t(m.tensors.size() - 1);
     }
 
-    uint32_t forwardBlock(CodeBuilder& cb, uint32_t ctx);
+    uint32_t forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head = ForwardHead::Sample, uint32_t table = kNone);
     void attention(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a);
     void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
 };
 
-uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx) {
+uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head, uint32_t table) {
     const uint32_t dim = cfg.n_embd, q_dim = cfg.n_head * cfg.head_dim;
     const uint32_t kv_dim = cfg.n_head_kv * cfg.head_dim;
     std::map<std::string, uint32_t> a;
@@ -83,11 +84,10 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx) {
     a["att"] = activation("att", BLUE_TC_ROWS, DType::F32, {q_dim});
     a["hb"] = activation("hb", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
     a["hb2"] = activation("hb2", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
-    uint32_t xlast = activation("x_last", BLUE_TC_INSTANCE, DType::F32, {dim});
-    uint32_t logits = activation("logits", BLUE_TC_INSTANCE, DType::F32, {cfg.n_vocab});
     uint32_t eps = floatBits(cfg.rms_norm_eps);
 
-    uint32_t block = cb.beginBlock(prefix + "forward", BLUE_FA_COUNT);
+    static const char* kNames[] = {"forward", "draft", "verify"};
+    uint32_t block = cb.beginBlock(prefix + kNames[int(head)], head == ForwardHead::Verify ? BLUE_FA_COUNT + 1 : BLUE_FA_COUNT);
     cb.tensor(Op::EMBED, {a["x"], weight("token_embd.weight"), BLUE_FA_TOKENS});
     for (uint32_t l = 0; l < cfg.n_layer; ++l) {
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "attn_norm.weight"), eps, 0});
@@ -101,10 +101,25 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx) {
         cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "ffn_down.weight"), a["hb"]});
         cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
     }
+    uint32_t lm_head = weight(cfg.tied_output ? "token_embd.weight" : "output.weight");
+    if (head == ForwardHead::Verify) {
+        // Every row's logits: the target scores all K+1 positions of a speculation at once.
+        uint32_t row_logits = activation("row_logits", BLUE_TC_ROWS, DType::F32, {cfg.n_vocab});
+        cb.tensor(Op::RMSNORM, {a["xb"], a["x"], weight("output_norm.weight"), eps, 0});
+        cb.tensor(Op::MATMUL, {row_logits, lm_head, a["xb"]});
+        cb.tensor(Op::SPEC, {table, row_logits, BLUE_FA_SAMPLING, BLUE_FA_SPEC});
+        cb.endBlock();
+        return block;
+    }
+    uint32_t xlast = activation("x_last", BLUE_TC_INSTANCE, DType::F32, {dim});
+    uint32_t logits = activation("logits", BLUE_TC_INSTANCE, DType::F32, {cfg.n_vocab});
     cb.tensor(Op::RMSNORM, {xlast, a["x"], weight("output_norm.weight"), eps, 0});
-    uint32_t head = weight(cfg.tied_output ? "token_embd.weight" : "output.weight");
-    cb.tensor(Op::MATMUL, {logits, head, xlast});
-    cb.tensor(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
+    cb.tensor(Op::MATMUL, {logits, lm_head, xlast});
+    if (head == ForwardHead::SampleQ) {
+        cb.tensor(Op::SAMPLEQ, {logits, BLUE_FA_SAMPLING, table});
+    } else {
+        cb.tensor(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
+    }
     cb.endBlock();
     return block;
 }
@@ -284,9 +299,14 @@ Status checkLowerable(const ModelConfig& cfg) {
 }
 
 uint32_t addForwardBlock(Module& m, CodeBuilder& cb, const GgufFile& gguf, const ModelConfig& cfg,
-                         DType kv_type, uint32_t ctx, uint32_t extern_index, const std::string& prefix) {
+                         DType kv_type, uint32_t ctx, uint32_t extern_index, const std::string& prefix,
+                         ForwardHead head, uint32_t table) {
     Lowering lw{gguf, cfg, kv_type, m, prefix, extern_index, {}};
-    return lw.forwardBlock(cb, ctx);
+    // Blocks of the same model share its tensors (weights, activations, KV caches).
+    for (uint32_t i = 0; i < m.tensors.size(); ++i) {
+        if (!prefix.empty() && m.tensors[i].name.compare(0, prefix.size(), prefix) == 0) lw.ids[m.tensors[i].name] = i;
+    }
+    return lw.forwardBlock(cb, ctx, head, table);
 }
 
 std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelConfig& cfg) {

@@ -37,12 +37,21 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& config, const
 Status checkLowerable(const ModelConfig& config);
 
 class CodeBuilder;
+// What a forward block ends with. Sample: the last row of each instance through the LM head and
+// SAMPLE. SampleQ: the same with SAMPLEQ, which also writes the distribution drawn from into row
+// local[sampling + BLUE_SP_ROW] of `table` (a speculative draft). Verify: every row's logits and
+// SPEC against `table` (a speculative target; the block takes BLUE_FA_SPEC as a fifth argument).
+enum class ForwardHead { Sample, SampleQ, Verify };
+
 // Adds one model's forward block (vm/llm_abi.h: BLUE_FA_* arguments) and its tensors to `m`:
 // weights read from extern `extern_index`, activations and KV caches (`ctx` positions, `kv_type`)
 // of its own; every tensor and the block are named with `prefix` first, so several models can
-// share a module. Returns the block's index. The model must pass checkLowerable.
+// share a module, and blocks added for the same prefix share that model's tensors (one KV cache
+// for its plain, draft and verify blocks). Returns the block's index. The model must pass
+// checkLowerable.
 uint32_t addForwardBlock(Module& m, CodeBuilder& cb, const GgufFile& gguf, const ModelConfig& config,
-                         DType kv_type, uint32_t ctx, uint32_t extern_index, const std::string& prefix);
+                         DType kv_type, uint32_t ctx, uint32_t extern_index, const std::string& prefix,
+                         ForwardHead head = ForwardHead::Sample, uint32_t table = 0xFFFFFFFFu);
 
 // The model's end-of-generation tokens (eos, eot, eom as its metadata names them).
 std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelConfig& config);

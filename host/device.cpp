@@ -177,6 +177,17 @@ void readMemory(const VkPhysicalDeviceMemoryProperties& mem, DeviceInfo& info) {
 }
 
 // The real device's limits and features, before any profile.
+bool hasDeviceExtension(VkPhysicalDevice pd, const char* name) {
+    uint32_t n = 0;
+    vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, nullptr);
+    std::vector<VkExtensionProperties> exts(n);
+    vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, exts.data());
+    for (const VkExtensionProperties& e : exts) {
+        if (std::strcmp(e.extensionName, name) == 0) return true;
+    }
+    return false;
+}
+
 DeviceInfo readDevice(VkPhysicalDevice pd, uint32_t index) {
     VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
     VkPhysicalDeviceMaintenance3Properties m3{
@@ -185,7 +196,9 @@ DeviceInfo readDevice(VkPhysicalDevice pd, uint32_t index) {
                                            &m3};
     VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &sub};
     vkGetPhysicalDeviceProperties2(pd, &p2);
-    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceConditionalRenderingFeaturesEXT cond{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_CONDITIONAL_RENDERING_FEATURES_EXT};
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &cond};
     VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
     vkGetPhysicalDeviceFeatures2(pd, &f2);
     VkPhysicalDeviceMemoryProperties mem;
@@ -213,6 +226,11 @@ DeviceInfo readDevice(VkPhysicalDevice pd, uint32_t index) {
     info.float16 = f12.shaderFloat16 != 0;
     info.int8 = f12.shaderInt8 != 0;
     info.storage8 = f12.storageBuffer8BitAccess != 0;
+    info.conditional_rendering = hasDeviceExtension(pd, VK_EXT_CONDITIONAL_RENDERING_EXTENSION_NAME) &&
+                                 cond.conditionalRendering != 0;
+    if (const char* off = std::getenv("BLUE_NO_CONDITIONAL"); off && *off && std::string(off) != "0") {
+        info.conditional_rendering = false;
+    }
     return info;
 }
 
@@ -389,7 +407,11 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     VkPhysicalDeviceFeatures have{};
     vkGetPhysicalDeviceFeatures(dev->physical_, &have);
     const DeviceInfo& info = dev->info_;
-    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceConditionalRenderingFeaturesEXT cond{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_CONDITIONAL_RENDERING_FEATURES_EXT};
+    cond.conditionalRendering = info.conditional_rendering;
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
+                                         info.conditional_rendering ? &cond : nullptr};
     f12.timelineSemaphore = info.timeline;
     f12.shaderFloat16 = info.float16;
     f12.storageBuffer8BitAccess = info.storage8;
@@ -403,6 +425,11 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     f2.features.robustBufferAccess = gpu_av ? VK_FALSE : have.robustBufferAccess;
 
     VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f2};
+    const char* cond_ext = VK_EXT_CONDITIONAL_RENDERING_EXTENSION_NAME;
+    if (info.conditional_rendering) {
+        di.enabledExtensionCount = 1;
+        di.ppEnabledExtensionNames = &cond_ext;
+    }
     di.queueCreateInfoCount = 1;
     di.pQueueCreateInfos = &qi;
     BLUE_VK_TRY(vkCreateDevice(dev->physical_, &di, nullptr, &dev->device_));

@@ -73,6 +73,7 @@ struct DeviceInfo {
     bool float16 = false;              // shaderFloat16
     bool int8 = false;                 // shaderInt8
     bool storage8 = false;             // storageBuffer8BitAccess
+    bool conditional_rendering = false;  // VK_EXT_conditional_rendering (conditionalRendering)
     std::string profile;               // the emulated profile (empty: the real device)
     std::vector<std::string>
         clamped;  // what the profile changed, e.g. "maxStorageBufferRange 4294967295 -> 134217728"

@@ -161,6 +161,9 @@ std::vector<DeviceFeature> describeFeatures(const DeviceInfo& info) {
         {"shader int8", info.int8, capabilityUse(info, SpvCap::kInt8, "Int8")},
         {"8-bit storage", info.storage8,
          capabilityUse(info, SpvCap::kStorageBuffer8BitAccess, "StorageBuffer8BitAccess")},
+        {"conditional rendering", info.conditional_rendering,
+         "skips an idle block's dispatches in a cycle (without it every block's dispatches run, "
+         "with zero workgroups when no instance asked; BLUE_NO_CONDITIONAL=1 turns it off)"},
     };
 }
 

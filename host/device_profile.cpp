@@ -79,6 +79,7 @@ const FeatureKey kFeatures[] = {
     {"shaderFloat16", &DeviceInfo::float16},
     {"shaderInt8", &DeviceInfo::int8},
     {"storageBuffer8BitAccess", &DeviceInfo::storage8},
+    {"conditionalRendering", &DeviceInfo::conditional_rendering},
 };
 
 const LimitKey* findLimit(const std::string& key) {

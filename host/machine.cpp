@@ -32,7 +32,8 @@ GpuMachine::Impl::~Impl() {
 Status GpuMachine::Impl::allocate() {
     Result<Buffer> c =
         createBuffer(dev, layout.control_words * 4,
-                     VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT,
+                     VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT |
+                         (dev.info().conditional_rendering ? VK_BUFFER_USAGE_CONDITIONAL_RENDERING_BIT_EXT : 0),
                      MemKind::DEVICE, "the control buffer");
     if (!c) return c.status();
     control = c.value();

@@ -32,6 +32,8 @@ constexpr SyncUse kDispatchIndirect[] = {
     {kControl, kCompute, kShaderRW},
     {kIo, kCompute, kShaderRW},
     {kPages, kCompute, kShaderRW}};
+constexpr SyncUse kBlockPredicate[] = {  // a block's instance count, which gates its dispatches
+    {kControl, VK_PIPELINE_STAGE_CONDITIONAL_RENDERING_BIT_EXT, VK_ACCESS_CONDITIONAL_RENDERING_READ_BIT_EXT}};
 constexpr SyncUse kSnapshotOut[] = {  // control counters -> this chain's I/O snapshot
     {kControl, kTransfer, VK_ACCESS_TRANSFER_READ_BIT},
     {kIo, kTransfer, VK_ACCESS_TRANSFER_WRITE_BIT}};
@@ -55,6 +57,18 @@ struct ChainWriter {
         if (!cb) return;
         vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         vkCmdDispatch(cb, 1, 1, 1);
+    }
+    // Dispatches until endCondition run only when the word at `offset` of `buffer` is not zero.
+    void beginCondition(VkBuffer buffer, VkDeviceSize offset) {
+        sync.use(cb, kBlockPredicate);
+        if (!cb) return;
+        VkConditionalRenderingBeginInfoEXT ci{VK_STRUCTURE_TYPE_CONDITIONAL_RENDERING_BEGIN_INFO_EXT};
+        ci.buffer = buffer;
+        ci.offset = offset;
+        vkCmdBeginConditionalRenderingEXT(cb, &ci);
+    }
+    void endCondition() {
+        if (cb) vkCmdEndConditionalRenderingEXT(cb);
     }
     void dispatchIndirect(VkPipeline p, VkBuffer args, VkDeviceSize offset) {
         sync.use(cb, kDispatchIndirect);
@@ -186,7 +200,17 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
             stamp(w.cb, "plan");
             n += 2;
             VkDescriptorSet bound_set = VK_NULL_HANDLE;
+            // With conditional rendering, a block no instance asked for this cycle is skipped as a
+            // whole: its instance count (written by the plan) gates its dispatches.
+            const bool gate = dev.info().conditional_rendering;
+            uint32_t open_block = UINT32_MAX;
             for (size_t d = 0; d < dispatches.size(); ++d) {
+                if (gate && dispatches[d].block != open_block) {
+                    if (open_block != UINT32_MAX) w.endCondition();
+                    open_block = dispatches[d].block;
+                    w.beginCondition(control.buffer, VkDeviceSize(layout.at(BLUE_O_BLOCKS) +
+                                                                  open_block * BLUE_BLOCK_WORDS + BLUE_B_INSTS) * 4);
+                }
                 if (w.cb && operand_sets[d] != bound_set) {
                     vkCmdBindDescriptorSets(w.cb, VK_PIPELINE_BIND_POINT_COMPUTE,
                                             pipelines.layout(), BLUE_SET_OPERANDS, 1,
@@ -201,6 +225,7 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
                 stamp(w.cb, dispatches[d].pipeline);
                 ++n;
             }
+            if (open_block != UINT32_MAX) w.endCondition();
         }
         w.copy(kSnapshotOut, control.buffer, io.buffer, snapshot);
         w.sync.use(w.cb, kHostReads);

@@ -23,7 +23,7 @@ namespace {
 
 constexpr uint64_t kMaxCycles = 1000;
 constexpr uint32_t kNoBlock = 0xFFFFFFFFu;
-// Registers of the generated program: r0 zero, r1 the instance id, r3-r7 scratch, r8-r11 the
+// Registers of the generated program: r0 zero, r1 the instance id, r3-r7 scratch, r8-r12 the
 // block arguments RUN passes.
 constexpr uint8_t kArgReg = 8;
 
@@ -32,6 +32,7 @@ void runBlock(CodeBuilder& cb, uint32_t block, uint32_t rows, uint32_t pos) {
     cb.li(kArgReg + BLUE_FA_POS, pos);
     cb.li(kArgReg + BLUE_FA_TOKENS, kTokens);
     cb.li(kArgReg + BLUE_FA_SAMPLING, BLUE_LM_SAMPLING);
+    cb.li(kArgReg + BLUE_FA_SPEC, kSpecBlock);
     cb.op(Op::RUN, {kArgReg}, block);
 }
 
@@ -162,6 +163,10 @@ void OpModule::emitInstance(CodeBuilder& cb, const InstancePlan& plan, uint32_t 
     }
     for (uint32_t r = 0; r < plan.runs; ++r) {
         runBlock(cb, step_block, plan.rows, plan.pos);
+        for (uint32_t addr : output_words_) {
+            cb.op(Op::LD, {3, 0}, addr);
+            cb.op(Op::OUT, {3});
+        }
         if (!outputs_after_run_) continue;
         const Op kinds[] = {Op::OUT, Op::OUTF, Op::OUTF};
         const uint32_t words[] = {BLUE_SP_OUT_TOKEN, BLUE_SP_OUT_ENTROPY, BLUE_SP_OUT_LOGPROB};

@@ -28,7 +28,9 @@ namespace blue::test {
 constexpr uint32_t kTokens = 64;
 // The block arguments every RUN passes (vm/llm_abi.h's forward block): rows, position of the
 // first row, local address of the first row's token, local address of the sampling block.
-constexpr uint32_t kBlockArgs = BLUE_FA_COUNT;
+constexpr uint32_t kBlockArgs = BLUE_FA_COUNT + 1;
+// ... and a fifth, the speculation block's address (SPEC, vm/llm_abi.h), here.
+constexpr uint32_t kSpecBlock = kTokens + 16;
 
 // What one instance does: stores its words, RUNs the "fill" block once over `prefill` rows at
 // positions 0.. (when the module has one), then RUNs the "step" block `runs` times over `rows`
@@ -67,6 +69,8 @@ class OpModule {
     void step(Op op, std::vector<uint32_t> operands) { step_.push_back({op, std::move(operands)}); }
     void fill(Op op, std::vector<uint32_t> operands) { fill_.push_back({op, std::move(operands)}); }
     void outputsAfterRun() { outputs_after_run_ = true; }
+    // After each step RUN, also write these local words (OUT, in order).
+    void outputWords(std::vector<uint32_t> addresses) { output_words_ = std::move(addresses); }
 
     // The verified module running `plans` (instance i follows plans[i]); fails the test when the
     // module does not verify. Call once.
@@ -93,6 +97,7 @@ class OpModule {
     uint32_t tag_ = 0;
     std::vector<Instr> step_, fill_;
     bool outputs_after_run_ = false;
+    std::vector<uint32_t> output_words_;
 };
 
 // Names of the kernels the modules built so far dispatch (kernelName of every instruction).

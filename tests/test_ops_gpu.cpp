@@ -319,6 +319,12 @@ void runOpCase(Op op) {
         case Op::SAMPLE:
             sampleCase();
             return;
+        case Op::SAMPLEQ:
+            sampleqCase();
+            return;
+        case Op::SPEC:
+            specCase();
+            return;
         default:
             FAIL(
                 "tensor op " << opInfo(op).name

@@ -32,5 +32,7 @@ void ropeCase();                // test_ops_gpu_llm.cpp
 void kvstoreCase(DType cache);  // test_ops_gpu_llm.cpp
 void attnCase(DType cache);     // test_ops_gpu_llm.cpp
 void sampleCase();              // test_ops_gpu_sample.cpp
+void sampleqCase();             // test_ops_gpu_spec.cpp
+void specCase();                // test_ops_gpu_spec.cpp
 
 }  // namespace blue::test

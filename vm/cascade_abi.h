@@ -13,6 +13,7 @@
 // ---- per-instance local memory -----------------------------------------------------------------
 // [0, BLUE_SP_WORDS)               the sampling block (vm/llm_abi.h)
 // then per stage BLUE_CAS_STAGE_WORDS words of statistics (below)
+// then, when a stage speculates, the speculation block SPEC writes (BLUE_SPEC_WORDS)
 // then per slot: one length word, then its capacity in tokens (slot 0 is `input`)
 // then the history the running stage prefills and extends (its model's context)
 #define BLUE_CAS_ST_STATE 0     // BLUE_CAS_STATE_*
@@ -22,7 +23,10 @@
 #define BLUE_CAS_ST_LP_SUM 4    // f32: sum of their log-probabilities
 #define BLUE_CAS_ST_CYCLES 5    // VM cycles the last run took
 #define BLUE_CAS_ST_RUNS 6      // times the stage ran for this request
-#define BLUE_CAS_STAGE_WORDS 7
+#define BLUE_CAS_ST_DRAFTED 7   // speculative stages: draft tokens proposed in the last run
+#define BLUE_CAS_ST_ACCEPTED 8  // of which the target accepted
+#define BLUE_CAS_ST_PASSES 9    // target forward passes (verifications) after the prefill
+#define BLUE_CAS_STAGE_WORDS 10
 
 #define BLUE_CAS_STATE_NOT_REACHED 0  // control never came to the stage
 #define BLUE_CAS_STATE_RAN 1
@@ -31,9 +35,10 @@
 
 // ---- the output ring, per request ---------------------------------------------------------------
 // OUTBEGIN tag; then for every stage in declaration order: OUTU state, OUTU tokens, OUTF entropy
-// sum, OUTF entropy max, OUTF log-probability sum, OUTU cycles, OUTU runs; then for every slot
+// sum, OUTF entropy max, OUTF log-probability sum, OUTU cycles, OUTU runs, OUTU drafted, OUTU
+// accepted, OUTU target passes; then for every slot
 // but `input` in declaration order: OUTU length and that many OUTT tokens; then OUTEND tag.
 // A cancelled request (host flag word = tag + 1) ends early with OUTEND alone after OUTBEGIN.
-#define BLUE_CAS_OUT_STAGE_RECORDS 7
+#define BLUE_CAS_OUT_STAGE_RECORDS 10
 
 #endif  // BLUE_VM_CASCADE_ABI_H

@@ -42,7 +42,8 @@
 #define BLUE_SP_OUT_TOKEN 12    // written by SAMPLE
 #define BLUE_SP_OUT_ENTROPY 13  // f32, nats, of the distribution after penalties at T = 1
 #define BLUE_SP_OUT_LOGPROB 14  // f32, log-probability of the chosen token (same distribution)
-#define BLUE_SP_WORDS 16
+#define BLUE_SP_ROW 15          // SAMPLEQ: the row of its table that gets the distribution drawn from
+#define BLUE_SP_WORDS 20
 
 // ---- local memory of a generating instance ---------------------------------------------------
 #define BLUE_LM_SAMPLING 0                // the sampling block
@@ -55,5 +56,18 @@
 #define BLUE_FA_TOKENS 2    // local address of the first row's token
 #define BLUE_FA_SAMPLING 3  // local address of the sampling block
 #define BLUE_FA_COUNT 4
+#define BLUE_FA_SPEC 4      // verify blocks (SPEC) only: local address of the speculation block
+
+// ---- speculative decoding: what SPEC writes (a block in the instance's local memory) ----------
+// The verify block runs K+1 rows: the last accepted token, then the K draft tokens d1..dK
+// (SAMPLEQ wrote the draft's distribution for d_i into row i-1 of the table).
+#define BLUE_SPEC_MAX_DRAFT 8                        // K at most (rows of the table)
+#define BLUE_SPEC_ACCEPTED 0                         // draft tokens accepted (0..K)
+#define BLUE_SPEC_TOKEN 1                            // the token after them: correction or bonus
+#define BLUE_SPEC_ENTROPY 2                          // f32 [K+1]: T = 1 entropy at each emitted token
+#define BLUE_SPEC_LOGPROB (BLUE_SPEC_ENTROPY + BLUE_SPEC_MAX_DRAFT + 1)  // f32 [K+1]: its log-probability
+#define BLUE_SPEC_MODE (BLUE_SPEC_LOGPROB + BLUE_SPEC_MAX_DRAFT + 1)  // written by the program:
+                             // 0 verify; 1 prefill (no drafts: draw the next token from the last row)
+#define BLUE_SPEC_WORDS (BLUE_SPEC_MODE + 1)
 
 #endif  // BLUE_VM_LLM_ABI_H

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "vm/abi.h"
 #include "vm/tensor_ops.h"
@@ -79,6 +80,13 @@ struct Items {
     float* f32(uint32_t tensor, uint32_t item) const {
         return reinterpret_cast<float*>(slice(tensor, item));
     }
+    // Instance items: the instance's first row in this block run, and its number of rows.
+    uint32_t firstRow(uint32_t item) const { return env.run->inst_base[item]; }
+    uint32_t rowCount(uint32_t item) const { return env.run->inst_rows[item]; }
+    // Row `row` (of the block run) of a ROWS tensor.
+    float* rowF32(uint32_t tensor, uint32_t row) const {
+        return reinterpret_cast<float*>(env.tensors->data[tensor].data() + uint64_t(row) * env.tensors->slice_bytes[tensor]);
+    }
     // Index of the item's row among its instance's rows (0 for instance items).
     uint32_t rowLocal(uint32_t item) const { return rows_mode ? env.run->row_local[item] : 0; }
     // Block argument k of the item's instance.
@@ -99,5 +107,35 @@ float bitsToFloat(uint32_t u);
 // Per-op checks and reference implementations of the LLM ops (tensor_ops_llm.cpp).
 Status checkLlmOp(const Checker& c);
 bool runLlmOpRef(const Items& it, const TensorInstr& ti);
+
+// ---- the sampling rule, shared by SAMPLE, SAMPLEQ and SPEC (tensor_ops_llm.cpp) ---------------
+
+struct SampleParams {
+    float temp, top_p, min_p, repeat, presence, frequency;
+    uint32_t top_k, last_n, seed, counter;
+};
+SampleParams sampleParams(const uint32_t* sampling_block);
+
+// The distribution a draw is made from: weights over the kept tokens at the temperature (greedy:
+// one-hot at the argmax, the lowest index of the largest logit), and the T = 1 statistics.
+struct Distribution {
+    std::vector<double> w;  // unnormalised; 0 for dropped tokens
+    double total = 0;       // sum of w
+    double m = 0, z = 0;    // largest logit, sum of exp(l - m)
+    uint32_t argmax = 0;
+    float entropy = 0;      // of the T = 1 distribution, nats
+};
+Distribution samplingDistribution(const std::vector<float>& logits, const SampleParams& p);
+// The token whose cumulative weight (in id order) first exceeds uniform * total.
+uint32_t drawFrom(const std::vector<double>& w, double total, float uniform, uint32_t fallback);
+// log p(tok) under the T = 1 distribution.
+float logProbability(const std::vector<float>& logits, const Distribution& d, uint32_t tok);
+// One draw (counter p.counter) or the argmax when greedy; `dist` (optional) gets the distribution.
+uint32_t sampleToken(const std::vector<float>& logits, const SampleParams& p, float* entropy,
+                     float* logprob, Distribution* dist = nullptr);
+
+// SAMPLEQ and SPEC (tensor_ops_spec.cpp).
+Status checkSpecOp(const Checker& c);
+void refSpec(const Items& it, const TensorInstr& ti);
 
 }  // namespace blue

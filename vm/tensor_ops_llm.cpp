@@ -2,6 +2,7 @@
 // SAMPLE. Written for clarity, accumulating in double; the GPU kernels match them within the
 // tolerances tests/test_ops_gpu.cpp states.
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -252,10 +253,6 @@ void refSwiglu(const Items& it, const TensorInstr& ti) {
 // tensor, as the GPU kernel penalises in place), then top-k, top-p and min-p
 // filters on the temperature-1 distribution, then temperature, then one draw walking the kept
 // tokens in id order. Entropy and log-probability describe the penalized T = 1 distribution.
-struct SampleParams {
-    float temp, top_p, min_p, repeat, presence, frequency;
-    uint32_t top_k, last_n, seed, counter;
-};
 
 void applyPenalties(std::vector<float>& l, const SampleParams& p, const uint32_t* hist, uint32_t len) {
     if (p.repeat == 1.0f && p.presence == 0.0f && p.frequency == 0.0f) return;
@@ -276,62 +273,100 @@ float kthLargest(std::vector<float> keys, uint32_t k) {
     return keys[k - 1];
 }
 
-uint32_t sampleToken(std::vector<float> l, const SampleParams& p, float* entropy, float* logprob) {
+}  // namespace
+
+// The smallest logit the top-k, top-p and min-p filters keep (m: the largest logit).
+float keepThreshold(const std::vector<float>& l, const SampleParams& p, double m) {
     const size_t n = l.size();
-    double m = *std::max_element(l.begin(), l.end());
-    double z = 0, zl = 0;
-    for (float v : l) {
-        double e = std::exp(v - m);
-        z += e;
-        zl += e * (v - m);
-    }
-    *entropy = float(std::log(z) - zl / z);
-    uint32_t tok = uint32_t(std::max_element(l.begin(), l.end()) - l.begin());
-    if (p.temp > 0.0f) {
-        float thr = -INFINITY;
-        if (p.top_k > 0 && p.top_k < n) thr = kthLargest(l, p.top_k);
-        if (p.top_p < 1.0f) {
-            std::vector<float> kept;
-            for (float v : l) if (v >= thr) kept.push_back(v);
-            std::sort(kept.begin(), kept.end(), std::greater<float>());
-            double zk = 0, acc = 0;
-            for (float v : kept) zk += std::exp(v - m);
-            for (float v : kept) {
-                acc += std::exp(v - m);
-                if (acc >= double(p.top_p) * zk) {
-                    thr = std::max(thr, v);
-                    break;
-                }
+    float thr = -INFINITY;
+    if (p.top_k > 0 && p.top_k < n) thr = kthLargest(l, p.top_k);
+    if (p.top_p < 1.0f) {
+        std::vector<float> kept;
+        for (float v : l) if (v >= thr) kept.push_back(v);
+        std::sort(kept.begin(), kept.end(), std::greater<float>());
+        double zk = 0, acc = 0;
+        for (float v : kept) zk += std::exp(v - m);
+        for (float v : kept) {
+            acc += std::exp(v - m);
+            if (acc >= double(p.top_p) * zk) {
+                thr = std::max(thr, v);
+                break;
             }
         }
-        if (p.min_p > 0.0f) thr = std::max(thr, float(m + std::log(double(p.min_p))));
-        std::vector<double> w(n, 0.0);
-        double total = 0;
-        for (size_t i = 0; i < n; ++i) {
-            if (l[i] >= thr) total += (w[i] = std::exp((l[i] - m) / p.temp));
-        }
-        double u = double(philoxUniform(p.seed, p.counter)) * total, acc = 0;
-        for (size_t i = 0; i < n; ++i) {
-            if (w[i] == 0) continue;
-            tok = uint32_t(i);
-            acc += w[i];
-            if (acc > u) break;
-        }
     }
-    *logprob = float(l[tok] - m - std::log(z));
+    if (p.min_p > 0.0f) thr = std::max(thr, float(m + std::log(double(p.min_p))));
+    return thr;
+}
+
+Distribution samplingDistribution(const std::vector<float>& l, const SampleParams& p) {
+    Distribution d;
+    const size_t n = l.size();
+    d.argmax = uint32_t(std::max_element(l.begin(), l.end()) - l.begin());
+    d.m = l[d.argmax];
+    double zl = 0;
+    for (float v : l) {
+        double e = std::exp(v - d.m);
+        d.z += e;
+        zl += e * (v - d.m);
+    }
+    d.entropy = float(std::log(d.z) - zl / d.z);
+    d.w.assign(n, 0.0);
+    if (p.temp <= 0.0f) {
+        d.w[d.argmax] = 1.0;
+        d.total = 1.0;
+        return d;
+    }
+    float thr = keepThreshold(l, p, d.m);
+    for (size_t i = 0; i < n; ++i) {
+        if (l[i] >= thr) d.total += (d.w[i] = std::exp((l[i] - d.m) / p.temp));
+    }
+    return d;
+}
+
+uint32_t drawFrom(const std::vector<double>& w, double total, float uniform, uint32_t fallback) {
+    double u = double(uniform) * total, acc = 0;
+    uint32_t tok = fallback;
+    for (size_t i = 0; i < w.size(); ++i) {
+        if (w[i] == 0) continue;
+        tok = uint32_t(i);
+        acc += w[i];
+        if (acc > u) break;
+    }
     return tok;
 }
 
-void refSample(const Items& it, const TensorInstr& ti) {
+float logProbability(const std::vector<float>& l, const Distribution& d, uint32_t tok) {
+    return float(l[tok] - d.m - std::log(d.z));
+}
+
+uint32_t sampleToken(const std::vector<float>& l, const SampleParams& p, float* entropy, float* logprob,
+                     Distribution* dist) {
+    Distribution d = samplingDistribution(l, p);
+    *entropy = d.entropy;
+    uint32_t tok = d.argmax;
+    if (p.temp > 0.0f) tok = drawFrom(d.w, d.total, philoxUniform(p.seed, p.counter), d.argmax);
+    *logprob = logProbability(l, d, tok);
+    if (dist) *dist = std::move(d);
+    return tok;
+}
+
+SampleParams sampleParams(const uint32_t* sp) {
+    return SampleParams{bitsToFloat(sp[BLUE_SP_TEMP]),     bitsToFloat(sp[BLUE_SP_TOP_P]),
+                        bitsToFloat(sp[BLUE_SP_MIN_P]),    bitsToFloat(sp[BLUE_SP_REPEAT_PENALTY]),
+                        bitsToFloat(sp[BLUE_SP_PRESENCE]), bitsToFloat(sp[BLUE_SP_FREQUENCY]),
+                        sp[BLUE_SP_TOP_K], sp[BLUE_SP_REPEAT_LAST_N], sp[BLUE_SP_SEED], sp[BLUE_SP_COUNTER]};
+}
+
+namespace {
+
+// SAMPLE, and SAMPLEQ (which also writes the distribution it drew from into a table row).
+void refSample(const Items& it, const TensorInstr& ti, bool with_table) {
     uint64_t n = it.decl(ti.args[0]).elements();
     for (uint32_t item = 0; item < it.count(); ++item) {
         uint32_t base = it.arg(item, ti.args[1]);
         uint32_t* sp = it.local(item, uint64_t(base) + BLUE_SP_WORDS - 1) ? it.local(item, base) : nullptr;
         if (!sp) continue;  // parameter block out of range: nothing to do
-        SampleParams p{bitsToFloat(sp[BLUE_SP_TEMP]),     bitsToFloat(sp[BLUE_SP_TOP_P]),
-                       bitsToFloat(sp[BLUE_SP_MIN_P]),    bitsToFloat(sp[BLUE_SP_REPEAT_PENALTY]),
-                       bitsToFloat(sp[BLUE_SP_PRESENCE]), bitsToFloat(sp[BLUE_SP_FREQUENCY]),
-                       sp[BLUE_SP_TOP_K], sp[BLUE_SP_REPEAT_LAST_N], sp[BLUE_SP_SEED], sp[BLUE_SP_COUNTER]};
+        SampleParams p = sampleParams(sp);
         float* logits = it.f32(ti.args[0], item);
         std::vector<float> l(logits, logits + n);
         uint32_t hist_addr = sp[BLUE_SP_HIST_ADDR], hist_len = sp[BLUE_SP_HIST_LEN];
@@ -339,10 +374,19 @@ void refSample(const Items& it, const TensorInstr& ti) {
         if (hist) applyPenalties(l, p, hist, hist_len);
         std::copy(l.begin(), l.end(), logits);  // the penalties apply to the logits in place
         float entropy = 0, logprob = 0;
-        sp[BLUE_SP_OUT_TOKEN] = sampleToken(std::move(l), p, &entropy, &logprob);
+        Distribution d;
+        sp[BLUE_SP_OUT_TOKEN] = sampleToken(l, p, &entropy, &logprob, with_table ? &d : nullptr);
         std::memcpy(&sp[BLUE_SP_OUT_ENTROPY], &entropy, 4);
         std::memcpy(&sp[BLUE_SP_OUT_LOGPROB], &logprob, 4);
         sp[BLUE_SP_COUNTER] += 1;
+        if (with_table) {
+            const TensorDecl& table = it.decl(ti.args[2]);
+            uint32_t row = sp[BLUE_SP_ROW];
+            if (row < table.ne[1]) {
+                float* q = it.f32(ti.args[2], item) + uint64_t(row) * n;
+                for (uint64_t i = 0; i < n; ++i) q[i] = float(d.w[i] / d.total);
+            }
+        }
     }
 }
 
@@ -363,6 +407,8 @@ Status checkLlmOp(const Checker& c) {
             }
             return Status::ok();
         case Op::SAMPLE: return checkSample(c);
+        case Op::SAMPLEQ:
+        case Op::SPEC: return checkSpecOp(c);
         default: break;
     }
     return BLUE_ERROR("no rules for tensor op 0x%02x", uint32_t(c.ti.op));
@@ -376,7 +422,9 @@ bool runLlmOpRef(const Items& it, const TensorInstr& ti) {
         case Op::KVSTORE: refKvstore(it, ti); return true;
         case Op::ATTN: refAttn(it, ti); return true;
         case Op::SWIGLU: refSwiglu(it, ti); return true;
-        case Op::SAMPLE: refSample(it, ti); return true;
+        case Op::SAMPLE: refSample(it, ti, false); return true;
+        case Op::SAMPLEQ: refSample(it, ti, true); return true;
+        case Op::SPEC: refSpec(it, ti); return true;
         default: return false;
     }
 }

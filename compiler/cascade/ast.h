@@ -45,6 +45,9 @@ struct Stage {
     uint32_t max_tokens = 64;
     float temperature = 0.8f, top_p = 1.0f, min_p = 0.0f, repeat_penalty = 1.0f;
     uint32_t top_k = 0, repeat_last_n = 64;
+    std::string speculate;  // a draft model for speculative decoding (empty: none)
+    Loc speculate_loc;
+    uint32_t speculate_tokens = 4;  // the draft's first K; adapts to the acceptance rate
     std::vector<std::string> stops;
     std::vector<Loc> stop_locs;
     std::unique_ptr<Cond> skip_if;

@@ -4,6 +4,7 @@
 // decode with stop and budget rules, statistics, skips, conditions and bounded loops.
 #include <bit>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "compiler/cascade/cascade.h"
@@ -32,8 +33,11 @@ uint32_t floatBits(float f) { return std::bit_cast<uint32_t>(f); }
 // Registers of the cascade program. Loop counters take kLoop0 + nesting depth.
 enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kTag, kSeed, kRuns, kTotal, kPos, kPrompt, kGen, kTok, kI, kN, kWord,
-    kF1, kF2, kMinus1, kLen, kIid, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kCancelMark,
-    kFlagWord, kChunk, kJ, kWord2, kZero, kLoop0 = 32,
+    kF1, kF2, kMinus1, kLen, kIid,
+    kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kArgSpec,  // RUN arguments (BLUE_FA_*)
+    kCancelMark, kFlagWord, kChunk, kJ, kWord2, kZero,
+    kSpecK, kK, kAcc, kE, kDraftNext,  // speculative decoding
+    kLoop0 = 40,
 };
 constexpr uint32_t kRegs = 64;
 
@@ -43,6 +47,8 @@ struct LoadedModel {
     ModelConfig cfg;
     Tokenizer tok;
     uint32_t ctx = 0, block = 0, bos = kNoToken;
+    uint32_t draft_block = 0, verify_block = 0;  // when a stage uses it as draft / speculative target
+    bool as_plain = false, as_draft = false, as_target = false;
     std::vector<uint32_t> eog;
     bool used = false;
 };
@@ -52,6 +58,8 @@ struct Lowerer {
     const CascadeOptions& opt;
     std::vector<LoadedModel> models;
     std::vector<uint32_t> stage_model;  // per stage: index into models
+    std::vector<uint32_t> stage_draft;  // per stage: its speculate model (when it has one)
+    uint32_t spec_base = 0;             // the speculation block, when a stage speculates
     Module m;
     CodeBuilder cb{&m};
     // Local memory layout.
@@ -119,6 +127,9 @@ struct Lowerer {
     void emitProgram();
     void emitStmts(const std::vector<Stmt>& body, uint32_t depth);
     void emitStage(uint32_t s);
+    void emitPrefill(uint32_t block);
+    void emitSpeculation(uint32_t s, const std::function<void(uint8_t, uint32_t, uint32_t)>& accept,
+                         CodeBuilder::Label done);
     void emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label no);
     void emitCopy(uint32_t slot);
     void emitOutputs();
@@ -224,6 +235,7 @@ Status Lowerer::checkStmts(const std::vector<Stmt>& body) {
 
 Status Lowerer::checkNames() {
     stage_model.resize(p.stages.size());
+    stage_draft.assign(p.stages.size(), 0);
     for (size_t i = 0; i < p.stages.size(); ++i) {
         const Stage& st = p.stages[i];
         if (st.model.empty()) {
@@ -237,6 +249,19 @@ Status Lowerer::checkNames() {
             if (!found) return errorAt(st.model_loc, "no model named '" + st.model + "'");
         }
         models[stage_model[i]].used = true;
+        models[stage_model[i]].as_plain |= st.speculate.empty();
+        if (!st.speculate.empty()) {
+            bool found = false;
+            for (size_t k = 0; k < models.size(); ++k) {
+                if (models[k].name == st.speculate) { stage_draft[i] = uint32_t(k); found = true; }
+            }
+            if (!found) return errorAt(st.speculate_loc, "no model named '" + st.speculate + "'");
+            if (st.repeat_penalty != 1.0f) {
+                return errorAt(st.speculate_loc, "repeat_penalty cannot be combined with speculate (the target scores all drafted positions at once)");
+            }
+            models[stage_draft[i]].used = models[stage_draft[i]].as_draft = true;
+            models[stage_model[i]].as_target = true;
+        }
         for (const PromptPart& part : st.prompt) {
             if (!part.literal && slotIndex(part.text) < 0) return errorAt(part.loc, "no slot named '" + part.text + "'");
         }
@@ -277,11 +302,17 @@ Status Lowerer::checkSizes() {
             return errorAt(st.loc, strFormat("stage '%s': max_tokens %u is more than slot '%s' holds (%u)",
                                              st.name.c_str(), st.max_tokens, st.target.c_str(), cap));
         }
-        if (worst + st.max_tokens > lm.ctx) {
+        uint32_t ctx = lm.ctx;
+        if (!st.speculate.empty()) {
+            ctx = std::min(ctx, models[stage_draft[i]].ctx);
+            worst += BLUE_SPEC_MAX_DRAFT;  // a verification may score drafts past the last token
+        }
+        if (worst + st.max_tokens > ctx) {
             return errorAt(st.prompt_loc, strFormat(
                 "stage '%s': its prompt can reach %llu tokens (full slots) and it may add %u, more than the "
-                "context of model '%s' (%u); shrink the slots or max_tokens, or raise `context`",
-                st.name.c_str(), (unsigned long long)worst, st.max_tokens, lm.name.c_str(), lm.ctx));
+                "context of model '%s' (%u)%s; shrink the slots or max_tokens, or raise `context`",
+                st.name.c_str(), (unsigned long long)worst, st.max_tokens, lm.name.c_str(), ctx,
+                st.speculate.empty() ? "" : ", with room for a speculation"));
         }
     }
     return Status::ok();
@@ -291,6 +322,12 @@ Status Lowerer::checkSizes() {
 
 void Lowerer::layout() {
     uint32_t addr = stats_base + uint32_t(p.stages.size()) * BLUE_CAS_STAGE_WORDS;
+    bool speculates = false;
+    for (const Stage& st : p.stages) speculates |= !st.speculate.empty();
+    if (speculates) {
+        spec_base = addr;
+        addr += BLUE_SPEC_WORDS;
+    }
     slots_base = addr;
     slot_cap.push_back(p.input_capacity);
     for (const SlotDecl& s : p.slots) slot_cap.push_back(s.capacity);
@@ -484,8 +521,113 @@ void Lowerer::emitStage(uint32_t s) {
     cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + BLUE_SP_SEED);
     cb.op(Op::ADDI, {kRuns, kRuns}, 1);
     cb.jump(Op::BEQZ, {kPrompt}, done);
-    // Prefill in chunks; the last chunk's sample is the first generated token.
-    auto prefill = cb.newLabel(), chunk_ok = cb.newLabel(), decode = cb.newLabel(), feed = cb.newLabel();
+    for (uint32_t w : {BLUE_CAS_ST_DRAFTED, BLUE_CAS_ST_ACCEPTED, BLUE_CAS_ST_PASSES}) cb.op(Op::ST, {kZero, kZero}, stats + w);
+    if (!st.speculate.empty()) {
+        // The draft reads the prompt too (no table row: its draws are discarded); the target's
+        // verify block in prefill mode draws the first token.
+        cb.li(kTmp, 0xFFFFFFFFu);
+        cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + BLUE_SP_ROW);
+        emitPrefill(models[stage_draft[s]].draft_block);
+        cb.li(kTmp, 1);
+        cb.op(Op::ST, {kTmp, kZero}, spec_base + BLUE_SPEC_MODE);
+        cb.li(kArgSpec, spec_base);
+        emitPrefill(lm.verify_block);
+        cb.op(Op::ST, {kZero, kZero}, spec_base + BLUE_SPEC_MODE);
+    } else {
+        emitPrefill(lm.block);
+    }
+    cb.li(kGen, 0);
+    // The token in kTok is generated: check the stop rules, append it to the slot and count it;
+    // its T = 1 entropy and log-probability are local[reg + entropy_at], local[reg + logprob_at].
+    auto accept = [&](uint8_t reg, uint32_t entropy_at, uint32_t logprob_at) {
+        cb.li(kTmp, st.max_tokens);
+        cb.jump(Op::BGEU, {kGen, kTmp}, done);
+        if (p.budget) {
+            cb.li(kTmp, p.budget);
+            cb.jump(Op::BGEU, {kTotal, kTmp}, done);
+        }
+        for (uint32_t id : lm.eog) {
+            cb.li(kTmp, id);
+            cb.jump(Op::BEQ, {kTok, kTmp}, done);
+        }
+        cb.op(Op::LD, {kLen, kZero}, target);
+        cb.li(kTmp, target_cap);
+        cb.jump(Op::BGEU, {kLen, kTmp}, done);
+        cb.op(Op::ST, {kTok, kLen}, target + 1);
+        cb.op(Op::ADDI, {kLen, kLen}, 1);
+        cb.op(Op::ST, {kLen, kZero}, target);
+        cb.op(Op::ADDI, {kGen, kGen}, 1);
+        cb.op(Op::ADDI, {kTotal, kTotal}, 1);
+        cb.op(Op::ST, {kGen, kZero}, stats + BLUE_CAS_ST_TOKENS);
+        cb.op(Op::LD, {kF1, reg}, entropy_at);
+        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
+        cb.op(Op::FADD, {kF2, kF2, kF1});
+        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
+        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
+        cb.op(Op::FMAX, {kF2, kF2, kF1});
+        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
+        cb.op(Op::LD, {kF1, reg}, logprob_at);
+        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+        cb.op(Op::FADD, {kF2, kF2, kF1});
+        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+        // Stop strings: the slot's last tokens (of this run) equal one of them; they are dropped.
+        for (const std::string& stop : st.stops) {
+            std::vector<uint32_t> seq = tokensOf(stop, true);
+            uint32_t at = addConsts(seq);
+            auto cmp = cb.newLabel(), match = cb.newLabel(), next = cb.newLabel();
+            cb.li(kN, uint32_t(seq.size()));
+            cb.jump(Op::BLTU, {kGen, kN}, next);
+            cb.li(kJ, 0);
+            cb.bind(cmp);
+            cb.jump(Op::BGEU, {kJ, kN}, match);
+            cb.op(Op::SUB, {kWord, kLen, kN});
+            cb.op(Op::ADD, {kWord, kWord, kJ});
+            cb.op(Op::LD, {kWord, kWord}, target + 1);
+            cb.op(Op::LDK, {kWord2, kJ}, at);
+            cb.jump(Op::BNE, {kWord, kWord2}, next);
+            cb.op(Op::ADDI, {kJ, kJ}, 1);
+            cb.jump(Op::JMP, {}, cmp);
+            cb.bind(match);
+            cb.op(Op::SUB, {kLen, kLen, kN});
+            cb.op(Op::ST, {kLen, kZero}, target);
+            cb.jump(Op::JMP, {}, done);
+            cb.bind(next);
+        }
+        cb.op(Op::INFLAG, {kFlagWord, kIid});
+        cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, cancel_label);
+    };
+    if (st.speculate.empty()) {
+        // Decode: take the sampled token, accept it, feed it back.
+        auto decode = cb.newLabel();
+        cb.bind(decode);
+        cb.op(Op::LD, {kTok, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
+        accept(kZero, BLUE_LM_SAMPLING + BLUE_SP_OUT_ENTROPY, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
+        cb.li(kTmp, lm.ctx);
+        cb.jump(Op::BGEU, {kPos, kTmp}, done);
+        cb.op(Op::ST, {kTok, kPos}, hist_base);
+        cb.li(kArgRows, 1);
+        cb.op(Op::MOV, {kArgPos, kPos});
+        cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
+        cb.op(Op::ADDI, {kPos, kPos}, 1);
+        cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+        cb.op(Op::RUN, {kArgRows}, lm.block);
+        cb.jump(Op::JMP, {}, decode);
+    } else {
+        emitSpeculation(s, accept, done);
+    }
+    cb.bind(done);
+    cb.op(Op::CYCLE, {kTmp});
+    cb.op(Op::LD, {kTmp2, kZero}, stats + BLUE_CAS_ST_CYCLES);
+    cb.op(Op::SUB, {kTmp, kTmp, kTmp2});
+    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_CYCLES);
+    cb.bind(end);
+}
+
+// Prefill of the prompt in history[0, kPrompt) through `block`, in chunks; each chunk samples,
+// and the last chunk's draw is draw 0 of the run whatever the chunk size, so sampled text does
+// not depend on how the prompt was split. Leaves kPos = kPrompt.
+void Lowerer::emitPrefill(uint32_t block) {
+    auto prefill = cb.newLabel(), chunk_ok = cb.newLabel();
     cb.li(kPos, 0);
     cb.li(kChunk, opt.chunk);
     cb.li(kArgSampling, BLUE_LM_SAMPLING);
@@ -498,87 +640,132 @@ void Lowerer::emitStage(uint32_t s) {
     cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
     cb.op(Op::ADD, {kPos, kPos, kArgRows});
     cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
-    // Every chunk samples; only the last chunk's draw is kept, and it is draw 0 of the run
-    // whatever the chunk size, so sampled text does not depend on how the prompt was split.
     cb.op(Op::ST, {kZero, kZero}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
-    cb.op(Op::RUN, {kArgRows}, lm.block);
+    cb.op(Op::RUN, {kArgRows}, block);
     cb.jump(Op::BLTU, {kPos, kPrompt}, prefill);
-    cb.li(kGen, 0);
-    // Decode: take the sampled token, check the stop rules, append it, feed it back.
-    cb.bind(decode);
+}
+
+// Speculative decoding after both prefills (the target's first token is in the sampling block).
+// kPos: tokens committed to the history; the target has seen all but the last, the draft all
+// before position kDraftNext. Each step the draft proposes K tokens (SAMPLEQ keeps its
+// distributions), the target scores the K+1 positions in one pass and SPEC accepts a prefix and
+// draws the next token; the accepted tokens and that one go through `accept`. K grows by one
+// after a step that accepted everything and shrinks by one after one that accepted under half.
+void Lowerer::emitSpeculation(uint32_t s, const std::function<void(uint8_t, uint32_t, uint32_t)>& accept,
+                              CodeBuilder::Label done) {
+    const Stage& st = p.stages[s];
+    const LoadedModel& target = models[stage_model[s]];
+    const LoadedModel& draft = models[stage_draft[s]];
+    const uint32_t stats = stats_base + s * BLUE_CAS_STAGE_WORDS;
+    auto step = cb.newLabel(), draft_loop = cb.newLabel(), drafted = cb.newLabel(), emit = cb.newLabel();
+    auto emit_draft = cb.newLabel(), emitted = cb.newLabel(), grow = cb.newLabel(), adapted = cb.newLabel();
+    auto k_ok = cb.newLabel(), k_ok2 = cb.newLabel(), k_ok3 = cb.newLabel();
+    // The first token, then the loop.
+    cb.op(Op::LD, {kTok, kZero}, spec_base + BLUE_SPEC_TOKEN);
+    accept(kZero, spec_base + BLUE_SPEC_ENTROPY, spec_base + BLUE_SPEC_LOGPROB);
+    cb.op(Op::ST, {kTok, kPos}, hist_base);
+    cb.op(Op::ADDI, {kPos, kPos}, 1);
+    cb.op(Op::MOV, {kDraftNext, kPrompt});
+    cb.li(kSpecK, st.speculate_tokens);
+    cb.bind(step);
     cb.li(kTmp, st.max_tokens);
     cb.jump(Op::BGEU, {kGen, kTmp}, done);
     if (p.budget) {
         cb.li(kTmp, p.budget);
         cb.jump(Op::BGEU, {kTotal, kTmp}, done);
     }
-    cb.op(Op::LD, {kTok, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
-    for (uint32_t id : lm.eog) {
-        cb.li(kTmp, id);
-        cb.jump(Op::BEQ, {kTok, kTmp}, done);
+    // K for this step: at most what max_tokens, the budget and the context leave after the
+    // token SPEC adds.
+    cb.op(Op::MOV, {kK, kSpecK});
+    cb.li(kTmp, st.max_tokens - 1);
+    cb.op(Op::SUB, {kTmp, kTmp, kGen});  // max_tokens - 1 - generated (>= 0: accept stopped otherwise)
+    cb.jump(Op::BGEU, {kTmp, kK}, k_ok);
+    cb.op(Op::MOV, {kK, kTmp});
+    cb.bind(k_ok);
+    cb.li(kTmp, std::min(target.ctx, draft.ctx));
+    cb.op(Op::SUB, {kTmp, kTmp, kPos});  // positions left; the verify runs K+1 from kPos - 1
+    cb.jump(Op::BGEU, {kTmp, kK}, k_ok2);
+    cb.op(Op::MOV, {kK, kTmp});
+    cb.bind(k_ok2);
+    if (p.budget) {
+        cb.li(kTmp, p.budget - 1);
+        cb.op(Op::SUB, {kTmp, kTmp, kTotal});
+        cb.jump(Op::BGEU, {kTmp, kK}, k_ok3);
+        cb.op(Op::MOV, {kK, kTmp});
     }
-    cb.op(Op::LD, {kLen, kZero}, target);
-    cb.li(kTmp, target_cap);
-    cb.jump(Op::BGEU, {kLen, kTmp}, done);
-    cb.op(Op::ST, {kTok, kLen}, target + 1);
-    cb.op(Op::ADDI, {kLen, kLen}, 1);
-    cb.op(Op::ST, {kLen, kZero}, target);
-    cb.op(Op::ADDI, {kGen, kGen}, 1);
-    cb.op(Op::ADDI, {kTotal, kTotal}, 1);
-    cb.op(Op::ST, {kGen, kZero}, stats + BLUE_CAS_ST_TOKENS);
-    cb.op(Op::LD, {kF1, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_ENTROPY);
-    cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
-    cb.op(Op::FADD, {kF2, kF2, kF1});
-    cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
-    cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
-    cb.op(Op::FMAX, {kF2, kF2, kF1});
-    cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
-    cb.op(Op::LD, {kF1, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
-    cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
-    cb.op(Op::FADD, {kF2, kF2, kF1});
-    cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
-    // Stop strings: the slot's last tokens (of this run) equal one of them; they are dropped.
-    for (const std::string& stop : st.stops) {
-        std::vector<uint32_t> seq = tokensOf(stop, true);
-        uint32_t at = addConsts(seq);
-        auto cmp = cb.newLabel(), match = cb.newLabel(), next = cb.newLabel();
-        cb.li(kN, uint32_t(seq.size()));
-        cb.jump(Op::BLTU, {kGen, kN}, next);
-        cb.li(kJ, 0);
-        cb.bind(cmp);
-        cb.jump(Op::BGEU, {kJ, kN}, match);
-        cb.op(Op::SUB, {kWord, kLen, kN});
-        cb.op(Op::ADD, {kWord, kWord, kJ});
-        cb.op(Op::LD, {kWord, kWord}, target + 1);
-        cb.op(Op::LDK, {kWord2, kJ}, at);
-        cb.jump(Op::BNE, {kWord, kWord2}, next);
-        cb.op(Op::ADDI, {kJ, kJ}, 1);
-        cb.jump(Op::JMP, {}, cmp);
-        cb.bind(match);
-        cb.op(Op::SUB, {kLen, kLen, kN});
-        cb.op(Op::ST, {kLen, kZero}, target);
-        cb.jump(Op::JMP, {}, done);
-        cb.bind(next);
-    }
-    cb.op(Op::INFLAG, {kFlagWord, kIid});
-    cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, cancel_label);
-    cb.bind(feed);
-    cb.li(kTmp, lm.ctx);
-    cb.jump(Op::BGEU, {kPos, kTmp}, done);
-    cb.op(Op::ST, {kTok, kPos}, hist_base);
+    cb.bind(k_ok3);
+    // Draft: its first run covers what it has not seen (the last committed token, and d_K of a
+    // step that accepted everything), then one row per proposal.
+    cb.li(kJ, 0);
+    cb.jump(Op::BEQZ, {kK}, drafted);
+    cb.op(Op::SUB, {kArgRows, kPos, kDraftNext});
+    cb.op(Op::MOV, {kArgPos, kDraftNext});
+    cb.op(Op::ADDI, {kArgTokens, kDraftNext}, hist_base);
+    cb.bind(draft_loop);
+    cb.op(Op::ST, {kJ, kZero}, BLUE_LM_SAMPLING + BLUE_SP_ROW);
+    cb.op(Op::RUN, {kArgRows}, draft.draft_block);
+    cb.op(Op::LD, {kWord, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
+    cb.op(Op::ADD, {kTmp, kPos, kJ});
+    cb.op(Op::ST, {kWord, kTmp}, hist_base);  // d_(j+1) at position kPos + j
+    cb.op(Op::ADDI, {kJ, kJ}, 1);
     cb.li(kArgRows, 1);
-    cb.op(Op::MOV, {kArgPos, kPos});
-    cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
-    cb.op(Op::ADDI, {kPos, kPos}, 1);
-    cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
-    cb.op(Op::RUN, {kArgRows}, lm.block);
-    cb.jump(Op::JMP, {}, decode);
-    cb.bind(done);
-    cb.op(Op::CYCLE, {kTmp});
-    cb.op(Op::LD, {kTmp2, kZero}, stats + BLUE_CAS_ST_CYCLES);
-    cb.op(Op::SUB, {kTmp, kTmp, kTmp2});
-    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_CYCLES);
-    cb.bind(end);
+    cb.op(Op::ADD, {kArgPos, kPos, kJ});
+    cb.op(Op::ADDI, {kArgPos, kArgPos}, uint32_t(-1));
+    cb.op(Op::ADDI, {kArgTokens, kArgPos}, hist_base);
+    cb.jump(Op::BLTU, {kJ, kK}, draft_loop);
+    cb.bind(drafted);
+    // Verify the K+1 positions from kPos - 1 in one target pass.
+    cb.op(Op::ADDI, {kArgRows, kK}, 1);
+    cb.op(Op::ADDI, {kArgPos, kPos}, uint32_t(-1));
+    cb.op(Op::ADDI, {kArgTokens, kArgPos}, hist_base);
+    cb.op(Op::RUN, {kArgRows}, target.verify_block);
+    cb.op(Op::LD, {kAcc, kZero}, spec_base + BLUE_SPEC_ACCEPTED);
+    for (auto [word, reg] : {std::pair<uint32_t, uint8_t>{BLUE_CAS_ST_DRAFTED, kK}, {BLUE_CAS_ST_ACCEPTED, kAcc}}) {
+        cb.op(Op::LD, {kTmp, kZero}, stats + word);
+        cb.op(Op::ADD, {kTmp, kTmp, reg});
+        cb.op(Op::ST, {kTmp, kZero}, stats + word);
+    }
+    cb.op(Op::LD, {kTmp, kZero}, stats + BLUE_CAS_ST_PASSES);
+    cb.op(Op::ADDI, {kTmp, kTmp}, 1);
+    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_PASSES);
+    // The draft saw d1..d_(K-1): it is in step up to position kPos + min(accepted, K - 1).
+    auto no_draft = cb.newLabel();
+    cb.jump(Op::BEQZ, {kK}, no_draft);
+    cb.op(Op::ADDI, {kTmp, kK}, uint32_t(-1));
+    cb.op(Op::MINU, {kTmp, kTmp, kAcc});
+    cb.op(Op::ADD, {kDraftNext, kPos, kTmp});
+    cb.bind(no_draft);
+    // Adapt K.
+    cb.jump(Op::BEQ, {kAcc, kK}, grow);
+    cb.op(Op::SHLI, {kTmp, kAcc}, 1);
+    cb.jump(Op::BGEU, {kTmp, kK}, adapted);  // accepted at least half
+    cb.li(kTmp, 1);
+    cb.jump(Op::BGEU, {kTmp, kSpecK}, adapted);
+    cb.op(Op::ADDI, {kSpecK, kSpecK}, uint32_t(-1));
+    cb.jump(Op::JMP, {}, adapted);
+    cb.bind(grow);
+    cb.jump(Op::BEQZ, {kK}, adapted);
+    cb.li(kTmp, BLUE_SPEC_MAX_DRAFT);
+    cb.jump(Op::BGEU, {kSpecK, kTmp}, adapted);
+    cb.op(Op::ADDI, {kSpecK, kSpecK}, 1);
+    cb.bind(adapted);
+    // Emit the accepted drafts (already in the history), then SPEC's token.
+    cb.li(kE, 0);
+    cb.bind(emit);
+    cb.jump(Op::BGEU, {kE, kAcc}, emit_draft);
+    cb.op(Op::ADD, {kTmp, kPos, kE});
+    cb.op(Op::LD, {kTok, kTmp}, hist_base);
+    cb.jump(Op::JMP, {}, emitted);
+    cb.bind(emit_draft);
+    cb.op(Op::LD, {kTok, kZero}, spec_base + BLUE_SPEC_TOKEN);
+    cb.op(Op::ADD, {kTmp, kPos, kE});
+    cb.op(Op::ST, {kTok, kTmp}, hist_base);
+    cb.bind(emitted);
+    accept(kE, spec_base + BLUE_SPEC_ENTROPY, spec_base + BLUE_SPEC_LOGPROB);
+    cb.op(Op::ADDI, {kE, kE}, 1);
+    cb.jump(Op::BGEU, {kAcc, kE}, emit);
+    cb.op(Op::ADD, {kPos, kPos, kE});
+    cb.jump(Op::JMP, {}, step);
 }
 
 void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
@@ -632,7 +819,9 @@ void Lowerer::emitOutputs() {
         const std::pair<uint32_t, Op> records[] = {
             {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
             {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
-            {BLUE_CAS_ST_RUNS, Op::OUTU}};
+            {BLUE_CAS_ST_RUNS, Op::OUTU}, {BLUE_CAS_ST_DRAFTED, Op::OUTU}, {BLUE_CAS_ST_ACCEPTED, Op::OUTU},
+            {BLUE_CAS_ST_PASSES, Op::OUTU}};
+        static_assert(BLUE_CAS_OUT_STAGE_RECORDS == 10, "the records below are the protocol");
         for (auto [word, op] : records) {
             cb.op(Op::LD, {kTmp, kZero}, st + word);
             cb.op(op, {kTmp});
@@ -718,10 +907,29 @@ Result<Module> Lowerer::run() {
         return errorAt({1, 1}, strFormat("slots and context need %llu words per instance, more than %u",
                                          (unsigned long long)(hist_base + max_ctx), BLUE_MAX_LOCAL_WORDS));
     }
+    uint32_t table = 0xFFFFFFFFu;
+    if (spec_base) {
+        // The draft's distributions for the drafted positions, per instance.
+        TensorDecl t;
+        t.name = "speculation/q";
+        t.cls = BLUE_TC_INSTANCE;
+        t.ndim = 2;
+        t.ne = {models[0].cfg.n_vocab, BLUE_SPEC_MAX_DRAFT, 1, 1};
+        m.tensors.push_back(t);
+        table = uint32_t(m.tensors.size() - 1);
+    }
     for (size_t k = 0; k < models.size(); ++k) {
         LoadedModel& lm = models[k];
         m.externs.push_back(lm.path);
-        lm.block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), lm.name + "/");
+        std::string prefix = lm.name + "/";
+        // Only the blocks some stage runs: every block's dispatches are recorded in every cycle.
+        if (lm.as_plain) lm.block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix);
+        if (lm.as_draft) {
+            lm.draft_block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix, ForwardHead::SampleQ, table);
+        }
+        if (lm.as_target) {
+            lm.verify_block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix, ForwardHead::Verify, table);
+        }
     }
     m.layout.regs = kRegs;
     m.layout.local_words = hist_base + max_ctx;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "compiler/cascade/cascade.h"
+#include "vm/llm_abi.h"
 
 namespace blue {
 
@@ -199,7 +200,8 @@ private:
         static const std::set<std::string> reserved = {
             "model", "slot", "stage", "prompt", "write", "append", "max_tokens", "temperature", "top_k",
             "top_p", "min_p", "repeat_penalty", "repeat_last_n", "stop", "skip", "if", "else", "repeat",
-            "break", "run", "output", "budget", "context", "and", "or", "not", "contains"};
+            "break", "run", "output", "budget", "context", "and", "or", "not", "contains", "speculate",
+            "speculate_tokens"};
         if (reserved.count(name)) return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot or stage");
         if (name.size() > 64) return errorAt(l, "name longer than 64 characters");
         return Status::ok();
@@ -398,6 +400,11 @@ private:
                 st.append = key == "append";
                 st.target_loc = peek().loc;
                 BLUE_TRY_ASSIGN(st.target, ident("a slot name"));
+            } else if (key == "speculate") {
+                st.speculate_loc = peek().loc;
+                BLUE_TRY_ASSIGN(st.speculate, ident("a draft model's name"));
+            } else if (key == "speculate_tokens") {
+                BLUE_TRY_ASSIGN(st.speculate_tokens, count("speculate_tokens", 1, BLUE_SPEC_MAX_DRAFT));
             } else if (key == "max_tokens") {
                 BLUE_TRY_ASSIGN(st.max_tokens, count("max_tokens", 1, 65536));
             } else if (key == "temperature") {
@@ -428,7 +435,7 @@ private:
                 BLUE_TRY_ASSIGN(st.skip_if, condition());
             } else {
                 return errorAt(kl, "unknown stage property '" + key + "' (model, prompt, write, append, max_tokens, "
-                                   "temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stop, skip if)");
+                                   "temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stop, skip if, speculate, speculate_tokens)");
             }
             BLUE_TRY(endOfLine());
         }

@@ -138,6 +138,7 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
         opt.max_cycles = max_cycles;
         opt.chain_cycles = options_.chain_cycles;
         opt.max_submit_ms = options_.max_submit_ms;
+        opt.profile = options_.profile;
         auto machine = GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
         if (!machine) return machine.status();
         for (auto& msg : messages) {
@@ -201,6 +202,9 @@ Result<std::vector<CascadeResult>> CascadeRunner::decode(std::span<const OutputR
                 case 4: st.logprob_sum = asFloat(rec.value); break;
                 case 5: st.cycles = rec.value; break;
                 case 6: st.runs = rec.value; break;
+                case 7: st.drafted = rec.value; break;
+                case 8: st.accepted = rec.value; break;
+                case 9: st.passes = rec.value; break;
             }
             ++c.field;
             continue;
@@ -231,9 +235,16 @@ std::string cascadeStatsJson(const CascadeResult& r) {
     for (size_t s = 0; s < r.stages.size(); ++s) {
         const StageStats& st = r.stages[s];
         out += strFormat("%s{\"name\":\"%s\",\"state\":\"%s\",\"runs\":%u,\"tokens\":%u,\"cycles\":%u,"
-                         "\"entropy_mean\":%.4f,\"entropy_max\":%.4f,\"logprob_mean\":%.4f}",
+                         "\"entropy_mean\":%.4f,\"entropy_max\":%.4f,\"logprob_mean\":%.4f",
                          s ? "," : "", st.name.c_str(), st.stateName(), st.runs, st.tokens, st.cycles,
                          st.entropyMean(), st.entropy_max, st.logprobMean());
+        if (st.passes) {
+            out += strFormat(",\"drafted\":%u,\"accepted\":%u,\"acceptance\":%.4f,\"target_passes\":%u,"
+                             "\"tokens_per_pass\":%.4f",
+                             st.drafted, st.accepted, st.drafted ? double(st.accepted) / st.drafted : 0.0, st.passes,
+                             double(st.tokens) / st.passes);
+        }
+        out += "}";
     }
     out += strFormat("],\"generated\":%u}", r.generated);
     return out;

@@ -26,7 +26,8 @@ struct CascadeRunOptions {
     uint32_t instances = 1;    // tasks run at once
     uint32_t chain_cycles = 64;
     double max_submit_ms = -1;  // GpuOptions::max_submit_ms
-    uint64_t max_cycles = 0;    // watchdog (0: derived from the token budget)
+    uint64_t max_cycles = 0;    // watchdog (0: 10 million cycles)
+    bool profile = false;       // time every kernel with GPU timestamps (GpuOptions::profile)
     // Model files by name, replacing the module's (same tensors, types and shapes).
     std::map<std::string, std::string> models;
 };
@@ -35,6 +36,7 @@ struct StageStats {
     std::string name;
     uint32_t state = 0;  // BLUE_CAS_STATE_*
     uint32_t tokens = 0, cycles = 0, runs = 0;
+    uint32_t drafted = 0, accepted = 0, passes = 0;  // speculative stages (passes: target verifications)
     float entropy_sum = 0, entropy_max = 0, logprob_sum = 0;
     float entropyMean() const { return tokens ? entropy_sum / float(tokens) : 0.0f; }
     float logprobMean() const { return tokens ? logprob_sum / float(tokens) : 0.0f; }

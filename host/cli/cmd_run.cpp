@@ -153,6 +153,7 @@ int runCascade(const RunArgs& args) {
     opt.instances = args.instances;
     opt.chain_cycles = args.chain_cycles;
     opt.max_submit_ms = args.max_submit_ms;
+    opt.profile = args.profile;
     for (const std::string& mp : args.models) {
         size_t eq = mp.find('=');
         if (eq == std::string::npos || eq == 0 || eq + 1 == mp.size()) return fail("--model needs NAME=PATH, got '" + mp + "'");
@@ -172,6 +173,7 @@ int runCascade(const RunArgs& args) {
     for (uint32_t i = 0; i < args.instances; ++i) tasks.push_back({task, args.seed + i});
     auto results = runner.value()->run(tasks);
     if (!results) return fail(results.message());
+    if (args.profile && !args.ref) std::fputs(formatProfile(runner.value()->gpuStats()).c_str(), stderr);
     for (size_t i = 0; i < results->size(); ++i) {
         const CascadeResult& r = (*results)[i];
         if (!r.complete) return fail(strFormat("task %zu did not complete", i));

@@ -1,0 +1,134 @@
+// The per-op GPU-vs-reference cases of the speculative-decoding ops (see test_ops_gpu.cpp).
+// SAMPLEQ: SAMPLE's draws, plus the distribution drawn from written into a table row (a row
+// beyond the table: nothing written). SPEC: 48 instances verify 0 to 4 draft tokens against
+// draft distributions of their own, greedy and sampled with filters, some in prefill mode, four
+// times each (the counter advances). The logits reach both machines bit for bit (embedded rows),
+// so results can differ only where float rounding of the sampling arithmetic moves a boundary:
+// greedy results must be equal, sampled ones equal in at least 99% of the verifications
+// (accepted count and token), the written distributions within 1e-5.
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cmath>
+
+#include "tests/gpu_fixture.h"
+#include "tests/test_ops_gpu.h"
+#include "tests/vm_programs.h"
+#include "vm/abi.h"
+
+namespace blue::test {
+
+namespace {
+
+constexpr uint32_t kVocab = 16;  // logits per row, and tokens of the embedded table
+constexpr uint32_t kInstances = 48, kRuns = 4;
+
+struct Config {
+    float temp, top_p, min_p;
+    uint32_t top_k;
+};
+const Config kConfigs[] = {{0, 1, 0, 0}, {1.0f, 1, 0, 0}, {0.7f, 0.9f, 0.02f, 6}, {1.3f, 0.8f, 0, 0}};
+
+std::vector<std::pair<uint32_t, uint32_t>> samplingWords(const Config& c, uint32_t seed) {
+    auto f = [](float v) { return std::bit_cast<uint32_t>(v); };
+    const uint32_t sp = BLUE_LM_SAMPLING;
+    return {{sp + BLUE_SP_TEMP, f(c.temp)}, {sp + BLUE_SP_TOP_K, c.top_k},       {sp + BLUE_SP_TOP_P, f(c.top_p)},
+            {sp + BLUE_SP_MIN_P, f(c.min_p)}, {sp + BLUE_SP_REPEAT_PENALTY, f(1)}, {sp + BLUE_SP_REPEAT_LAST_N, 0},
+            {sp + BLUE_SP_PRESENCE, 0},       {sp + BLUE_SP_FREQUENCY, 0},         {sp + BLUE_SP_SEED, seed},
+            {sp + BLUE_SP_COUNTER, 0},        {sp + BLUE_SP_HIST_ADDR, BLUE_LM_HISTORY}, {sp + BLUE_SP_HIST_LEN, 0}};
+}
+
+// A random distribution over kVocab tokens, some entries zero.
+std::vector<float> draftDistribution(std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(0, 1);
+    std::vector<float> d(kVocab);
+    float sum = 0;
+    for (float& x : d) sum += (x = u(rng) < 0.25f ? 0.0f : u(rng));
+    for (float& x : d) x /= sum;
+    return d;
+}
+
+}  // namespace
+
+void sampleqCase() {
+    OpModule om(kVocab, kInstances, kTokens + 8, 0x5A4);
+    uint32_t rows = om.rowsInput("logit_rows", kVocab, -3, 3);
+    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kVocab});
+    uint32_t table = om.tensor("table", BLUE_TC_INSTANCE, DType::F32, {kVocab, 4});
+    om.step(Op::TSCALE, {logits, rows, std::bit_cast<uint32_t>(1.0f)});
+    om.step(Op::SAMPLEQ, {logits, BLUE_FA_SAMPLING, table});
+    om.outputsAfterRun();
+    std::vector<InstancePlan> plans(kInstances);
+    std::uniform_int_distribution<uint32_t> tok(0, kVocab - 1);
+    for (uint32_t i = 0; i < kInstances; ++i) {
+        plans[i].tokens = {tok(om.rng())};
+        plans[i].local_words = samplingWords(kConfigs[i % 4], 300 + i);
+        plans[i].local_words.push_back({BLUE_LM_SAMPLING + BLUE_SP_ROW, i % 5});  // row 4: none
+    }
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, kInstances);
+    if (!both) return;
+    uint32_t agree = 0, draws = 0;
+    for (uint32_t i = 0; i < kInstances; ++i) {
+        std::vector<OutputRecord> g = recordsOf(both->gpu_report.output, i), r = recordsOf(both->ref_report.output, i);
+        REQUIRE(g.size() == 3);
+        REQUIRE(r.size() == 3);
+        if (kConfigs[i % 4].temp == 0) CHECK(g[0].value == r[0].value);
+        agree += g[0].value == r[0].value;
+        ++draws;
+    }
+    CHECK(agree * 100 >= draws * 99);
+    expectClose(*both, table, 0, 1e-5, "SAMPLEQ distribution table");
+}
+
+void specCase() {
+    OpModule om(kVocab, kInstances * 5, kSpecBlock + BLUE_SPEC_WORDS, 0x5A5);
+    uint32_t rows = om.rowsInput("target_rows", kVocab, -2, 2);
+    uint32_t table = om.tensor("q", BLUE_TC_INSTANCE, DType::F32, {kVocab, BLUE_SPEC_MAX_DRAFT});
+    om.step(Op::SPEC, {table, rows, BLUE_FA_SAMPLING, BLUE_FA_SPEC});
+    om.outputWords({kSpecBlock + BLUE_SPEC_ACCEPTED, kSpecBlock + BLUE_SPEC_TOKEN});
+    std::vector<InstancePlan> plans(kInstances);
+    std::uniform_int_distribution<uint32_t> tok(0, kVocab - 1);
+    for (uint32_t i = 0; i < kInstances; ++i) {
+        InstancePlan& p = plans[i];
+        uint32_t k = i % 5;
+        p.rows = k + 1;
+        for (uint32_t j = 0; j <= k; ++j) p.tokens.push_back(tok(om.rng()));
+        p.runs = kRuns;
+        p.local_words = samplingWords(kConfigs[i % 4], 900 + i);
+        p.local_words.push_back({kSpecBlock + BLUE_SPEC_MODE, i % 7 == 3 ? 1u : 0u});
+        std::vector<float> q;
+        for (uint32_t j = 0; j < BLUE_SPEC_MAX_DRAFT; ++j) {
+            std::vector<float> d = draftDistribution(om.rng());
+            q.insert(q.end(), d.begin(), d.end());
+        }
+        p.tensor_words.push_back({table, q});
+    }
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, kInstances);
+    if (!both) return;
+    uint32_t agree = 0, total = 0, accepted = 0;
+    for (uint32_t i = 0; i < kInstances; ++i) {
+        CAPTURE(i);
+        std::vector<OutputRecord> g = recordsOf(both->gpu_report.output, i), r = recordsOf(both->ref_report.output, i);
+        REQUIRE(g.size() == 2 * kRuns);
+        REQUIRE(r.size() == 2 * kRuns);
+        for (uint32_t k = 0; k < kRuns; ++k) {
+            uint32_t acc = r[2 * k].value, t = r[2 * k + 1].value;
+            CHECK(acc <= i % 5);
+            CHECK(t < kVocab);
+            if (i % 7 == 3) CHECK(acc == 0);  // prefill mode drafts nothing
+            bool same = g[2 * k].value == acc && g[2 * k + 1].value == t;
+            if (kConfigs[i % 4].temp == 0) CHECK(same);
+            agree += same;
+            accepted += acc;
+            ++total;
+        }
+    }
+    MESSAGE("SPEC: " << agree << " of " << total << " verifications agree on the GPU and the reference ("
+                     << accepted << " draft tokens accepted)");
+    CHECK(agree * 100 >= total * 99);
+    CHECK(accepted > 0);
+}
+
+}  // namespace blue::test
