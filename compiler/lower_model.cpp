@@ -86,7 +86,7 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     a["hb2"] = activation("hb2", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
     uint32_t eps = floatBits(cfg.rms_norm_eps);
 
-    static const char* kNames[] = {"forward", "draft", "verify"};
+    static const char* kNames[] = {"forward", "draft", "verify", "score"};
     uint32_t block = cb.beginBlock(prefix + kNames[int(head)], head == ForwardHead::Verify ? BLUE_FA_COUNT + 1 : BLUE_FA_COUNT);
     cb.tensor(Op::EMBED, {a["x"], weight("token_embd.weight"), BLUE_FA_TOKENS});
     for (uint32_t l = 0; l < cfg.n_layer; ++l) {
@@ -102,6 +102,14 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
         cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
     }
     uint32_t lm_head = weight(cfg.tied_output ? "token_embd.weight" : "output.weight");
+    if (head == ForwardHead::Score) {
+        uint32_t row_logits = activation("row_logits", BLUE_TC_ROWS, DType::F32, {cfg.n_vocab});
+        cb.tensor(Op::RMSNORM, {a["xb"], a["x"], weight("output_norm.weight"), eps, 0});
+        cb.tensor(Op::MATMUL, {row_logits, lm_head, a["xb"]});
+        cb.tensor(Op::SCORE, {table, row_logits});
+        cb.endBlock();
+        return block;
+    }
     if (head == ForwardHead::Verify) {
         // Every row's logits: the target scores all K+1 positions of a speculation at once.
         uint32_t row_logits = activation("row_logits", BLUE_TC_ROWS, DType::F32, {cfg.n_vocab});

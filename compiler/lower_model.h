@@ -41,7 +41,9 @@ class CodeBuilder;
 // SAMPLE. SampleQ: the same with SAMPLEQ, which also writes the distribution drawn from into row
 // local[sampling + BLUE_SP_ROW] of `table` (a speculative draft). Verify: every row's logits and
 // SPEC against `table` (a speculative target; the block takes BLUE_FA_SPEC as a fifth argument).
-enum class ForwardHead { Sample, SampleQ, Verify };
+// Score: every row's logits and SCORE into `table` (an INSTANCE [1] result: the log-likelihood
+// of the rows' tokens after the first).
+enum class ForwardHead { Sample, SampleQ, Verify, Score };
 
 // Adds one model's forward block (vm/llm_abi.h: BLUE_FA_* arguments) and its tensors to `m`:
 // weights read from extern `extern_index`, activations and KV caches (`ctx` positions, `kv_type`)

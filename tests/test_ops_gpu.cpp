@@ -325,6 +325,9 @@ void runOpCase(Op op) {
         case Op::SPEC:
             specCase();
             return;
+        case Op::SCORE:
+            scoreCase();
+            return;
         default:
             FAIL(
                 "tensor op " << opInfo(op).name

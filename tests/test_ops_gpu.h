@@ -34,5 +34,6 @@ void attnCase(DType cache);     // test_ops_gpu_llm.cpp
 void sampleCase();              // test_ops_gpu_sample.cpp
 void sampleqCase();             // test_ops_gpu_spec.cpp
 void specCase();                // test_ops_gpu_spec.cpp
+void scoreCase();               // test_ops_gpu_spec.cpp
 
 }  // namespace blue::test

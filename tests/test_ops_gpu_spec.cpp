@@ -131,4 +131,22 @@ void specCase() {
     CHECK(accepted > 0);
 }
 
+void scoreCase() {
+    // Every row gets its own token (the harness tags rows by token), and tokens must index the
+    // logits: 256 of each.
+    OpModule om(256, kInstances * 6, kTokens + 8, 0x5A6);
+    uint32_t rows = om.rowsInput("rows", 256, -3, 3);
+    uint32_t sum = om.tensor("sum", BLUE_TC_INSTANCE, DType::F32, {1});
+    om.step(Op::SCORE, {sum, rows});
+    std::vector<uint32_t> counts;
+    for (uint32_t i = 0; i < kInstances; ++i) counts.push_back(1 + i % 6);
+    std::vector<uint32_t> pos(kInstances, 0);
+    Module m = om.build(raggedPlans(om, counts, pos));
+    auto both = runOnBoth(m, kInstances);
+    if (!both) return;
+    // Sums of up to five log-softmax values of logits in [-3, 3): float on the GPU, double on
+    // the reference; one-row instances sum nothing (0).
+    expectClose(*both, sum, 0, 1e-5, "SCORE log-likelihood");
+}
+
 }  // namespace blue::test

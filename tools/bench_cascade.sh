@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 B=${BUILD_DIR:-build}
-M=${BLUE_SHARED:-../shared}/models/stories260K/stories260K.gguf
+M=$(realpath "${BLUE_SHARED:-../shared}/models/stories260K/stories260K.gguf")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 now_ms() { date +%s%3N; }

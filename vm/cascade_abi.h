@@ -26,7 +26,8 @@
 #define BLUE_CAS_ST_DRAFTED 7   // speculative stages: draft tokens proposed in the last run
 #define BLUE_CAS_ST_ACCEPTED 8  // of which the target accepted
 #define BLUE_CAS_ST_PASSES 9    // target forward passes (verifications) after the prefill
-#define BLUE_CAS_STAGE_WORDS 10
+#define BLUE_CAS_ST_CHOICE 10   // select stages: the option written (0-based)
+#define BLUE_CAS_STAGE_WORDS 11
 
 #define BLUE_CAS_STATE_NOT_REACHED 0  // control never came to the stage
 #define BLUE_CAS_STATE_RAN 1
@@ -36,9 +37,9 @@
 // ---- the output ring, per request ---------------------------------------------------------------
 // OUTBEGIN tag; then for every stage in declaration order: OUTU state, OUTU tokens, OUTF entropy
 // sum, OUTF entropy max, OUTF log-probability sum, OUTU cycles, OUTU runs, OUTU drafted, OUTU
-// accepted, OUTU target passes; then for every slot
+// accepted, OUTU target passes, OUTU choice; then for every slot
 // but `input` in declaration order: OUTU length and that many OUTT tokens; then OUTEND tag.
 // A cancelled request (host flag word = tag + 1) ends early with OUTEND alone after OUTBEGIN.
-#define BLUE_CAS_OUT_STAGE_RECORDS 10
+#define BLUE_CAS_OUT_STAGE_RECORDS 11
 
 #endif  // BLUE_VM_CASCADE_ABI_H

@@ -137,5 +137,6 @@ uint32_t sampleToken(const std::vector<float>& logits, const SampleParams& p, fl
 // SAMPLEQ and SPEC (tensor_ops_spec.cpp).
 Status checkSpecOp(const Checker& c);
 void refSpec(const Items& it, const TensorInstr& ti);
+void refScore(const Items& it, const TensorInstr& ti);
 
 }  // namespace blue

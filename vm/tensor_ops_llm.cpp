@@ -408,6 +408,7 @@ Status checkLlmOp(const Checker& c) {
             return Status::ok();
         case Op::SAMPLE: return checkSample(c);
         case Op::SAMPLEQ:
+        case Op::SCORE:
         case Op::SPEC: return checkSpecOp(c);
         default: break;
     }
@@ -425,6 +426,7 @@ bool runLlmOpRef(const Items& it, const TensorInstr& ti) {
         case Op::SAMPLE: refSample(it, ti, false); return true;
         case Op::SAMPLEQ: refSample(it, ti, true); return true;
         case Op::SPEC: refSpec(it, ti); return true;
+        case Op::SCORE: refScore(it, ti); return true;
         default: return false;
     }
 }

@@ -15,6 +15,12 @@
 namespace blue {
 
 Status checkSpecOp(const Checker& c) {
+    if (c.ti.op == Op::SCORE) {
+        if (c.t(0).cls != BLUE_TC_INSTANCE) return c.fail(0, "the result must be an INSTANCE tensor");
+        BLUE_TRY(c.dtype(0, DType::F32));
+        if (c.t(1).cls != BLUE_TC_ROWS) return c.fail(1, "logits must be a ROWS tensor (one row per position)");
+        return c.dtype(1, DType::F32);
+    }
     if (c.ti.op == Op::SAMPLEQ) {
         if (c.t(0).cls != BLUE_TC_INSTANCE) return c.fail(0, "logits must be an INSTANCE tensor");
         BLUE_TRY(c.dtype(0, DType::F32));
@@ -99,6 +105,23 @@ void refSpec(const Items& it, const TensorInstr& ti) {
         sb[BLUE_SPEC_ACCEPTED] = accepted;
         sb[BLUE_SPEC_TOKEN] = out;
         sp[BLUE_SP_COUNTER] = counter;
+    }
+}
+
+void refScore(const Items& it, const TensorInstr& ti) {
+    const uint64_t n = it.decl(ti.args[1]).elements();
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        uint32_t tokens = it.arg(item, BLUE_FA_TOKENS), rows = it.rowCount(item);
+        double sum = 0;
+        for (uint32_t r = 0; r + 1 < rows; ++r) {
+            const uint32_t* next = it.local(item, uint64_t(tokens) + r + 1);
+            if (!next || *next >= n) continue;  // an out-of-range token scores nothing
+            const float* row = it.rowF32(ti.args[1], it.firstRow(item) + r);
+            double m = *std::max_element(row, row + n), z = 0;
+            for (uint64_t i = 0; i < n; ++i) z += std::exp(double(row[i]) - m);
+            sum += double(row[*next]) - m - std::log(z);
+        }
+        it.f32(ti.args[0], item)[0] = float(sum);
     }
 }
 

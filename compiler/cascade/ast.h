@@ -48,6 +48,9 @@ struct Stage {
     std::string speculate;  // a draft model for speculative decoding (empty: none)
     Loc speculate_loc;
     uint32_t speculate_tokens = 4;  // the draft's first K; adapts to the acceptance rate
+    std::vector<std::string> options;  // `select`: score these and write the most likely
+    std::vector<Loc> option_locs;
+    Loc select_loc;
     std::vector<std::string> stops;
     std::vector<Loc> stop_locs;
     std::unique_ptr<Cond> skip_if;

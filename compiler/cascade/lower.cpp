@@ -48,7 +48,8 @@ struct LoadedModel {
     Tokenizer tok;
     uint32_t ctx = 0, block = 0, bos = kNoToken;
     uint32_t draft_block = 0, verify_block = 0;  // when a stage uses it as draft / speculative target
-    bool as_plain = false, as_draft = false, as_target = false;
+    uint32_t score_block = 0;                    // when a stage selects with it
+    bool as_plain = false, as_draft = false, as_target = false, as_score = false;
     std::vector<uint32_t> eog;
     bool used = false;
 };
@@ -60,6 +61,7 @@ struct Lowerer {
     std::vector<uint32_t> stage_model;  // per stage: index into models
     std::vector<uint32_t> stage_draft;  // per stage: its speculate model (when it has one)
     uint32_t spec_base = 0;             // the speculation block, when a stage speculates
+    uint32_t score_sum = 0;             // SCORE's result tensor, when a stage selects
     Module m;
     CodeBuilder cb{&m};
     // Local memory layout.
@@ -127,7 +129,8 @@ struct Lowerer {
     void emitProgram();
     void emitStmts(const std::vector<Stmt>& body, uint32_t depth);
     void emitStage(uint32_t s);
-    void emitPrefill(uint32_t block);
+    void emitPrefill(uint32_t block, uint8_t end = kPrompt);
+    void emitSelect(uint32_t s, CodeBuilder::Label done);
     void emitSpeculation(uint32_t s, const std::function<void(uint8_t, uint32_t, uint32_t)>& accept,
                          CodeBuilder::Label done);
     void emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label no);
@@ -217,11 +220,11 @@ Status Lowerer::checkCond(const Cond& c, Loc at) const {
     int s = stageIndex(c.subject);
     if (s < 0) return errorAt(c.loc, "no stage or slot named '" + c.subject + "'");
     if (!before(p.stages[s].loc, at)) return errorAt(c.loc, "stage '" + c.subject + "' is written after this condition (line " + std::to_string(p.stages[s].loc.line) + ")");
-    static const char* metrics[] = {"tokens", "entropy_mean", "entropy_max", "logprob_mean", "runs"};
+    static const char* metrics[] = {"tokens", "entropy_mean", "entropy_max", "logprob_mean", "runs", "choice"};
     for (const char* name : metrics) {
         if (c.metric == name) return Status::ok();
     }
-    return errorAt(c.metric_loc, "unknown statistic '" + c.metric + "' (tokens, entropy_mean, entropy_max, logprob_mean, runs)");
+    return errorAt(c.metric_loc, "unknown statistic '" + c.metric + "' (tokens, entropy_mean, entropy_max, logprob_mean, runs, choice)");
 }
 
 Status Lowerer::checkStmts(const std::vector<Stmt>& body) {
@@ -249,7 +252,15 @@ Status Lowerer::checkNames() {
             if (!found) return errorAt(st.model_loc, "no model named '" + st.model + "'");
         }
         models[stage_model[i]].used = true;
-        models[stage_model[i]].as_plain |= st.speculate.empty();
+        models[stage_model[i]].as_plain |= st.speculate.empty() && st.options.empty();
+        models[stage_model[i]].as_score |= !st.options.empty();
+        if (!st.options.empty()) {
+            if (!st.speculate.empty()) return errorAt(st.select_loc, "a stage cannot both select and speculate");
+            if (!st.stops.empty()) return errorAt(st.stop_locs[0], "a select stage writes a whole option: stop strings do not apply");
+            for (size_t k = 0; k < st.options.size(); ++k) {
+                if (tokensOf(st.options[k], true).empty()) return errorAt(st.option_locs[k], "the option has no tokens");
+            }
+        }
         if (!st.speculate.empty()) {
             bool found = false;
             for (size_t k = 0; k < models.size(); ++k) {
@@ -298,6 +309,21 @@ Status Lowerer::checkSizes() {
             first = false;
         }
         uint32_t cap = slot_cap[size_t(slotIndex(st.target))];
+        if (!st.options.empty()) {
+            size_t longest = 0;
+            for (const std::string& o : st.options) longest = std::max(longest, tokensOf(o, true).size());
+            if (longest > cap) {
+                return errorAt(st.select_loc, strFormat("stage '%s': an option has %zu tokens, more than slot '%s' holds (%u)",
+                                                        st.name.c_str(), longest, st.target.c_str(), cap));
+            }
+            if (worst + longest > lm.ctx) {
+                return errorAt(st.prompt_loc, strFormat("stage '%s': its prompt (full slots) and an option can reach %llu tokens, "
+                                                        "more than the context of model '%s' (%u)",
+                                                        st.name.c_str(), (unsigned long long)(worst + longest), lm.name.c_str(), lm.ctx));
+            }
+            if (longest + 1 > opt.max_rows) return errorAt(st.select_loc, "an option is longer than the rows one step takes");
+            continue;
+        }
         if (st.max_tokens > cap) {
             return errorAt(st.loc, strFormat("stage '%s': max_tokens %u is more than slot '%s' holds (%u)",
                                              st.name.c_str(), st.max_tokens, st.target.c_str(), cap));
@@ -390,8 +416,9 @@ void Lowerer::emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label
         cb.op(Op::UTOF, {kF1, kTmp});
     } else {
         uint32_t st = stats_base + uint32_t(stageIndex(c.subject)) * BLUE_CAS_STAGE_WORDS;
-        if (c.metric == "tokens" || c.metric == "runs") {
-            cb.op(Op::LD, {kTmp, kZero}, st + (c.metric == "tokens" ? BLUE_CAS_ST_TOKENS : BLUE_CAS_ST_RUNS));
+        if (c.metric == "tokens" || c.metric == "runs" || c.metric == "choice") {
+            uint32_t word = c.metric == "tokens" ? BLUE_CAS_ST_TOKENS : c.metric == "runs" ? BLUE_CAS_ST_RUNS : BLUE_CAS_ST_CHOICE;
+            cb.op(Op::LD, {kTmp, kZero}, st + word);
             cb.op(Op::UTOF, {kF1, kTmp});
         } else if (c.metric == "entropy_max") {
             cb.op(Op::LD, {kF1, kZero}, st + BLUE_CAS_ST_ENT_MAX);
@@ -522,7 +549,13 @@ void Lowerer::emitStage(uint32_t s) {
     cb.op(Op::ADDI, {kRuns, kRuns}, 1);
     cb.jump(Op::BEQZ, {kPrompt}, done);
     for (uint32_t w : {BLUE_CAS_ST_DRAFTED, BLUE_CAS_ST_ACCEPTED, BLUE_CAS_ST_PASSES}) cb.op(Op::ST, {kZero, kZero}, stats + w);
-    if (!st.speculate.empty()) {
+    if (!st.options.empty()) {
+        auto chosen = cb.newLabel();
+        emitSelect(s, chosen);
+        cb.bind(chosen);
+        cb.op(Op::ST, {kE, kZero}, stats + BLUE_CAS_ST_CHOICE);
+        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+    } else if (!st.speculate.empty()) {
         // The draft reads the prompt too (no table row: its draws are discarded); the target's
         // verify block in prefill mode draws the first token.
         cb.li(kTmp, 0xFFFFFFFFu);
@@ -536,84 +569,86 @@ void Lowerer::emitStage(uint32_t s) {
     } else {
         emitPrefill(lm.block);
     }
-    cb.li(kGen, 0);
-    // The token in kTok is generated: check the stop rules, append it to the slot and count it;
-    // its T = 1 entropy and log-probability are local[reg + entropy_at], local[reg + logprob_at].
-    auto accept = [&](uint8_t reg, uint32_t entropy_at, uint32_t logprob_at) {
-        cb.li(kTmp, st.max_tokens);
-        cb.jump(Op::BGEU, {kGen, kTmp}, done);
-        if (p.budget) {
-            cb.li(kTmp, p.budget);
-            cb.jump(Op::BGEU, {kTotal, kTmp}, done);
-        }
-        for (uint32_t id : lm.eog) {
-            cb.li(kTmp, id);
-            cb.jump(Op::BEQ, {kTok, kTmp}, done);
-        }
-        cb.op(Op::LD, {kLen, kZero}, target);
-        cb.li(kTmp, target_cap);
-        cb.jump(Op::BGEU, {kLen, kTmp}, done);
-        cb.op(Op::ST, {kTok, kLen}, target + 1);
-        cb.op(Op::ADDI, {kLen, kLen}, 1);
-        cb.op(Op::ST, {kLen, kZero}, target);
-        cb.op(Op::ADDI, {kGen, kGen}, 1);
-        cb.op(Op::ADDI, {kTotal, kTotal}, 1);
-        cb.op(Op::ST, {kGen, kZero}, stats + BLUE_CAS_ST_TOKENS);
-        cb.op(Op::LD, {kF1, reg}, entropy_at);
-        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
-        cb.op(Op::FADD, {kF2, kF2, kF1});
-        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
-        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
-        cb.op(Op::FMAX, {kF2, kF2, kF1});
-        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
-        cb.op(Op::LD, {kF1, reg}, logprob_at);
-        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
-        cb.op(Op::FADD, {kF2, kF2, kF1});
-        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
-        // Stop strings: the slot's last tokens (of this run) equal one of them; they are dropped.
-        for (const std::string& stop : st.stops) {
-            std::vector<uint32_t> seq = tokensOf(stop, true);
-            uint32_t at = addConsts(seq);
-            auto cmp = cb.newLabel(), match = cb.newLabel(), next = cb.newLabel();
-            cb.li(kN, uint32_t(seq.size()));
-            cb.jump(Op::BLTU, {kGen, kN}, next);
-            cb.li(kJ, 0);
-            cb.bind(cmp);
-            cb.jump(Op::BGEU, {kJ, kN}, match);
-            cb.op(Op::SUB, {kWord, kLen, kN});
-            cb.op(Op::ADD, {kWord, kWord, kJ});
-            cb.op(Op::LD, {kWord, kWord}, target + 1);
-            cb.op(Op::LDK, {kWord2, kJ}, at);
-            cb.jump(Op::BNE, {kWord, kWord2}, next);
-            cb.op(Op::ADDI, {kJ, kJ}, 1);
-            cb.jump(Op::JMP, {}, cmp);
-            cb.bind(match);
-            cb.op(Op::SUB, {kLen, kLen, kN});
+    if (st.options.empty()) {
+        cb.li(kGen, 0);
+        // The token in kTok is generated: check the stop rules, append it to the slot and count it;
+        // its T = 1 entropy and log-probability are local[reg + entropy_at], local[reg + logprob_at].
+        auto accept = [&](uint8_t reg, uint32_t entropy_at, uint32_t logprob_at) {
+            cb.li(kTmp, st.max_tokens);
+            cb.jump(Op::BGEU, {kGen, kTmp}, done);
+            if (p.budget) {
+                cb.li(kTmp, p.budget);
+                cb.jump(Op::BGEU, {kTotal, kTmp}, done);
+            }
+            for (uint32_t id : lm.eog) {
+                cb.li(kTmp, id);
+                cb.jump(Op::BEQ, {kTok, kTmp}, done);
+            }
+            cb.op(Op::LD, {kLen, kZero}, target);
+            cb.li(kTmp, target_cap);
+            cb.jump(Op::BGEU, {kLen, kTmp}, done);
+            cb.op(Op::ST, {kTok, kLen}, target + 1);
+            cb.op(Op::ADDI, {kLen, kLen}, 1);
             cb.op(Op::ST, {kLen, kZero}, target);
-            cb.jump(Op::JMP, {}, done);
-            cb.bind(next);
+            cb.op(Op::ADDI, {kGen, kGen}, 1);
+            cb.op(Op::ADDI, {kTotal, kTotal}, 1);
+            cb.op(Op::ST, {kGen, kZero}, stats + BLUE_CAS_ST_TOKENS);
+            cb.op(Op::LD, {kF1, reg}, entropy_at);
+            cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
+            cb.op(Op::FADD, {kF2, kF2, kF1});
+            cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
+            cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
+            cb.op(Op::FMAX, {kF2, kF2, kF1});
+            cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
+            cb.op(Op::LD, {kF1, reg}, logprob_at);
+            cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+            cb.op(Op::FADD, {kF2, kF2, kF1});
+            cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+            // Stop strings: the slot's last tokens (of this run) equal one of them; they are dropped.
+            for (const std::string& stop : st.stops) {
+                std::vector<uint32_t> seq = tokensOf(stop, true);
+                uint32_t at = addConsts(seq);
+                auto cmp = cb.newLabel(), match = cb.newLabel(), next = cb.newLabel();
+                cb.li(kN, uint32_t(seq.size()));
+                cb.jump(Op::BLTU, {kGen, kN}, next);
+                cb.li(kJ, 0);
+                cb.bind(cmp);
+                cb.jump(Op::BGEU, {kJ, kN}, match);
+                cb.op(Op::SUB, {kWord, kLen, kN});
+                cb.op(Op::ADD, {kWord, kWord, kJ});
+                cb.op(Op::LD, {kWord, kWord}, target + 1);
+                cb.op(Op::LDK, {kWord2, kJ}, at);
+                cb.jump(Op::BNE, {kWord, kWord2}, next);
+                cb.op(Op::ADDI, {kJ, kJ}, 1);
+                cb.jump(Op::JMP, {}, cmp);
+                cb.bind(match);
+                cb.op(Op::SUB, {kLen, kLen, kN});
+                cb.op(Op::ST, {kLen, kZero}, target);
+                cb.jump(Op::JMP, {}, done);
+                cb.bind(next);
+            }
+            cb.op(Op::INFLAG, {kFlagWord, kIid});
+            cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, cancel_label);
+        };
+        if (st.speculate.empty()) {
+            // Decode: take the sampled token, accept it, feed it back.
+            auto decode = cb.newLabel();
+            cb.bind(decode);
+            cb.op(Op::LD, {kTok, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
+            accept(kZero, BLUE_LM_SAMPLING + BLUE_SP_OUT_ENTROPY, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
+            cb.li(kTmp, lm.ctx);
+            cb.jump(Op::BGEU, {kPos, kTmp}, done);
+            cb.op(Op::ST, {kTok, kPos}, hist_base);
+            cb.li(kArgRows, 1);
+            cb.op(Op::MOV, {kArgPos, kPos});
+            cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
+            cb.op(Op::ADDI, {kPos, kPos}, 1);
+            cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+            cb.op(Op::RUN, {kArgRows}, lm.block);
+            cb.jump(Op::JMP, {}, decode);
+        } else {
+            emitSpeculation(s, accept, done);
         }
-        cb.op(Op::INFLAG, {kFlagWord, kIid});
-        cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, cancel_label);
-    };
-    if (st.speculate.empty()) {
-        // Decode: take the sampled token, accept it, feed it back.
-        auto decode = cb.newLabel();
-        cb.bind(decode);
-        cb.op(Op::LD, {kTok, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
-        accept(kZero, BLUE_LM_SAMPLING + BLUE_SP_OUT_ENTROPY, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
-        cb.li(kTmp, lm.ctx);
-        cb.jump(Op::BGEU, {kPos, kTmp}, done);
-        cb.op(Op::ST, {kTok, kPos}, hist_base);
-        cb.li(kArgRows, 1);
-        cb.op(Op::MOV, {kArgPos, kPos});
-        cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
-        cb.op(Op::ADDI, {kPos, kPos}, 1);
-        cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
-        cb.op(Op::RUN, {kArgRows}, lm.block);
-        cb.jump(Op::JMP, {}, decode);
-    } else {
-        emitSpeculation(s, accept, done);
     }
     cb.bind(done);
     cb.op(Op::CYCLE, {kTmp});
@@ -626,13 +661,13 @@ void Lowerer::emitStage(uint32_t s) {
 // Prefill of the prompt in history[0, kPrompt) through `block`, in chunks; each chunk samples,
 // and the last chunk's draw is draw 0 of the run whatever the chunk size, so sampled text does
 // not depend on how the prompt was split. Leaves kPos = kPrompt.
-void Lowerer::emitPrefill(uint32_t block) {
+void Lowerer::emitPrefill(uint32_t block, uint8_t end) {
     auto prefill = cb.newLabel(), chunk_ok = cb.newLabel();
     cb.li(kPos, 0);
     cb.li(kChunk, opt.chunk);
     cb.li(kArgSampling, BLUE_LM_SAMPLING);
     cb.bind(prefill);
-    cb.op(Op::SUB, {kArgRows, kPrompt, kPos});
+    cb.op(Op::SUB, {kArgRows, end, kPos});
     cb.jump(Op::BLTU, {kArgRows, kChunk}, chunk_ok);
     cb.op(Op::MOV, {kArgRows, kChunk});
     cb.bind(chunk_ok);
@@ -642,7 +677,73 @@ void Lowerer::emitPrefill(uint32_t block) {
     cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
     cb.op(Op::ST, {kZero, kZero}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
     cb.op(Op::RUN, {kArgRows}, block);
-    cb.jump(Op::BLTU, {kPos, kPrompt}, prefill);
+    cb.jump(Op::BLTU, {kPos, end}, prefill);
+}
+
+// A select stage: the prompt but its last token is prefilled once; then each option runs as
+// [last prompt token, option tokens] from that position, SCORE sums the option's log-likelihood,
+// and the most likely option (the first of equals) is written to the slot.
+void Lowerer::emitSelect(uint32_t s, CodeBuilder::Label done) {
+    const Stage& st = p.stages[s];
+    const LoadedModel& lm = models[stage_model[s]];
+    const uint32_t stats = stats_base + s * BLUE_CAS_STAGE_WORDS;
+    const uint32_t target = slot_addr[size_t(slotIndex(st.target))];
+    auto skip_prefill = cb.newLabel();
+    cb.op(Op::ADDI, {kN, kPrompt}, uint32_t(-1));
+    cb.jump(Op::BEQZ, {kN}, skip_prefill);
+    emitPrefill(lm.score_block, kN);
+    cb.bind(skip_prefill);
+    cb.li(kE, 0);
+    std::vector<std::vector<uint32_t>> opts;
+    std::vector<uint32_t> at;
+    for (const std::string& o : st.options) {
+        opts.push_back(tokensOf(o, true));
+        at.push_back(addConsts(opts.back()));
+    }
+    for (uint32_t j = 0; j < opts.size(); ++j) {
+        auto loop = cb.newLabel(), copied = cb.newLabel(), keep = cb.newLabel();
+        cb.li(kI, 0);
+        cb.li(kN, uint32_t(opts[j].size()));
+        cb.bind(loop);
+        cb.jump(Op::BGEU, {kI, kN}, copied);
+        cb.op(Op::LDK, {kWord, kI}, at[j]);
+        cb.op(Op::ADD, {kTmp, kPrompt, kI});
+        cb.op(Op::ST, {kWord, kTmp}, hist_base);
+        cb.op(Op::ADDI, {kI, kI}, 1);
+        cb.jump(Op::JMP, {}, loop);
+        cb.bind(copied);
+        cb.li(kArgRows, uint32_t(opts[j].size() + 1));
+        cb.op(Op::ADDI, {kArgPos, kPrompt}, uint32_t(-1));
+        cb.op(Op::ADDI, {kArgTokens, kArgPos}, hist_base);
+        cb.op(Op::RUN, {kArgRows}, lm.score_block);
+        cb.op(Op::TLD, {kF1, kZero}, score_sum);
+        if (j > 0) {
+            cb.op(Op::FLT, {kTmp, kF2, kF1});
+            cb.jump(Op::BEQZ, {kTmp}, keep);
+        }
+        cb.op(Op::MOV, {kF2, kF1});
+        cb.li(kE, j);
+        cb.bind(keep);
+    }
+    // Write the chosen option.
+    for (uint32_t j = 0; j < opts.size(); ++j) {
+        auto next = cb.newLabel(), loop = cb.newLabel();
+        cb.li(kTmp, j);
+        cb.jump(Op::BNE, {kE, kTmp}, next);
+        cb.op(Op::LD, {kLen, kZero}, target);
+        cb.li(kI, 0);
+        cb.li(kN, uint32_t(opts[j].size()));
+        cb.bind(loop);
+        cb.jump(Op::BGEU, {kI, kN}, done);
+        cb.op(Op::LDK, {kWord, kI}, at[j]);
+        cb.op(Op::ST, {kWord, kLen}, target + 1);
+        cb.op(Op::ADDI, {kLen, kLen}, 1);
+        cb.op(Op::ST, {kLen, kZero}, target);
+        cb.op(Op::ADDI, {kI, kI}, 1);
+        cb.op(Op::ST, {kI, kZero}, stats + BLUE_CAS_ST_TOKENS);
+        cb.jump(Op::JMP, {}, loop);
+        cb.bind(next);
+    }
 }
 
 // Speculative decoding after both prefills (the target's first token is in the sampling block).
@@ -820,8 +921,8 @@ void Lowerer::emitOutputs() {
             {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
             {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
             {BLUE_CAS_ST_RUNS, Op::OUTU}, {BLUE_CAS_ST_DRAFTED, Op::OUTU}, {BLUE_CAS_ST_ACCEPTED, Op::OUTU},
-            {BLUE_CAS_ST_PASSES, Op::OUTU}};
-        static_assert(BLUE_CAS_OUT_STAGE_RECORDS == 10, "the records below are the protocol");
+            {BLUE_CAS_ST_PASSES, Op::OUTU}, {BLUE_CAS_ST_CHOICE, Op::OUTU}};
+        static_assert(BLUE_CAS_OUT_STAGE_RECORDS == 11, "the records below are the protocol");
         for (auto [word, op] : records) {
             cb.op(Op::LD, {kTmp, kZero}, st + word);
             cb.op(op, {kTmp});
@@ -918,6 +1019,16 @@ Result<Module> Lowerer::run() {
         m.tensors.push_back(t);
         table = uint32_t(m.tensors.size() - 1);
     }
+    bool selects = false;
+    for (const Stage& st : p.stages) selects |= !st.options.empty();
+    if (selects) {
+        TensorDecl t;
+        t.name = "select/score";
+        t.cls = BLUE_TC_INSTANCE;
+        t.ne = {1, 1, 1, 1};
+        m.tensors.push_back(t);
+        score_sum = uint32_t(m.tensors.size() - 1);
+    }
     for (size_t k = 0; k < models.size(); ++k) {
         LoadedModel& lm = models[k];
         m.externs.push_back(lm.path);
@@ -926,6 +1037,9 @@ Result<Module> Lowerer::run() {
         if (lm.as_plain) lm.block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix);
         if (lm.as_draft) {
             lm.draft_block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix, ForwardHead::SampleQ, table);
+        }
+        if (lm.as_score) {
+            lm.score_block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix, ForwardHead::Score, score_sum);
         }
         if (lm.as_target) {
             lm.verify_block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix, ForwardHead::Verify, table);

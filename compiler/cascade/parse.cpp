@@ -201,7 +201,7 @@ private:
             "model", "slot", "stage", "prompt", "write", "append", "max_tokens", "temperature", "top_k",
             "top_p", "min_p", "repeat_penalty", "repeat_last_n", "stop", "skip", "if", "else", "repeat",
             "break", "run", "output", "budget", "context", "and", "or", "not", "contains", "speculate",
-            "speculate_tokens"};
+            "speculate_tokens", "select"};
         if (reserved.count(name)) return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot or stage");
         if (name.size() > 64) return errorAt(l, "name longer than 64 characters");
         return Status::ok();
@@ -400,6 +400,17 @@ private:
                 st.append = key == "append";
                 st.target_loc = peek().loc;
                 BLUE_TRY_ASSIGN(st.target, ident("a slot name"));
+            } else if (key == "select") {
+                st.select_loc = kl;
+                for (;;) {
+                    st.option_locs.push_back(peek().loc);
+                    BLUE_TRY_ASSIGN(std::string o, string("an option"));
+                    if (o.empty()) return errorAt(st.option_locs.back(), "empty option");
+                    st.options.push_back(o);
+                    if (!isSym(",")) break;
+                    ++pos_;
+                }
+                if (st.options.size() > 16) return errorAt(st.option_locs[16], "more than 16 options");
             } else if (key == "speculate") {
                 st.speculate_loc = peek().loc;
                 BLUE_TRY_ASSIGN(st.speculate, ident("a draft model's name"));
@@ -435,7 +446,7 @@ private:
                 BLUE_TRY_ASSIGN(st.skip_if, condition());
             } else {
                 return errorAt(kl, "unknown stage property '" + key + "' (model, prompt, write, append, max_tokens, "
-                                   "temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stop, skip if, speculate, speculate_tokens)");
+                                   "temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stop, skip if, speculate, speculate_tokens, select)");
             }
             BLUE_TRY(endOfLine());
         }

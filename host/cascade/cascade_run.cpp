@@ -205,6 +205,7 @@ Result<std::vector<CascadeResult>> CascadeRunner::decode(std::span<const OutputR
                 case 7: st.drafted = rec.value; break;
                 case 8: st.accepted = rec.value; break;
                 case 9: st.passes = rec.value; break;
+                case 10: st.choice = rec.value; break;
             }
             ++c.field;
             continue;

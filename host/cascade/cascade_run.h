@@ -37,6 +37,8 @@ struct StageStats {
     uint32_t state = 0;  // BLUE_CAS_STATE_*
     uint32_t tokens = 0, cycles = 0, runs = 0;
     uint32_t drafted = 0, accepted = 0, passes = 0;  // speculative stages (passes: target verifications)
+    uint32_t choice = 0;                             // select stages: the option written
+    bool select = false;                             // (set by the runner from the module)
     float entropy_sum = 0, entropy_max = 0, logprob_sum = 0;
     float entropyMean() const { return tokens ? entropy_sum / float(tokens) : 0.0f; }
     float logprobMean() const { return tokens ? logprob_sum / float(tokens) : 0.0f; }
