@@ -868,7 +868,13 @@ Result<Module> Lowerer::run() {
     m.layout.local_words = hist_base + max_ctx;
     m.layout.in_slots = opt.in_slots;
     countSteps(p.body, 0);
-    m.layout.in_slot_words = BLUE_CAS_REQ_HEADER + resumeWords() + p.input_capacity + 1;
+    // A request carries a resume block with every slot at full capacity (durable slots).
+    uint64_t request_words = uint64_t(BLUE_CAS_REQ_HEADER) + resumeWords() + p.input_capacity + 1;
+    if (request_words > BLUE_MAX_IN_SLOT_WORDS) {
+        return errorAt({1, 1}, strFormat("a request with the slots' state needs %llu words, more than %u; shrink the slots",
+                                         (unsigned long long)request_words, BLUE_MAX_IN_SLOT_WORDS));
+    }
+    m.layout.in_slot_words = uint32_t(request_words);
     m.layout.max_rows = opt.max_rows;
     m.layout.max_steps = 4096;
     emitProgram();
