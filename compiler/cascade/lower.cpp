@@ -127,6 +127,8 @@ struct Lowerer {
     void emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label no);
     void emitCopy(uint32_t slot);
     void emitOutputs();
+    void emitStageRecords(uint32_t stage);
+    void emitSlotRecords(size_t slot);
     void countSteps(const std::vector<Stmt>& body, uint32_t depth);
     uint32_t resumeWords() const;
     void emitRequest(CodeBuilder::Label reject);
@@ -655,31 +657,37 @@ void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
     }
 }
 
+// A stage's 7 statistics records (vm/cascade_abi.h).
+void Lowerer::emitStageRecords(uint32_t stage) {
+    const uint32_t st = stats_base + stage * BLUE_CAS_STAGE_WORDS;
+    const std::pair<uint32_t, Op> records[] = {
+        {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
+        {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
+        {BLUE_CAS_ST_RUNS, Op::OUTU}};
+    for (auto [word, op] : records) {
+        cb.op(Op::LD, {kTmp, kZero}, st + word);
+        cb.op(op, {kTmp});
+    }
+}
+
+// A slot's length record and its tokens (`slot`: 0 is input).
+void Lowerer::emitSlotRecords(size_t slot) {
+    auto loop = cb.newLabel(), done = cb.newLabel();
+    cb.op(Op::LD, {kN, kZero}, slot_addr[slot]);
+    cb.op(Op::OUTU, {kN});
+    cb.li(kI, 0);
+    cb.bind(loop);
+    cb.jump(Op::BGEU, {kI, kN}, done);
+    cb.op(Op::LD, {kTok, kI}, slot_addr[slot] + 1);
+    cb.op(Op::OUTT, {kTok});
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, loop);
+    cb.bind(done);
+}
+
 void Lowerer::emitOutputs() {
-    for (uint32_t s = 0; s < p.stages.size(); ++s) {
-        uint32_t st = stats_base + s * BLUE_CAS_STAGE_WORDS;
-        const std::pair<uint32_t, Op> records[] = {
-            {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
-            {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
-            {BLUE_CAS_ST_RUNS, Op::OUTU}};
-        for (auto [word, op] : records) {
-            cb.op(Op::LD, {kTmp, kZero}, st + word);
-            cb.op(op, {kTmp});
-        }
-    }
-    for (size_t k = 1; k < slot_addr.size(); ++k) {
-        auto loop = cb.newLabel(), done = cb.newLabel();
-        cb.op(Op::LD, {kN, kZero}, slot_addr[k]);
-        cb.op(Op::OUTU, {kN});
-        cb.li(kI, 0);
-        cb.bind(loop);
-        cb.jump(Op::BGEU, {kI, kN}, done);
-        cb.op(Op::LD, {kTok, kI}, slot_addr[k] + 1);
-        cb.op(Op::OUTT, {kTok});
-        cb.op(Op::ADDI, {kI, kI}, 1);
-        cb.jump(Op::JMP, {}, loop);
-        cb.bind(done);
-    }
+    for (uint32_t s = 0; s < p.stages.size(); ++s) emitStageRecords(s);
+    for (size_t k = 1; k < slot_addr.size(); ++k) emitSlotRecords(k);
 }
 
 // ---- durable slots: checkpoints and resume (vm/cascade_abi.h) ------------------------------
@@ -767,7 +775,6 @@ void Lowerer::emitRestore() {
 
 // The checkpoint after step `step` (a run of stage `stage`, or its skip).
 void Lowerer::emitCheckpoint(uint32_t step, uint32_t stage) {
-    const uint32_t stats = stats_base + stage * BLUE_CAS_STAGE_WORDS;
     const int slot = slotIndex(p.stages[stage].target);
     cb.op(Op::OUTS, {}, ckpt_marker);
     for (uint32_t v : {step, stage}) {
@@ -777,28 +784,10 @@ void Lowerer::emitCheckpoint(uint32_t step, uint32_t stage) {
     cb.op(Op::OUTU, {kRuns});
     cb.op(Op::OUTU, {kTotal});
     for (uint32_t d = 0; d < loop_depth; ++d) cb.op(Op::OUTU, {uint8_t(kLoop0 + d)});
-    const std::pair<uint32_t, Op> records[] = {
-        {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
-        {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
-        {BLUE_CAS_ST_RUNS, Op::OUTU}};
-    for (auto [word, op] : records) {
-        cb.op(Op::LD, {kTmp, kZero}, stats + word);
-        cb.op(op, {kTmp});
-    }
+    emitStageRecords(stage);
     cb.li(kTmp, uint32_t(slot - 1));
     cb.op(Op::OUTU, {kTmp});
-    auto loop = cb.newLabel(), done = cb.newLabel();
-    const uint32_t addr = slot_addr[size_t(slot)];
-    cb.op(Op::LD, {kN, kZero}, addr);
-    cb.op(Op::OUTU, {kN});
-    cb.li(kI, 0);
-    cb.bind(loop);
-    cb.jump(Op::BGEU, {kI, kN}, done);
-    cb.op(Op::LD, {kTok, kI}, addr + 1);
-    cb.op(Op::OUTT, {kTok});
-    cb.op(Op::ADDI, {kI, kI}, 1);
-    cb.jump(Op::JMP, {}, loop);
-    cb.bind(done);
+    emitSlotRecords(size_t(slot));
 }
 
 void Lowerer::emitProgram() {

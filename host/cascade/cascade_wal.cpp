@@ -97,16 +97,8 @@ Status checkHeader(std::span<const uint8_t> b, const std::string& name, const Wa
         return Status::error(strFormat("%s: byte %zu: ", name.c_str(), offset) + what);
     };
     if (b.empty()) return at(0, "empty file (no header)");
-    if (b.size() < kWalHeaderBytes) {
-        if (b.size() < sizeof kMagic && std::memcmp(b.data(), kMagic, b.size()) == 0) {
-            return at(0, strFormat("truncated header (%zu of %zu bytes)", b.size(), kWalHeaderBytes));
-        }
-        if (b.size() >= sizeof kMagic && std::memcmp(b.data(), kMagic, sizeof kMagic) == 0) {
-            return at(b.size(), strFormat("truncated header (%zu of %zu bytes)", b.size(), kWalHeaderBytes));
-        }
-        return at(0, "not a BlueVM write-ahead log (no BLUEWAL magic)");
-    }
-    if (std::memcmp(b.data(), kMagic, sizeof kMagic) != 0) return at(0, "not a BlueVM write-ahead log (no BLUEWAL magic)");
+    if (std::memcmp(b.data(), kMagic, std::min(b.size(), sizeof kMagic)) != 0) return at(0, "not a BlueVM write-ahead log (no BLUEWAL magic)");
+    if (b.size() < kWalHeaderBytes) return at(b.size(), strFormat("truncated header (%zu of %zu bytes)", b.size(), kWalHeaderBytes));
     if (getU32(&b[36]) != crc(b.data(), 36)) return at(36, "header checksum mismatch (the header is corrupt)");
     if (uint32_t v = getU32(&b[8]); v != kWalVersion) return at(8, strFormat("format version %u, this bluevm reads %u", v, kWalVersion));
     const char* engines[] = {"the GPU", "the reference interpreter"};
