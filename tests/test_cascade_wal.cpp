@@ -362,7 +362,9 @@ TEST_CASE("cascade wal: the writer creates a whole header, appends records and c
         REQUIRE_MESSAGE(w, w.message());
         for (const CascadeCheckpoint& c : smallCheckpoints()) REQUIRE(w->append(walCheckpointPayload(c)));
     }
-    CHECK_FALSE(fs::exists(path + ".tmp"));
+    CHECK(fs::directory_iterator(dir.path)->path() == path);  // no temporary left
+    CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
+    CHECK_FALSE(WalWriter::create(path, kId));  // never over an existing log
     auto r = walRead(path, kId, info);
     REQUIRE_MESSAGE(r, r.message());
     CHECK(r->checkpoints == smallCheckpoints());
@@ -377,8 +379,16 @@ TEST_CASE("cascade wal: the writer creates a whole header, appends records and c
     CHECK(t->valid_bytes == good);
     CHECK(t->torn.find(path + ": byte " + std::to_string(good) + ": the last record is torn") == 0);
     {
-        auto w = WalWriter::reopen(path, t->valid_bytes);
+        auto w = WalWriter::open(path);
         REQUIRE_MESSAGE(w, w.message());
+        auto bytes_read = w->contents();
+        REQUIRE(bytes_read);
+        CHECK(bytes_read.value() == bytes);
+        // While one writer holds the log, another cannot open it.
+        auto second = WalWriter::open(path);
+        REQUIRE_FALSE(second);
+        CHECK(second.message() == path + ": the log is in use by another process");
+        REQUIRE(w->cut(t->valid_bytes));
         REQUIRE(w->append(walFinalPayload(smallFinal())));
     }
     auto f = walRead(path, kId, info);
@@ -517,6 +527,14 @@ TEST_CASE("cascade wal: bluevm run refuses corrupt and foreign logs, naming the 
     refused("garbage.wal", garbage, "0: not a BlueVM write-ahead log");
     refused("seed.wal", log, "32: written for seed 11; this run's seed is 12", true, "12");
     refused("engine.wal", log, "12: written by a run on the reference interpreter; this run uses the GPU", false);
+    {
+        // A log another run holds.
+        auto held = WalWriter::open(good);
+        REQUIRE(held);
+        Child c(runArgs(bir, good, dir.path + "/held", true));
+        CHECK(c.wait() == 1);
+        CHECK_MESSAGE(c.err_text == "bluevm: " + good + ": the log is in use by another process\n", c.err_text);
+    }
     // Another module: the same source with another stage length.
     std::string src = readText(sourceDir() + "/programs/review_loop.cas");
     size_t at = src.find("max_tokens 24");

@@ -17,7 +17,9 @@ Result<DurableRun> runDurable(CascadeRunner& runner, const CascadeTask& task, bo
     WalWriter wal;
     std::error_code ec;
     if (std::filesystem::exists(wal_path, ec)) {
-        BLUE_TRY_ASSIGN(WalContents log, walRead(wal_path, id, info));
+        BLUE_TRY_ASSIGN(wal, WalWriter::open(wal_path));
+        BLUE_TRY_ASSIGN(std::vector<uint8_t> bytes, wal.contents());
+        BLUE_TRY_ASSIGN(WalContents log, walParse(bytes, wal_path, id, info));
         if (!log.torn.empty()) notice(log.torn + "; resuming from the record before it");
         if (log.final) {
             out.result = std::move(*log.final);
@@ -34,7 +36,7 @@ Result<DurableRun> runDurable(CascadeRunner& runner, const CascadeTask& task, bo
             notice(strFormat("%s: resuming after step %u (stage '%s'), checkpoint %zu", wal_path.c_str(), last.step,
                              info.stages[last.stage].c_str(), out.resumed_checkpoints));
         }
-        BLUE_TRY_ASSIGN(wal, WalWriter::reopen(wal_path, log.valid_bytes));
+        BLUE_TRY(wal.cut(log.valid_bytes));
     } else {
         BLUE_TRY_ASSIGN(wal, WalWriter::create(wal_path, id));
     }

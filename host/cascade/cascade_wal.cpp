@@ -2,6 +2,8 @@
 #include "host/cascade/cascade_wal.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -287,30 +289,65 @@ WalWriter::~WalWriter() {
     if (fd_ >= 0) ::close(fd_);
 }
 
+namespace {
+
+Status lockLog(int fd, const std::string& path) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return Status::ok();
+    if (errno == EWOULDBLOCK) return BLUE_ERROR("%s: the log is in use by another process", path.c_str());
+    return BLUE_ERROR("%s: cannot lock: %s", path.c_str(), std::strerror(errno));
+}
+
+}  // namespace
+
 Result<WalWriter> WalWriter::create(const std::string& path, const WalIdentity& id) {
-    std::string tmp = path + ".tmp";
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return BLUE_ERROR("%s: cannot create: %s", tmp.c_str(), std::strerror(errno));
     WalWriter w;
     w.path_ = path;
     w.fd_ = fd;
-    BLUE_TRY(writeAll(fd, walHeader(id), tmp));
-    if (::rename(tmp.c_str(), path.c_str()) != 0) return BLUE_ERROR("%s: cannot rename to %s: %s", tmp.c_str(), path.c_str(), std::strerror(errno));
+    Status s = lockLog(fd, tmp);
+    if (s) s = writeAll(fd, walHeader(id), tmp);
+    if (s && ::link(tmp.c_str(), path.c_str()) != 0) {
+        s = errno == EEXIST ? BLUE_ERROR("%s: the log appeared while this run started; another process is using it", path.c_str())
+                            : BLUE_ERROR("%s: cannot create: %s", path.c_str(), std::strerror(errno));
+    }
+    ::unlink(tmp.c_str());
+    if (!s) return s;
     syncDir(path);
     return w;
 }
 
-Result<WalWriter> WalWriter::reopen(const std::string& path, uint64_t valid_bytes) {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return BLUE_ERROR("%s: cannot open for appending: %s", path.c_str(), std::strerror(errno));
+Result<WalWriter> WalWriter::open(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return BLUE_ERROR("%s: cannot open: %s", path.c_str(), std::strerror(errno));
     WalWriter w;
     w.path_ = path;
     w.fd_ = fd;
-    if (::ftruncate(fd, off_t(valid_bytes)) != 0 || ::lseek(fd, off_t(valid_bytes), SEEK_SET) < 0) {
-        return BLUE_ERROR("%s: cannot cut the torn record at byte %llu: %s", path.c_str(), (unsigned long long)valid_bytes,
+    BLUE_TRY(lockLog(fd, path));
+    return w;
+}
+
+Result<std::vector<uint8_t>> WalWriter::contents() const {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return BLUE_ERROR("%s: cannot stat: %s", path_.c_str(), std::strerror(errno));
+    std::vector<uint8_t> bytes(size_t(st.st_size));
+    size_t done = 0;
+    while (done < bytes.size()) {
+        ssize_t n = ::pread(fd_, bytes.data() + done, bytes.size() - done, off_t(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return BLUE_ERROR("%s: cannot read: %s", path_.c_str(), n < 0 ? std::strerror(errno) : "the file shrank");
+        done += size_t(n);
+    }
+    return bytes;
+}
+
+Status WalWriter::cut(uint64_t valid_bytes) {
+    if (::ftruncate(fd_, off_t(valid_bytes)) != 0 || ::lseek(fd_, off_t(valid_bytes), SEEK_SET) < 0) {
+        return BLUE_ERROR("%s: cannot cut the log at byte %llu: %s", path_.c_str(), (unsigned long long)valid_bytes,
                           std::strerror(errno));
     }
-    return w;
+    return Status::ok();
 }
 
 Status WalWriter::append(std::span<const uint32_t> payload) {

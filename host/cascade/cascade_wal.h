@@ -61,18 +61,23 @@ std::vector<uint32_t> walFinalPayload(const CascadeResult& r);
 std::vector<uint8_t> walRecord(std::span<const uint32_t> payload);
 std::vector<uint8_t> walHeader(const WalIdentity& id);
 
-// Appends records to a log; every append is written with one write() and fsynced.
+// Appends records to a log; every append is written with one write() and fsynced. A writer
+// holds an exclusive flock() on the log for its lifetime, so two runs never share one.
 class WalWriter {
 public:
     WalWriter() = default;
     WalWriter(WalWriter&& o) noexcept : path_(std::move(o.path_)), fd_(o.fd_) { o.fd_ = -1; }
     WalWriter& operator=(WalWriter&& o) noexcept;
     ~WalWriter();
-    // A new log holding only the header: written to PATH.tmp, fsynced and renamed, so that
-    // PATH never exists with a partial header.
+    // A new log holding only the header: written to PATH.tmp.PID, fsynced and linked to PATH
+    // (which must not exist), so that PATH never exists with a partial header.
     static Result<WalWriter> create(const std::string& path, const WalIdentity& id);
-    // An existing log, cut to `valid_bytes` (dropping a torn record) and appended to.
-    static Result<WalWriter> reopen(const std::string& path, uint64_t valid_bytes);
+    // An existing log, for reading with contents() and then appending. Fails when another
+    // process holds it.
+    static Result<WalWriter> open(const std::string& path);
+    Result<std::vector<uint8_t>> contents() const;
+    // Cuts the log to `valid_bytes` (dropping a torn record); appends go there.
+    Status cut(uint64_t valid_bytes);
     Status append(std::span<const uint32_t> payload);
 
 private:
