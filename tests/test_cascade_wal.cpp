@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -117,14 +118,17 @@ CascadeCheckpoint withoutCycles(CascadeCheckpoint c) {
 
 // ---- the program's checkpoints and resume requests -------------------------------------------
 
-void resumeFromEveryCheckpoint(bool reference) {
+// Runs `source` once, then again resumed after each of its checkpoints; returns the
+// uninterrupted run's checkpoints.
+std::vector<CascadeCheckpoint> resumeFromEveryCheckpoint(const std::string& source, bool reference, uint32_t steps,
+                                                         uint32_t loops, uint32_t seed) {
     TempDir dir;
-    std::string bir = compileCli(dir, "loop", longReviewLoop());
+    std::string bir = compileCli(dir, "c", source);
     auto runner = openRunner(bir, reference);
     const CascadeInfo& info = runner->info();
-    CHECK(info.steps == 3);
-    CHECK(info.loops == 1);
-    CascadeTask task{"Once upon a time", 11};
+    CHECK(info.steps == steps);
+    CHECK(info.loops == loops);
+    CascadeTask task{"Once upon a time", seed};
     auto full = runner->run({task});
     REQUIRE_MESSAGE(full, full.message());
     const CascadeResult& base = full.value()[0];
@@ -141,6 +145,7 @@ void resumeFromEveryCheckpoint(bool reference) {
         CHECK(cps[k].runs == cps[k - 1].runs + (cps[k].stats[BLUE_CAS_ST_STATE] == BLUE_CAS_STATE_RAN ? 1 : 0));
         CHECK(cps[k].total >= cps[k - 1].total);
         CHECK(cps[k].loops[0] >= cps[k - 1].loops[0]);
+        CHECK(cps[k].total == cps[k - 1].total + (cps[k].stats[BLUE_CAS_ST_STATE] == BLUE_CAS_STATE_RAN ? cps[k].stats[BLUE_CAS_ST_TOKENS] : 0));
     }
     for (size_t k = cps.size(); k-- > 0;) {
         if (cps[k].slot == 0) {
@@ -165,14 +170,68 @@ void resumeFromEveryCheckpoint(bool reference) {
         REQUIRE(res.checkpoints.size() == cps.size() - k - 1);
         for (size_t j = 0; j < res.checkpoints.size(); ++j) CHECK(withoutCycles(res.checkpoints[j]) == withoutCycles(cps[k + 1 + j]));
     }
+    return cps;
 }
 
 TEST_CASE("cascade wal: a run resumed after any checkpoint ends as the uninterrupted run (reference)") {
-    resumeFromEveryCheckpoint(true);
+    resumeFromEveryCheckpoint(longReviewLoop(), true, 3, 1, 11);
 }
 
 TEST_CASE("cascade wal: a run resumed after any checkpoint ends as the uninterrupted run (GPU)") {
-    resumeFromEveryCheckpoint(false);
+    resumeFromEveryCheckpoint(longReviewLoop(), false, 3, 1, 11);
+}
+
+TEST_CASE("cascade wal: resuming inside nested loops, if/else branches, `run`, skips and a spent budget") {
+    const std::string src = R"(
+model m = "x.gguf"
+slot a[60]
+slot b[40]
+budget 64
+stage first {
+    prompt input
+    write a
+    max_tokens 8
+    temperature 0.9
+}
+repeat 3 {
+    repeat 2 {
+        stage grow {
+            skip if a.length > 12
+            prompt a
+            append a
+            max_tokens 6
+            temperature 0.9
+        }
+        if b.length == 0 and grow.tokens > 0 {
+            stage note {
+                prompt a + " So"
+                write b
+                max_tokens 5
+                temperature 0.9
+            }
+        } else {
+            run first
+        }
+    }
+    run note
+    break if b contains "zzzz"
+}
+output a, b
+)";
+    auto cps = resumeFromEveryCheckpoint(src, true, 5, 2, 3);
+    std::set<uint32_t> states, steps;
+    bool inner_loop_moved = false;
+    for (const CascadeCheckpoint& c : cps) {
+        states.insert(c.stats[BLUE_CAS_ST_STATE]);
+        steps.insert(c.step);
+        inner_loop_moved |= c.loops[1] > 0;
+    }
+    CHECK(states.count(BLUE_CAS_STATE_RAN));
+    CHECK(states.count(BLUE_CAS_STATE_SKIPPED));
+    CHECK(states.count(BLUE_CAS_STATE_NO_BUDGET));
+    CHECK(inner_loop_moved);
+    MESSAGE("nested: " << cps.size() << " checkpoints over " << steps.size() << " of 5 steps");
+    CHECK(steps.size() == 5);
 }
 
 // ---- the log format ----------------------------------------------------------------------------
