@@ -8,7 +8,7 @@
 // ---- a task: one input-ring message (u32 words) ---------------------------------------------
 #define BLUE_CAS_REQ_TAG 0     // request id, echoed by OUTBEGIN/OUTEND
 #define BLUE_CAS_REQ_SEED 1    // the request's seed; stage runs derive theirs from it
-#define BLUE_CAS_REQ_FLAGS 2   // BLUE_CAS_REQ_RESUME or 0
+#define BLUE_CAS_REQ_FLAGS 2   // 0, or BLUE_CAS_REQ_RESUME (the program takes any nonzero value as it)
 #define BLUE_CAS_REQ_HEADER 3  // then the resume block (with BLUE_CAS_REQ_RESUME), then the task's
                                // tokens to the message end (they become the `input` slot)
 #define BLUE_CAS_REQ_RESUME 1u // continue a request from a checkpoint (durable slots)
