@@ -155,7 +155,7 @@ float smallestTop2Gap(const std::string& source, const CascadeTask& task, const 
             }
         }
     });
-    std::vector<uint32_t> msg = {0, task.seed};
+    std::vector<uint32_t> msg = {0, task.seed, 0};  // tag, seed, flags (vm/cascade_abi.h)
     msg.insert(msg.end(), ids.begin(), ids.end());
     machine.pushInput(msg);
     machine.closeInput();
@@ -510,7 +510,7 @@ TEST_CASE("cascade: mutated sources compile or fail with FILE:LINE:COL; what com
             auto w = WeightSource::open(r.value(), ".");
             REQUIRE_MESSAGE(w, w.message());
             RefMachine machine(r.value(), w.value(), MachineOptions{1, 400});
-            machine.pushInput({0, 7, 403, 407});
+            machine.pushInput({0, 7, 0, 403, 407});
             machine.closeInput();
             RunReport rep = machine.run();
             CHECK(describeFaults(r.value(), rep.instances).empty());
@@ -540,7 +540,7 @@ TEST_CASE("cascade: mutated compiled modules are refused at load or by CascadeIn
         auto w = WeightSource::open(mod.value(), dir.path);
         if (!w) continue;  // a damaged external path or offset
         RefMachine machine(mod.value(), w.value(), MachineOptions{1, 300});
-        machine.pushInput({0, 7, 403, 407});
+        machine.pushInput({0, 7, 0, 403, 407});
         machine.closeInput();
         (void)machine.run();  // faults and watchdog stops are fine; crashing is not
     }

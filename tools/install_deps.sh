@@ -5,7 +5,7 @@ packages=(
   build-essential cmake pkg-config ccache
   libvulkan-dev libvulkan-volk-dev glslang-dev glslang-tools spirv-tools
   mesa-vulkan-drivers vulkan-validationlayers vulkan-tools
-  doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libicu-dev
+  doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libicu-dev zlib1g-dev
 )
 missing=()
 for p in "${packages[@]}"; do

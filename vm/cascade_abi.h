@@ -8,7 +8,22 @@
 // ---- a task: one input-ring message (u32 words) ---------------------------------------------
 #define BLUE_CAS_REQ_TAG 0     // request id, echoed by OUTBEGIN/OUTEND
 #define BLUE_CAS_REQ_SEED 1    // the request's seed; stage runs derive theirs from it
-#define BLUE_CAS_REQ_HEADER 2  // the task's tokens follow (they become the `input` slot)
+#define BLUE_CAS_REQ_FLAGS 2   // 0, or BLUE_CAS_REQ_RESUME (the program takes any nonzero value as it)
+#define BLUE_CAS_REQ_HEADER 3  // then the resume block (with BLUE_CAS_REQ_RESUME), then the task's
+                               // tokens to the message end (they become the `input` slot)
+#define BLUE_CAS_REQ_RESUME 1u // continue a request from a checkpoint (durable slots)
+
+// The resume block (words; sizes from the module's `cascade.loops` metadata and CascadeInfo):
+//   step id (the checkpoint's; the program continues right after that stage statement),
+//   stage runs so far (kRuns, which seeds the next stage run), tokens generated (kTotal),
+//   one word per loop nesting level (the loop counters, outermost first),
+//   every stage's BLUE_CAS_STAGE_WORDS statistics in declaration order,
+//   every slot but `input` in declaration order: its length, then its full capacity in tokens
+//   (words past the length are ignored).
+#define BLUE_CAS_RESUME_STEP 0
+#define BLUE_CAS_RESUME_RUNS 1
+#define BLUE_CAS_RESUME_TOTAL 2
+#define BLUE_CAS_RESUME_LOOPS 3
 
 // ---- per-instance local memory -----------------------------------------------------------------
 // [0, BLUE_SP_WORDS)               the sampling block (vm/llm_abi.h)
@@ -40,6 +55,18 @@
 // accepted, OUTU target passes, OUTU choice; then for every slot
 // but `input` in declaration order: OUTU length and that many OUTT tokens; then OUTEND tag.
 // A cancelled request (host flag word = tag + 1) ends early with OUTEND alone after OUTBEGIN.
+//
+// Checkpoints: between OUTBEGIN and the final records, after every stage statement that ran,
+// was skipped or found no budget, the program writes one checkpoint:
+//   OUTS BLUE_CAS_CHECKPOINT_MARKER (a constant-pool string; no other record of the protocol is
+//   a string), OUTU step id (1..`cascade.steps`, unique per stage statement of the source, in
+//   source order), OUTU stage index, OUTU stage runs so far (kRuns), OUTU tokens generated so far
+//   (kTotal), OUTU per loop nesting level (`cascade.loops` of them) its counter, the stage's
+//   BLUE_CAS_OUT_STAGE_RECORDS statistics records (as in the final records), OUTU the index of the slot the stage writes
+//   (0: the first slot after `input`), OUTU its length and that many OUTT tokens.
+// Replaying the checkpoints in order rebuilds the whole state a resume request carries.
 #define BLUE_CAS_OUT_STAGE_RECORDS 11
+#define BLUE_CAS_CHECKPOINT_MARKER "cascade.checkpoint"
+#define BLUE_CAS_CKPT_FIXED 5  // records before the loop counters: marker, step, stage, runs, total
 
 #endif  // BLUE_VM_CASCADE_ABI_H

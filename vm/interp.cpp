@@ -457,6 +457,7 @@ void RefMachine::runBlocks(BlockRun* runs, RunReport* report) {
 RunReport RefMachine::run() {
     RunReport report;
     std::vector<BlockRun> runs(m_.blocks.size());
+    size_t delivered = 0;  // records passed to on_output_
     for (;;) {
         bool live = false;
         for (const Inst& in : insts_) {
@@ -473,6 +474,10 @@ RunReport RefMachine::run() {
         for (BlockRun& r : runs) r = BlockRun{};
         runSequencer(&report, runs.data());
         runBlocks(runs.data(), &report);
+        if (on_output_ && report.output.size() > delivered) {
+            on_output_(std::span<const OutputRecord>(report.output).subspan(delivered));
+            delivered = report.output.size();
+        }
         if (after_cycle_) after_cycle_(cycle_);
         ++cycle_;
     }

@@ -78,6 +78,9 @@ public:
     // Called after every cycle's blocks have run, with the cycle number (tools that inspect
     // tensors step by step, e.g. logits).
     void setAfterCycle(std::function<void(uint64_t cycle)> hook) { after_cycle_ = std::move(hook); }
+    // Called after every cycle that wrote output, with that cycle's records (hosts that act on
+    // output as it arrives, as they do with the GPU's; run()'s report still holds them all).
+    void setOnOutput(std::function<void(std::span<const OutputRecord>)> hook) { on_output_ = std::move(hook); }
 
     // Reference tensor storage, for tests that inspect results.
     const RefTensors& tensors() const { return tensors_; }
@@ -109,6 +112,7 @@ private:
     std::vector<uint32_t> locals_;      // [instances * local_words], shared with tensor ops
     RefTensors tensors_;
     uint64_t cycle_ = 0;
+    std::function<void(std::span<const OutputRecord>)> on_output_;
     std::function<void(uint64_t)> after_cycle_;
 
     // Input ring: messages wait in `pending_` until their slot (index % in_slots) is free.

@@ -88,6 +88,9 @@ struct Program {
     std::vector<Loc> output_locs;
     uint32_t budget = 0;  // total generated tokens per request (0: no limit)
     uint32_t context = 0;  // per model (0: min(trained context, 2048))
+    // `prefer CHOSEN over REJECTED`: a preference pair for traces (empty: none).
+    std::string prefer_chosen, prefer_rejected;
+    Loc prefer_loc, prefer_chosen_loc, prefer_rejected_loc;
 };
 
 }  // namespace blue::cascade

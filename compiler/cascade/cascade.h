@@ -30,6 +30,7 @@
 //   }
 //   if sketch.tokens >= 40 and not (story.length > 150) { ... } else { ... }
 //   output story                            # the slots the run prints (default: the last written)
+//   prefer story over sketch                # traces: a preference pair (chosen over rejected)
 //
 // Conditions compare `STAGE.tokens`, `.entropy_mean`, `.entropy_max`, `.logprob_mean`, `.runs`
 // or `SLOT.length` with a number (<, <=, >, >=, ==, !=), or test `SLOT contains "text"`.
@@ -77,6 +78,9 @@ struct CascadeInfo {
     std::vector<uint32_t> outputs;    // indices into slots
     uint32_t input_capacity = 0;
     std::string vocab;                // fingerprint of the shared vocabulary
+    uint32_t steps = 0;               // stage statements (checkpoint step ids 1..steps)
+    uint32_t loops = 0;               // loop nesting levels (counters in checkpoints)
+    int32_t prefer_chosen = -1, prefer_rejected = -1;  // `prefer`: indices into slots, or -1
     static Result<CascadeInfo> fromModule(const Module& m);
 };
 

@@ -70,6 +70,10 @@ struct Lowerer {
     std::vector<uint32_t> slot_cap;
     CodeBuilder::Label finish_label = 0, cancel_label = 0;
     std::vector<CodeBuilder::Label> loop_ends;
+    // Durable slots (vm/cascade_abi.h): stage statements are steps 1..steps in source order;
+    // step_labels[k] is the code right after step k's checkpoint, where a resume continues.
+    uint32_t steps = 0, loop_depth = 0, next_step = 0, ckpt_marker = 0;
+    std::vector<CodeBuilder::Label> step_labels;
 
     Status errorAt(Loc l, const std::string& msg) const {
         return BLUE_ERROR("%s:%u:%u: %s", p.file.c_str(), l.line, l.col, msg.c_str());
@@ -125,6 +129,7 @@ struct Lowerer {
     Status checkCond(const Cond& c, Loc before) const;
     Status checkStmts(const std::vector<Stmt>& body);
     Status checkSizes();
+    Status checkPrefer() const;
     void layout();
     void emitProgram();
     void emitStmts(const std::vector<Stmt>& body, uint32_t depth);
@@ -136,6 +141,13 @@ struct Lowerer {
     void emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label no);
     void emitCopy(uint32_t slot);
     void emitOutputs();
+    void emitStageRecords(uint32_t stage);
+    void emitSlotRecords(size_t slot);
+    void countSteps(const std::vector<Stmt>& body, uint32_t depth);
+    uint32_t resumeWords() const;
+    void emitRequest(CodeBuilder::Label reject);
+    void emitRestore();
+    void emitCheckpoint(uint32_t step, uint32_t stage);
     Result<Module> run();
 };
 
@@ -293,7 +305,20 @@ Status Lowerer::checkNames() {
         if (s == 0) return errorAt(p.output_locs[k], "'input' is the task itself; output a slot the stages write");
     }
     if (p.stages.empty()) return errorAt({1, 1}, "the cascade has no stage");
+    BLUE_TRY(checkPrefer());
     return checkStmts(p.body);
+}
+
+// `prefer CHOSEN over REJECTED`: two different slots the stages write.
+Status Lowerer::checkPrefer() const {
+    if (!p.prefer_loc.line) return Status::ok();
+    for (auto [name, loc] : {std::pair{&p.prefer_chosen, p.prefer_chosen_loc}, {&p.prefer_rejected, p.prefer_rejected_loc}}) {
+        int s = slotIndex(*name);
+        if (s < 0) return errorAt(loc, "prefer: no slot named '" + *name + "'");
+        if (s == 0) return errorAt(loc, "prefer: 'input' is the task (the pair's prompt); name slots the stages write");
+    }
+    if (p.prefer_chosen == p.prefer_rejected) return errorAt(p.prefer_rejected_loc, "prefer: a slot cannot be preferred over itself");
+    return Status::ok();
 }
 
 // Every stage's prompt and generation must fit its model's context whatever the slots hold:
@@ -740,6 +765,7 @@ void Lowerer::emitSelect(uint32_t s, CodeBuilder::Label done) {
         cb.op(Op::ADDI, {kLen, kLen}, 1);
         cb.op(Op::ST, {kLen, kZero}, target);
         cb.op(Op::ADDI, {kI, kI}, 1);
+        cb.op(Op::ADDI, {kTotal, kTotal}, 1);  // written tokens count against the budget
         cb.op(Op::ST, {kI, kZero}, stats + BLUE_CAS_ST_TOKENS);
         cb.jump(Op::JMP, {}, loop);
         cb.bind(next);
@@ -873,7 +899,13 @@ void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
     for (const Stmt& s : body) {
         switch (s.kind) {
             case Stmt::STAGE:
-            case Stmt::RUN: emitStage(s.stage); break;
+            case Stmt::RUN: {
+                uint32_t step = ++next_step;
+                emitStage(s.stage);
+                emitCheckpoint(step, s.stage);
+                cb.bind(step_labels[step]);
+                break;
+            }
             case Stmt::IF: {
                 auto yes = cb.newLabel(), no = cb.newLabel(), end = cb.newLabel();
                 emitCond(*s.cond, yes, no);
@@ -914,39 +946,148 @@ void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
     }
 }
 
-void Lowerer::emitOutputs() {
-    for (uint32_t s = 0; s < p.stages.size(); ++s) {
-        uint32_t st = stats_base + s * BLUE_CAS_STAGE_WORDS;
-        const std::pair<uint32_t, Op> records[] = {
-            {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
-            {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
-            {BLUE_CAS_ST_RUNS, Op::OUTU}, {BLUE_CAS_ST_DRAFTED, Op::OUTU}, {BLUE_CAS_ST_ACCEPTED, Op::OUTU},
-            {BLUE_CAS_ST_PASSES, Op::OUTU}, {BLUE_CAS_ST_CHOICE, Op::OUTU}};
-        static_assert(BLUE_CAS_OUT_STAGE_RECORDS == 11, "the records below are the protocol");
-        for (auto [word, op] : records) {
-            cb.op(Op::LD, {kTmp, kZero}, st + word);
-            cb.op(op, {kTmp});
-        }
+// A stage's statistics records (vm/cascade_abi.h).
+void Lowerer::emitStageRecords(uint32_t stage) {
+    const uint32_t st = stats_base + stage * BLUE_CAS_STAGE_WORDS;
+    const std::pair<uint32_t, Op> records[] = {
+        {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
+        {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
+        {BLUE_CAS_ST_RUNS, Op::OUTU}, {BLUE_CAS_ST_DRAFTED, Op::OUTU}, {BLUE_CAS_ST_ACCEPTED, Op::OUTU},
+        {BLUE_CAS_ST_PASSES, Op::OUTU}, {BLUE_CAS_ST_CHOICE, Op::OUTU}};
+    static_assert(BLUE_CAS_OUT_STAGE_RECORDS == 11, "the records below are the protocol");
+    for (auto [word, op] : records) {
+        cb.op(Op::LD, {kTmp, kZero}, st + word);
+        cb.op(op, {kTmp});
     }
-    for (size_t k = 1; k < slot_addr.size(); ++k) {
+}
+
+// A slot's length record and its tokens (`slot`: 0 is input).
+void Lowerer::emitSlotRecords(size_t slot) {
+    auto loop = cb.newLabel(), done = cb.newLabel();
+    cb.op(Op::LD, {kN, kZero}, slot_addr[slot]);
+    cb.op(Op::OUTU, {kN});
+    cb.li(kI, 0);
+    cb.bind(loop);
+    cb.jump(Op::BGEU, {kI, kN}, done);
+    cb.op(Op::LD, {kTok, kI}, slot_addr[slot] + 1);
+    cb.op(Op::OUTT, {kTok});
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, loop);
+    cb.bind(done);
+}
+
+void Lowerer::emitOutputs() {
+    for (uint32_t s = 0; s < p.stages.size(); ++s) emitStageRecords(s);
+    for (size_t k = 1; k < slot_addr.size(); ++k) emitSlotRecords(k);
+}
+
+// ---- durable slots: checkpoints and resume (vm/cascade_abi.h) ------------------------------
+
+void Lowerer::countSteps(const std::vector<Stmt>& body, uint32_t depth) {
+    loop_depth = std::max(loop_depth, depth);
+    for (const Stmt& s : body) {
+        if (s.kind == Stmt::STAGE || s.kind == Stmt::RUN) ++steps;
+        countSteps(s.body, depth + (s.kind == Stmt::REPEAT ? 1 : 0));
+        countSteps(s.else_body, depth);
+    }
+}
+
+// Words of a request's resume block.
+uint32_t Lowerer::resumeWords() const {
+    return BLUE_CAS_RESUME_LOOPS + loop_depth + uint32_t(p.stages.size()) * BLUE_CAS_STAGE_WORDS +
+           (hist_base - slot_addr[1]);
+}
+
+// Reads the request's tag, seed and flags and copies the task into the input slot (refusing one
+// longer than the slot). Leaves the flags in kGen and the message in kSlot (not yet freed).
+void Lowerer::emitRequest(CodeBuilder::Label reject) {
+    auto fresh = cb.newLabel();
+    cb.li(kTmp, BLUE_CAS_REQ_SEED);
+    cb.op(Op::INLD, {kSeed, kSlot, kTmp});
+    cb.li(kTmp, BLUE_CAS_REQ_FLAGS);
+    cb.op(Op::INLD, {kGen, kSlot, kTmp});
+    cb.li(kPrompt, BLUE_CAS_REQ_HEADER);  // where the task's tokens start
+    cb.jump(Op::BEQZ, {kGen}, fresh);
+    cb.li(kPrompt, BLUE_CAS_REQ_HEADER + resumeWords());
+    cb.bind(fresh);
+    cb.op(Op::INLEN, {kTmp, kSlot});
+    cb.op(Op::SUB, {kTmp, kTmp, kPrompt});  // a message shorter than its header wraps: refused
+    cb.li(kTmp2, p.input_capacity + 1);
+    cb.jump(Op::BGEU, {kTmp, kTmp2}, reject);
+    cb.li(kWord, slot_addr[0] + 1);
+    cb.op(Op::INCPY, {kWord, kSlot, kPrompt});
+    cb.op(Op::ST, {kWord, kZero}, slot_addr[0]);
+}
+
+// With BLUE_CAS_REQ_RESUME: loads the registers, statistics and slots of the resume block, frees
+// the message and jumps to the code after the checkpointed step (an unknown step ends the
+// request with OUTEND alone, which the host reports as incomplete). Without: frees the message.
+void Lowerer::emitRestore() {
+    auto start = cb.newLabel();
+    auto copy = [&](uint32_t from, uint32_t local, uint32_t words) {
         auto loop = cb.newLabel(), done = cb.newLabel();
-        cb.op(Op::LD, {kN, kZero}, slot_addr[k]);
-        cb.op(Op::OUTU, {kN});
         cb.li(kI, 0);
+        cb.li(kN, words);
+        cb.li(kJ, from);
         cb.bind(loop);
         cb.jump(Op::BGEU, {kI, kN}, done);
-        cb.op(Op::LD, {kTok, kI}, slot_addr[k] + 1);
-        cb.op(Op::OUTT, {kTok});
+        cb.op(Op::INLD, {kWord, kSlot, kJ});
+        cb.op(Op::ST, {kWord, kI}, local);
         cb.op(Op::ADDI, {kI, kI}, 1);
+        cb.op(Op::ADDI, {kJ, kJ}, 1);
         cb.jump(Op::JMP, {}, loop);
         cb.bind(done);
+    };
+    auto load = [&](uint8_t reg, uint32_t word) {
+        cb.li(kTmp, BLUE_CAS_REQ_HEADER + word);
+        cb.op(Op::INLD, {reg, kSlot, kTmp});
+    };
+    auto resume = cb.newLabel();
+    cb.jump(Op::BNEZ, {kGen}, resume);
+    cb.op(Op::INFREE, {kSlot});
+    cb.jump(Op::JMP, {}, start);
+    cb.bind(resume);
+    load(kWord2, BLUE_CAS_RESUME_STEP);
+    load(kRuns, BLUE_CAS_RESUME_RUNS);
+    load(kTotal, BLUE_CAS_RESUME_TOTAL);
+    for (uint32_t d = 0; d < loop_depth; ++d) load(uint8_t(kLoop0 + d), BLUE_CAS_RESUME_LOOPS + d);
+    uint32_t stats_at = BLUE_CAS_REQ_HEADER + BLUE_CAS_RESUME_LOOPS + loop_depth;
+    uint32_t stats_words = uint32_t(p.stages.size()) * BLUE_CAS_STAGE_WORDS;
+    copy(stats_at, stats_base, stats_words);
+    copy(stats_at + stats_words, slot_addr[1], hist_base - slot_addr[1]);
+    cb.op(Op::INFREE, {kSlot});
+    for (uint32_t k = 1; k <= steps; ++k) {
+        cb.li(kTmp, k);
+        cb.jump(Op::BEQ, {kWord2, kTmp}, step_labels[k]);
     }
+    cb.jump(Op::JMP, {}, cancel_label);
+    cb.bind(start);
+}
+
+// The checkpoint after step `step` (a run of stage `stage`, or its skip).
+void Lowerer::emitCheckpoint(uint32_t step, uint32_t stage) {
+    const int slot = slotIndex(p.stages[stage].target);
+    cb.op(Op::OUTS, {}, ckpt_marker);
+    for (uint32_t v : {step, stage}) {
+        cb.li(kTmp, v);
+        cb.op(Op::OUTU, {kTmp});
+    }
+    cb.op(Op::OUTU, {kRuns});
+    cb.op(Op::OUTU, {kTotal});
+    for (uint32_t d = 0; d < loop_depth; ++d) cb.op(Op::OUTU, {uint8_t(kLoop0 + d)});
+    emitStageRecords(stage);
+    cb.li(kTmp, uint32_t(slot - 1));
+    cb.op(Op::OUTU, {kTmp});
+    emitSlotRecords(size_t(slot));
 }
 
 void Lowerer::emitProgram() {
     auto next = cb.newLabel(), halt = cb.newLabel(), reject = cb.newLabel(), clear = cb.newLabel();
     finish_label = cb.newLabel();
     cancel_label = cb.newLabel();
+    ckpt_marker = m.addConstString(BLUE_CAS_CHECKPOINT_MARKER);
+    step_labels.assign(steps + 1, 0);
+    for (uint32_t k = 1; k <= steps; ++k) step_labels[k] = cb.newLabel();
     cb.li(kZero, 0);
     cb.li(kMinus1, 0xFFFFFFFFu);
     cb.op(Op::IID, {kIid});
@@ -957,18 +1098,7 @@ void Lowerer::emitProgram() {
     cb.op(Op::INLD, {kTag, kSlot, kTmp});
     cb.op(Op::OUTBEGIN, {kTag});
     cb.op(Op::ADDI, {kCancelMark, kTag}, 1);  // the host sets this instance's flag to tag + 1 to cancel
-    cb.li(kTmp, BLUE_CAS_REQ_SEED);
-    cb.op(Op::INLD, {kSeed, kSlot, kTmp});
-    // The task becomes the input slot; a task longer than the slot is refused.
-    cb.op(Op::INLEN, {kTmp, kSlot});
-    cb.op(Op::ADDI, {kTmp, kTmp}, uint32_t(-int32_t(BLUE_CAS_REQ_HEADER)));
-    cb.li(kTmp2, p.input_capacity + 1);
-    cb.jump(Op::BGEU, {kTmp, kTmp2}, reject);
-    cb.li(kWord, slot_addr[0] + 1);
-    cb.li(kTmp2, BLUE_CAS_REQ_HEADER);
-    cb.op(Op::INCPY, {kWord, kSlot, kTmp2});
-    cb.op(Op::ST, {kWord, kZero}, slot_addr[0]);
-    cb.op(Op::INFREE, {kSlot});
+    emitRequest(reject);
     // Every statistic and slot starts empty.
     cb.li(kI, stats_base);
     cb.li(kN, slots_base);
@@ -979,6 +1109,7 @@ void Lowerer::emitProgram() {
     for (size_t k = 1; k < slot_addr.size(); ++k) cb.op(Op::ST, {kZero, kZero}, slot_addr[k]);
     cb.li(kRuns, 0);
     cb.li(kTotal, 0);
+    emitRestore();
     emitStmts(p.body, 0);
     cb.bind(finish_label);
     emitOutputs();
@@ -1048,7 +1179,14 @@ Result<Module> Lowerer::run() {
     m.layout.regs = kRegs;
     m.layout.local_words = hist_base + max_ctx;
     m.layout.in_slots = opt.in_slots;
-    m.layout.in_slot_words = BLUE_CAS_REQ_HEADER + p.input_capacity + 1;
+    countSteps(p.body, 0);
+    // A request carries a resume block with every slot at full capacity (durable slots).
+    uint64_t request_words = uint64_t(BLUE_CAS_REQ_HEADER) + resumeWords() + p.input_capacity + 1;
+    if (request_words > BLUE_MAX_IN_SLOT_WORDS) {
+        return errorAt({1, 1}, strFormat("a request with the slots' state needs %llu words, more than %u; shrink the slots",
+                                         (unsigned long long)request_words, BLUE_MAX_IN_SLOT_WORDS));
+    }
+    m.layout.in_slot_words = uint32_t(request_words);
     m.layout.max_rows = opt.max_rows;
     m.layout.max_steps = 4096;
     emitProgram();
@@ -1073,7 +1211,13 @@ Result<Module> Lowerer::run() {
               {"cascade.slot_capacity", joinNames(caps)},
               {"cascade.outputs", joinNames(outputs)},
               {"cascade.input_capacity", std::to_string(p.input_capacity)},
-              {"cascade.vocab", vocabFingerprint(vocab())}};
+              {"cascade.vocab", vocabFingerprint(vocab())},
+              {"cascade.steps", std::to_string(steps)},
+              {"cascade.loops", std::to_string(loop_depth)}};
+    if (p.prefer_loc.line) {
+        m.meta.push_back({"cascade.prefer", std::to_string(slotIndex(p.prefer_chosen) - 1) + "," +
+                                                std::to_string(slotIndex(p.prefer_rejected) - 1)});
+    }
     Status s = verifyModule(m);
     if (!s) return s.prefix("compiled cascade fails verification (compiler bug)");
     return std::move(m);
@@ -1157,6 +1301,20 @@ Result<CascadeInfo> CascadeInfo::fromModule(const Module& m) {
         info.outputs.push_back(v);
     }
     if (!number(input, &info.input_capacity)) return Status::error("cascade module: bad input capacity");
+    // Durable slots and preferences came later: modules without them load, and --wal refuses
+    // them (steps 0).
+    if (const std::string* v = m.metaValue("cascade.steps"); v && !number(*v, &info.steps)) return Status::error("cascade module: bad step count");
+    if (const std::string* v = m.metaValue("cascade.loops"); v && !number(*v, &info.loops)) return Status::error("cascade module: bad loop depth");
+    if (const std::string* v = m.metaValue("cascade.prefer")) {
+        std::vector<std::string> pair = splitNames(*v);
+        uint32_t a = 0, b = 0;
+        if (pair.size() != 2 || !number(pair[0], &a) || !number(pair[1], &b) || a >= info.slots.size() ||
+            b >= info.slots.size() || a == b) {
+            return BLUE_ERROR("cascade module: bad preference '%s'", v->c_str());
+        }
+        info.prefer_chosen = int32_t(a);
+        info.prefer_rejected = int32_t(b);
+    }
     return info;
 }
 

@@ -201,7 +201,7 @@ private:
             "model", "slot", "stage", "prompt", "write", "append", "max_tokens", "temperature", "top_k",
             "top_p", "min_p", "repeat_penalty", "repeat_last_n", "stop", "skip", "if", "else", "repeat",
             "break", "run", "output", "budget", "context", "and", "or", "not", "contains", "speculate",
-            "speculate_tokens", "select"};
+            "speculate_tokens", "select", "prefer"};
         if (reserved.count(name)) return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot or stage");
         if (name.size() > 64) return errorAt(l, "name longer than 64 characters");
         return Status::ok();
@@ -218,7 +218,7 @@ private:
     // ---- statements ----
     Status topLevel(Program& p) {
         const Tok& t = peek();
-        if (t.kind != Tok::IDENT) return errorAt(t.loc, "expected a statement (model, slot, stage, run, if, repeat, budget, context, output), found " + describe(t));
+        if (t.kind != Tok::IDENT) return errorAt(t.loc, "expected a statement (model, slot, stage, run, if, repeat, budget, context, output, prefer), found " + describe(t));
         Loc l = t.loc;
         if (t.text == "model") {
             ++pos_;
@@ -273,10 +273,26 @@ private:
             }
             return endOfLine();
         }
+        if (t.text == "prefer") return prefer(p);
         Stmt s;
         BLUE_TRY(statement(&s));
         p.body.push_back(std::move(s));
         return Status::ok();
+    }
+
+    // `prefer CHOSEN over REJECTED` (slot names; checked in lower.cpp).
+    Status prefer(Program& p) {
+        Loc l = peek().loc;
+        ++pos_;
+        if (p.prefer_loc.line) return errorAt(l, "'prefer' is given twice (line " + std::to_string(p.prefer_loc.line) + ")");
+        p.prefer_loc = l;
+        p.prefer_chosen_loc = peek().loc;
+        BLUE_TRY_ASSIGN(p.prefer_chosen, ident("the preferred slot's name"));
+        if (!isWord("over")) return errorAt(peek().loc, "expected 'over' after the preferred slot, found " + describe(peek()));
+        ++pos_;
+        p.prefer_rejected_loc = peek().loc;
+        BLUE_TRY_ASSIGN(p.prefer_rejected, ident("the rejected slot's name"));
+        return endOfLine();
     }
 
     Status block(std::vector<Stmt>* out) {
@@ -353,7 +369,8 @@ private:
             }
             return endOfLine();
         }
-        if (t.text == "model" || t.text == "slot" || t.text == "budget" || t.text == "context" || t.text == "output") {
+        if (t.text == "model" || t.text == "slot" || t.text == "budget" || t.text == "context" || t.text == "output" ||
+            t.text == "prefer") {
             return errorAt(t.loc, "'" + t.text + "' belongs at the top level, not inside a block");
         }
         return errorAt(t.loc, "expected a statement (stage, run, if, repeat, break), found " + describe(t));

@@ -105,7 +105,8 @@ Result<std::unique_ptr<CascadeRunner>> CascadeRunner::open(const std::string& pa
     return r;
 }
 
-Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeTask>& tasks) {
+Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeTask>& tasks,
+                                                      const CheckpointStream::Sink& on_checkpoint) {
     std::vector<std::vector<uint32_t>> messages;
     for (size_t i = 0; i < tasks.size(); ++i) {
         std::vector<int32_t> ids = tokenizer_.encode(tasks[i].text, false, true);
@@ -116,6 +117,12 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
         std::vector<uint32_t> msg(BLUE_CAS_REQ_HEADER);
         msg[BLUE_CAS_REQ_TAG] = uint32_t(i);
         msg[BLUE_CAS_REQ_SEED] = tasks[i].seed;
+        if (tasks[i].resume) {
+            if (!info_.steps) return BLUE_ERROR("task %zu: this cascade module has no checkpoints; compile it again to resume", i);
+            msg[BLUE_CAS_REQ_FLAGS] = BLUE_CAS_REQ_RESUME;
+            std::vector<uint32_t> block = tasks[i].resume->block(info_);
+            msg.insert(msg.end(), block.begin(), block.end());
+        }
         msg.insert(msg.end(), ids.begin(), ids.end());
         messages.push_back(std::move(msg));
     }
@@ -123,8 +130,10 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
     uint64_t max_cycles = options_.max_cycles ? options_.max_cycles : 10000000;
     std::vector<OutputRecord> records;
     RunReport report;
+    CheckpointStream stream(module_, info_, on_checkpoint);
     if (options_.reference) {
         RefMachine machine(module_, *weights_, MachineOptions{instances, max_cycles});
+        if (on_checkpoint) machine.setOnOutput([&](std::span<const OutputRecord> recs) { stream.feed(recs); });
         for (auto& msg : messages) machine.pushInput(msg);
         machine.closeInput();
         report = machine.run();
@@ -146,7 +155,11 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
         }
         machine.value()->closeInput();
         auto rep = machine.value()->run(
-            [&](std::span<const OutputRecord> recs) { records.insert(records.end(), recs.begin(), recs.end()); }, false);
+            [&](std::span<const OutputRecord> recs) {
+                records.insert(records.end(), recs.begin(), recs.end());
+                if (on_checkpoint) stream.feed(recs);
+            },
+            false);
         if (!rep) return rep.status();
         report = std::move(rep.value());
         gpu_stats_ = machine.value()->stats();
@@ -156,6 +169,7 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
         return Status::error("the cascade program faulted (a compiler bug):\n" + faults);
     }
     if (!report.status) return report.status;
+    if (!stream.status()) return stream.status();
     return decode(records, tasks.size());
 }
 
@@ -170,6 +184,7 @@ Result<std::vector<CascadeResult>> CascadeRunner::decode(std::span<const OutputR
         bool in_slot_tokens = false;
     };
     std::map<uint32_t, Cursor> cursors;
+    std::map<uint32_t, CheckpointDecoder> checkpoints;  // per instance
     const size_t stage_fields = info_.stages.size() * BLUE_CAS_OUT_STAGE_RECORDS;
     for (const OutputRecord& rec : records) {
         Cursor& c = cursors[rec.inst];
@@ -187,6 +202,11 @@ Result<std::vector<CascadeResult>> CascadeRunner::decode(std::span<const OutputR
         }
         if (c.tag < 0) return bad("record outside a request");
         CascadeResult& r = results[size_t(c.tag)];
+        CheckpointDecoder& ck = checkpoints.try_emplace(rec.inst, module_, info_).first->second;
+        auto fed = ck.feed(rec);
+        if (!fed) return Status(fed.status()).prefix(strFormat("cascade output of instance %u", rec.inst));
+        if (fed.value() == CheckpointDecoder::Feed::DONE) r.checkpoints.push_back(ck.checkpoint());
+        if (fed.value() != CheckpointDecoder::Feed::NOT_MINE) continue;
         if (rec.kind == BLUE_OUT_END) {
             r.complete = c.field >= stage_fields && c.slot == info_.slots.size() && !c.in_slot_tokens;
             c.tag = -1;

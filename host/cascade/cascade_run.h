@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compiler/cascade/cascade.h"
+#include "host/cascade/cascade_checkpoint.h"
 #include "compiler/tokenizer.h"
 #include "host/device.h"
 #include "host/machine.h"
@@ -48,6 +49,8 @@ struct StageStats {
 struct CascadeTask {
     std::string text;
     uint32_t seed = 0;
+    // Continue from this state (durable slots) instead of from the start; must outlive run().
+    const CascadeResume* resume = nullptr;
 };
 
 struct CascadeResult {
@@ -56,6 +59,7 @@ struct CascadeResult {
     std::vector<std::vector<int32_t>> slots;  // CascadeInfo::slots order
     std::vector<std::string> slot_text;
     uint32_t generated = 0;  // tokens over all stages' last runs
+    std::vector<CascadeCheckpoint> checkpoints;  // those the program reported, in order
 };
 
 class CascadeRunner {
@@ -70,8 +74,11 @@ public:
     const Module& module() const { return module_; }
 
     // Runs the tasks to completion, `options.instances` at a time. A task longer than the input
-    // slot is refused before anything runs.
-    Result<std::vector<CascadeResult>> run(const std::vector<CascadeTask>& tasks);
+    // slot is refused before anything runs. `on_checkpoint(task index, checkpoint)` is called
+    // as each checkpoint arrives (while the run goes on); its first failure ends the run's
+    // result with that failure (the run itself is not interrupted).
+    Result<std::vector<CascadeResult>> run(const std::vector<CascadeTask>& tasks,
+                                           const CheckpointStream::Sink& on_checkpoint = {});
 
     // The last run's counters as one JSON object (GPU: GpuStats; reference: cycles and steps).
     const std::string& statsJson() const { return stats_json_; }

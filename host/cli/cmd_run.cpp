@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "compiler/asm.h"
+#include "host/cascade/cascade_durable.h"
 #include "host/cascade/cascade_run.h"
+#include "host/cascade/cascade_trace.h"
 #include "host/cli/commands.h"
 #include "host/machine.h"
 #include "vm/interp.h"
@@ -33,7 +35,7 @@ struct RunArgs {
     uint32_t seed = 0;
     // Cascades:
     std::vector<std::string> models;  // NAME=PATH
-    std::string dump_slots;
+    std::string dump_slots, wal, trace;
 };
 
 std::string dirOf(const std::string& path) {
@@ -166,12 +168,23 @@ int runCascade(const RunArgs& args) {
         if (!ok) return fail(args.input + ": cannot open the task file");
         while (!task.empty() && (task.back() == '\n' || task.back() == '\r')) task.pop_back();
     }
+    if (!args.wal.empty() && args.instances != 1) return fail("--wal logs one task; run it without --instances");
     auto runner = CascadeRunner::open(args.program, opt);
     if (!runner) return fail(runner.message());
     const CascadeInfo& info = runner.value()->info();
     std::vector<CascadeTask> tasks;
     for (uint32_t i = 0; i < args.instances; ++i) tasks.push_back({task, args.seed + i});
-    auto results = runner.value()->run(tasks);
+    Result<std::vector<CascadeResult>> results = Status::error("not run");
+    bool from_log = false;
+    if (!args.wal.empty()) {
+        auto durable = runDurable(*runner.value(), tasks[0], args.ref, args.wal,
+                                  [](const std::string& line) { std::fprintf(stderr, "bluevm: %s\n", line.c_str()); });
+        if (!durable) return fail(durable.message());
+        from_log = durable->from_log;
+        results = std::vector<CascadeResult>{std::move(durable->result)};
+    } else {
+        results = runner.value()->run(tasks);
+    }
     if (!results) return fail(results.message());
     if (args.profile && !args.ref) std::fputs(formatProfile(runner.value()->gpuStats()).c_str(), stderr);
     for (size_t i = 0; i < results->size(); ++i) {
@@ -195,7 +208,10 @@ int runCascade(const RunArgs& args) {
         if (args.stats) {
             std::string json = cascadeStatsJson(r);
             json.pop_back();
-            std::fprintf(stderr, "%s,\"machine\":%s}\n", json.c_str(), runner.value()->statsJson().c_str());
+            std::fprintf(stderr, "%s,\"machine\":%s}\n", json.c_str(), from_log ? "null" : runner.value()->statsJson().c_str());
+        }
+        if (!args.trace.empty()) {
+            if (Status s = appendTraceLine(args.trace, cascadeTraceLine(info, tasks[i], r)); !s) return fail(s.message());
         }
     }
     std::fflush(stdout);
@@ -228,6 +244,10 @@ Command addRunCommand(CLI::App& app) {
     sub->add_option("--seed", args->seed, "generation programs and cascades: random seed");
     sub->add_option("--model", args->models, "cascades: NAME=PATH replaces a model's file (same tensors); repeatable");
     sub->add_option("--dump-slots", args->dump_slots, "cascades: write every slot's text to DIR/SLOT.txt");
+    sub->add_option("--wal", args->wal,
+                    "cascades: durable slots: log every stage's checkpoint to FILE (fsynced); with an existing "
+                    "FILE, resume after its last completed stage");
+    sub->add_option("--trace", args->trace, "cascades: append one JSON line per task (stages, slots, preference pair) to FILE");
     return [args] {
         auto m = loadProgram(args->program);
         if (!m) return fail(m.message());
