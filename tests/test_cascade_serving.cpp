@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -21,6 +22,7 @@
 #include "host/bluevm.h"
 #include "host/cascade/cascade_run.h"
 #include "host/server/http_server.h"
+#include "host/vk_check.h"
 #include "tests/child.h"
 #include "tests/test_paths.h"
 
@@ -343,6 +345,86 @@ TEST_CASE("cascade serving: bad requests get 4xx with an OpenAI error naming the
     CHECK(ok->status == 200);
     CHECK(s.metric("bluevm_requests_total") == 1);
     CHECK(s.metric("bluevm_host_round_trips_total") == 0);
+}
+
+// A cascade whose one stage writes long: a request that runs for seconds.
+std::string compileLong(const TempDir& dir) {
+    const std::string src = "model m = \"" + stories() +
+                            "\"\nslot input[64]\nslot story[400]\nstage tell {\n    prompt input\n    write story\n"
+                            "    max_tokens 380\n    temperature 0\n}\n";
+    CascadeOptions o;
+    o.module_dir = dir.path;
+    auto m = compileCascade(src, "long.cas", o);
+    REQUIRE_MESSAGE(m, m.message());
+    const std::string path = dir.path + "/long.bir";
+    REQUIRE(writeModuleFile(m.value(), path));
+    return path;
+}
+
+TEST_CASE("cascade serving: a client that leaves cancels its request through the flag word and frees the instance") {
+    TempDir dir;
+    CascadeServer s(compileLong(dir), 1, "long");
+    {
+        httplib::Client quick("127.0.0.1", s.http->port());
+        quick.set_read_timeout(0, 300000);  // gives up after 0.3 s
+        auto r = quick.Post("/v1/completions", json{{"prompt", "Once upon a time"}}.dump(), "application/json");
+        CHECK(!r);
+    }
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (s.metric("bluevm_requests_cancelled_total") < 1 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(s.metric("bluevm_requests_cancelled_total") == 1);
+    // The one instance is free again: a streamed chat request runs to its end.
+    auto r = s.post("/v1/chat/completions",
+                    {{"messages", json::array({{{"role", "user"}, {"content", "The dog"}}})}, {"stream", true}});
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    Streamed st = parseStream(r->body, true);
+    CHECK(st.done);
+    CHECK(st.finish == "stop");
+    CHECK(!st.text.empty());
+    CHECK(s.metric("bluevm_requests_finished_total") == 2);
+    CHECK(s.metric("bluevm_instances_busy") == 0);
+    CHECK(s.metric("bluevm_host_round_trips_total") == 0);
+}
+
+TEST_CASE("cascade serving: a device lost while serving answers 503 device_lost, rebuilds, and serves the same answer") {
+    TempDir dir;
+    const std::string bir = compileProgram("entropy_skip", dir);
+    const Expected e = runnerResults(bir, kTasks);
+    CascadeServer s(bir, 2, "skip");
+    const json body = {{"prompt", kTasks[0].text}, {"seed", kTasks[0].seed}};
+    auto before = s.post("/v1/completions", body);
+    REQUIRE(before);
+    REQUIRE(before->status == 200);
+    faultInject({VK_ERROR_DEVICE_LOST, 1, "vkQueueSubmit", 1});
+    auto lost = s.post("/v1/completions", body);
+    faultClear();
+    REQUIRE(lost);
+    CHECK(lost->status == 503);
+    json err = json::parse(lost->body)["error"];
+    CHECK(err["code"] == "device_lost");
+    const std::string message = err["message"];
+    CHECK_MESSAGE(message.find("VK_ERROR_DEVICE_LOST from vkQueueSubmit") != std::string::npos, message);
+    // The request is running or still waiting for its instance when the submit fails.
+    CHECK_MESSAGE(std::regex_search(message, std::regex("while serving [01] cascade requests? \\([01] waiting")), message);
+    json health;
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    do {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        auto h = s.client().Get("/health");
+        REQUIRE(h);
+        health = json::parse(h->body);
+    } while (health["status"] != "ok" && std::chrono::steady_clock::now() < until);
+    CHECK(health["status"] == "ok");
+    CHECK(health["recoveries"] == 1);
+    CHECK(health["last_failure"].get<std::string>().find("vkQueueSubmit") != std::string::npos);
+    auto after = s.post("/v1/completions", body);
+    REQUIRE(after);
+    REQUIRE(after->status == 200);
+    checkResponse(json::parse(after->body), e, 0, false);
+    CHECK(s.metric("bluevm_device_recoveries_total") == 1);
 }
 
 TEST_CASE("capi: bluevm_cascade runs, reports slots and stats, cancels, and refuses misuse") {

@@ -102,7 +102,13 @@ std::string CascadeRunner::deviceName() const {
     return device_ ? std::string(device_->props().deviceName) : std::string("reference interpreter");
 }
 
+uint32_t CascadeRunner::validationErrors() const {
+    std::lock_guard<std::mutex> lock(device_mutex_);
+    return retired_validation_errors_ + (device_ ? device_->validationErrors() : 0);
+}
+
 Status CascadeRunner::resetDevice() {
+    std::lock_guard<std::mutex> lock(device_mutex_);
     if (device_) retired_validation_errors_ += device_->validationErrors();
     pipelines_.reset();
     device_.reset();

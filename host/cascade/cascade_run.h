@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -113,7 +114,8 @@ public:
     const std::string& statsJson() const { return stats_json_; }
     const GpuStats& gpuStats() const { return gpu_stats_; }
     // Validation-layer findings on the runner's device (0 on the reference interpreter).
-    uint32_t validationErrors() const { return retired_validation_errors_ + (device_ ? device_->validationErrors() : 0); }
+    // Safe while another thread serves (resetDevice may replace the device meanwhile).
+    uint32_t validationErrors() const;
 
 private:
     CascadeRunner() = default;
@@ -129,6 +131,7 @@ private:
     std::string stats_json_;
     GpuStats gpu_stats_;
     uint32_t retired_validation_errors_ = 0;  // of devices resetDevice() replaced
+    mutable std::mutex device_mutex_;         // guards device_ against validationErrors()
 };
 
 // `{"stages":[...],"generated":N}`: one result's statistics as JSON (for --stats and traces).

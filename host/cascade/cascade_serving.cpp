@@ -247,11 +247,7 @@ bool CascadeServingEngine::serveStep() {
         return false;
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    const GpuStats& st = machine_->stats();
-    metrics_.submits = retired_.submits + st.submits;
-    metrics_.round_trips = retired_.round_trips + st.round_trips;
-    metrics_.cycles = retired_.cycles + st.cycles;
-    metrics_.resumes = retired_.resumes + st.resumes;
+    setGpuCounters(metrics_, retired_, machine_->stats());
     if (!progressed.value() && stopping_) health_.state = ServeState::Stopped;
     return true;
 }
@@ -291,10 +287,7 @@ void CascadeServingEngine::failAll(const Status& failure) {
         to_push_.clear();
         to_cancel_.clear();
         serving_.assign(options_.instances, kNoTag);
-        retired_.submits += st.submits;
-        retired_.round_trips += st.round_trips;
-        retired_.cycles += st.cycles;
-        retired_.resumes += st.resumes;
+        addGpuCounters(retired_, st);
         health_.state = ServeState::Recovering;
         health_.failure = message;
         health_.failed_attempts = 0;
@@ -308,36 +301,12 @@ void CascadeServingEngine::failAll(const Status& failure) {
 
 // Rebuilds the device, the pipelines and the machine until it works or the engine stops.
 bool CascadeServingEngine::recover() {
-    uint32_t delay_ms = options_.recovery_delay_ms;
-    for (;;) {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (stopping_) return false;
-        }
-        Status s = runner_.resetDevice();
-        if (s) {
-            auto m = runner_.createMachine(options_.instances, options_.chain_cycles, 0xFFFFFFFFull);
-            if (m) {
-                std::unique_lock<std::mutex> lock(mutex_);
-                machine_ = std::move(m.value());
-                health_.state = ServeState::Serving;
-                const uint32_t n = ++health_.recoveries;
-                lock.unlock();
-                log(strFormat("the device is rebuilt (recovery %u); serving the cascade again", n));
-                return true;
-            }
-            s = m.status();
-        }
-        std::unique_lock<std::mutex> lock(mutex_);
-        const uint32_t attempt = ++health_.failed_attempts;
-        health_.attempt_error = s.message();
-        lock.unlock();
-        log(strFormat("rebuilding the device failed (attempt %u): %s; retrying in %u ms", attempt, s.message().c_str(),
-                      delay_ms));
-        lock.lock();
-        if (wake_.wait_for(lock, std::chrono::milliseconds(delay_ms), [&] { return stopping_; })) return false;
-        delay_ms = std::min(delay_ms * 2, std::max(options_.recovery_delay_max_ms, options_.recovery_delay_ms));
-    }
+    ServeRebuild r{mutex_, wake_, stopping_, health_, machine_, options_.recovery_delay_ms,
+                   options_.recovery_delay_max_ms, [this](const std::string& line) { log(line); }};
+    return rebuildAfterFailure(r, [this]() -> Result<std::unique_ptr<GpuMachine>> {
+        BLUE_TRY(runner_.resetDevice());
+        return runner_.createMachine(options_.instances, options_.chain_cycles, 0xFFFFFFFFull);
+    });
 }
 
 }  // namespace blue

@@ -157,6 +157,7 @@ struct Polled {
 struct Generation {
     bluevm_engine* engine = nullptr;
     bluevm_cascade* cascade = nullptr;
+    const bluevm_cascade_info* cascade_info = nullptr;  // its slots, for the response
     uint64_t id = 0;
     Endpoint endpoint = Endpoint::Completions;
     std::string response_id, model;
@@ -201,12 +202,11 @@ struct Generation {
         const char* answer = bluevm_cascade_result_answer(r, &len);
         out->text.assign(answer, len);
         bluevm_cascade_result_usage(r, &out->usage.prompt_tokens, &out->usage.completion_tokens);
-        bluevm_cascade_info info;
-        bluevm_cascade_get_info(cascade, &info);
         nlohmann::json slots = nlohmann::json::object();
-        for (uint32_t k = 0; k < info.n_slots; ++k) {
-            const char* text = bluevm_cascade_result_slot(r, info.slots[k], &len);
-            slots[info.slots[k]] = std::string(text ? text : "", len);
+        for (uint32_t k = 0; k < cascade_info->n_slots; ++k) {
+            const char* name = cascade_info->slots[k];
+            const char* text = bluevm_cascade_result_slot(r, name, &len);
+            slots[name] = std::string(text ? text : "", len);
         }
         nlohmann::json stats = nlohmann::json::parse(bluevm_cascade_result_stats_json(r), nullptr, false);
         nlohmann::json stages = stats.is_object() && stats.contains("stages") ? stats["stages"] : nlohmann::json::array();
@@ -435,6 +435,7 @@ bool HttpServer::Impl::submitCascade(const ApiRequest& ar, Generation& g, httpli
         return false;
     }
     g.cascade = cascade;
+    g.cascade_info = &cascade_info;
     return true;
 }
 
