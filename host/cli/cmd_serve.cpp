@@ -68,6 +68,7 @@ server::ServerOptions serverOptions(const ServeArgs& a) {
 }
 
 int serveCascade(const ServeArgs& a) {
+    if (a.ctx) return fail("--ctx does not apply to a cascade: its `context` is compiled in (bluec cascade)");
     const sigset_t signals = blockStopSignals();
     std::vector<std::string> names, paths;
     for (const std::string& mp : a.models) {
@@ -167,7 +168,7 @@ int serve(const ServeArgs& a) {
 
 Command addServeCommand(CLI::App& app) {
     auto a = std::make_shared<ServeArgs>();
-    CLI::App* sub = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+    CLI::App* sub = app.add_subcommand("serve", "Serve a model, or a compiled cascade, over an OpenAI-compatible HTTP API");
     sub->add_option("--model,-m", a->models,
                     "GGUF model, or a .bir lowered by `bluec lower`; with --cascade: NAME=PATH replaces a "
                     "cascade model's file (same tensors), repeatable");
