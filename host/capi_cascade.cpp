@@ -202,13 +202,21 @@ bluevm_status bluevm_cascade_wait(bluevm_cascade* cascade, uint64_t id, int time
         if (it == cascade->requests.end()) {
             return failWith(BLUEVM_ERR_NOT_FOUND, blue::strFormat("no cascade request %llu", (unsigned long long)id));
         }
-        auto ready = [&] { return cascade->requests.at(id) != nullptr; };
+        // Another thread may release the request meanwhile.
+        auto ready = [&] {
+            auto at = cascade->requests.find(id);
+            return at == cascade->requests.end() || at->second != nullptr;
+        };
         if (timeout_ms < 0) {
             cascade->arrived.wait(lock, ready);
         } else if (timeout_ms > 0) {
             cascade->arrived.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready);
         }
         it = cascade->requests.find(id);
+        if (it == cascade->requests.end()) {
+            return failWith(BLUEVM_ERR_NOT_FOUND,
+                            blue::strFormat("cascade request %llu was released while waiting", (unsigned long long)id));
+        }
         if (!it->second) return failWith(BLUEVM_ERR_TIMEOUT, "the request has not ended within the timeout");
         *out = it->second.release();
         cascade->requests.erase(it);
@@ -243,6 +251,7 @@ bluevm_status bluevm_cascade_release(bluevm_cascade* cascade, uint64_t id) {
             running = it->second == nullptr;
             cascade->requests.erase(it);
         }
+        cascade->arrived.notify_all();  // a wait on it ends with NOT_FOUND
         if (running) cascade->serving->cancel(id);
         return ok();
     });

@@ -444,6 +444,10 @@ TEST_CASE("capi: bluevm_cascade runs, reports slots and stats, cancels, and refu
     o.model_paths = paths;
     o.n_models = 1;
     REQUIRE_MESSAGE(bluevm_cascade_open(bir.c_str(), &o, &c) == BLUEVM_OK, bluevm_last_error());
+    struct Closer {
+        bluevm_cascade*& c;
+        ~Closer() { bluevm_cascade_close(c); }
+    } closer{c};
     bluevm_cascade_info info;
     REQUIRE(bluevm_cascade_get_info(c, &info) == BLUEVM_OK);
     CHECK(info.n_stages == 3);
@@ -499,6 +503,28 @@ TEST_CASE("capi: bluevm_cascade runs, reports slots and stats, cancels, and refu
         CHECK(bluevm_cascade_result_finish(r) == BLUEVM_FINISH_STOP);
         bluevm_cascade_result_free(r);
     }
+    // Released while another thread waits for it: the wait ends with NOT_FOUND.
+    uint64_t waited = 0;
+    REQUIRE(bluevm_cascade_submit(c, kTasks[0].text.c_str(), kTasks[0].seed, &waited) == BLUEVM_OK);
+    bluevm_status wait_status = BLUEVM_OK;
+    std::thread waiter([&] {
+        bluevm_cascade_result* lost = nullptr;
+        wait_status = bluevm_cascade_wait(c, waited, -1, &lost);
+        CHECK(lost == nullptr);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(bluevm_cascade_release(c, waited) == BLUEVM_OK);
+    waiter.join();
+    CHECK(wait_status == BLUEVM_ERR_NOT_FOUND);
+    // The release cancels it (through the driver, after the chain in flight): wait for that, as
+    // until then it may hold the queue's one place.
+    bluevm_metrics m;
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    do {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        REQUIRE(bluevm_cascade_metrics(c, &m) == BLUEVM_OK);
+    } while (m.requests_cancelled < 2 && std::chrono::steady_clock::now() < until);
+    CHECK(m.requests_cancelled == 2);
     // A cancelled request freed its instance: the next one still gets the runner's answer.
     REQUIRE(bluevm_cascade_run(c, kTasks[2].text.c_str(), kTasks[2].seed, &r) == BLUEVM_OK);
     CHECK(std::string(bluevm_cascade_result_answer(r, nullptr)) == e.answer(2));
@@ -510,18 +536,16 @@ TEST_CASE("capi: bluevm_cascade runs, reports slots and stats, cancels, and refu
     CHECK(bluevm_cascade_submit(c, nullptr, 0, &id) == BLUEVM_ERR_INVALID_ARGUMENT);
     CHECK(bluevm_cascade_wait(c, 999999, 0, &r) == BLUEVM_ERR_NOT_FOUND);
     CHECK(bluevm_cascade_cancel(c, 999999) == BLUEVM_ERR_NOT_FOUND);
-    bluevm_metrics m;
     REQUIRE(bluevm_cascade_metrics(c, &m) == BLUEVM_OK);
     CHECK(m.round_trips == 0);
-    CHECK(m.requests_cancelled == 1);
+    CHECK(m.requests_cancelled == 2);
     CHECK(m.requests_rejected == uint64_t(refused));
-    CHECK(m.requests_total == 2 + ids.size());
+    CHECK(m.requests_total == 3 + ids.size());
     bluevm_health h;
     REQUIRE(bluevm_cascade_health(c, &h) == BLUEVM_OK);
     CHECK(h.state == BLUEVM_ENGINE_SERVING);
     REQUIRE(bluevm_cascade_get_info(c, &info) == BLUEVM_OK);
     CHECK(info.validation_errors == 0u);
-    bluevm_cascade_close(c);
 
     bluevm_cascade* none = nullptr;
     CHECK(bluevm_cascade_open("/nonexistent.bir", nullptr, &none) == BLUEVM_ERR_IO);
@@ -587,6 +611,9 @@ TEST_CASE("cli: bluevm serve --cascade answers concurrent clients with the runne
     Child bad_model({binary("host/bluevm"), "serve", "--cascade", bir, "--model", stories(), "--port", "0"});
     CHECK(bad_model.wait(60) == 1);
     CHECK(bad_model.err_text == "bluevm: --model needs NAME=PATH with --cascade, got '" + stories() + "'\n");
+    Child ctx({binary("host/bluevm"), "serve", "--cascade", bir, "--ctx", "128", "--port", "0"});
+    CHECK(ctx.wait(60) == 1);
+    CHECK(ctx.err_text.find("bluevm: --ctx does not apply to a cascade") == 0);
     Child nothing({binary("host/bluevm"), "serve", "--port", "0"});
     CHECK(nothing.wait(60) == 1);
     CHECK(nothing.err_text == "bluevm: --model (or --cascade) is required\n");
