@@ -52,7 +52,8 @@ size_t answerSlot(const blue::CascadeInfo& info) {
     return info.slots.empty() ? 0 : info.slots.size() - 1;
 }
 
-std::unique_ptr<bluevm_cascade_result> resultOf(const blue::CascadeInfo& info, const blue::CascadeOutcome& o) {
+std::unique_ptr<bluevm_cascade_result> resultOf(const blue::CascadeInfo& info,
+                                                const blue::CascadeOutcome& o) {
     auto r = std::make_unique<bluevm_cascade_result>();
     r->finish = finishOf(o.reason);
     if (o.reason == blue::FinishReason::Error) {
@@ -72,12 +73,17 @@ std::unique_ptr<bluevm_cascade_result> resultOf(const blue::CascadeInfo& info, c
 
 bluevm_status statusOfRefusal(blue::CascadeRefusal why) {
     switch (why) {
-        case blue::CascadeRefusal::TooLong: return BLUEVM_ERR_TOO_LONG;
-        case blue::CascadeRefusal::QueueFull: return BLUEVM_ERR_QUEUE_FULL;
-        case blue::CascadeRefusal::Unavailable: return BLUEVM_ERR_DEVICE_LOST;
-        case blue::CascadeRefusal::ShuttingDown: return BLUEVM_ERR_SHUTDOWN;
+        case blue::CascadeRefusal::TooLong:
+            return BLUEVM_ERR_TOO_LONG;
+        case blue::CascadeRefusal::QueueFull:
+            return BLUEVM_ERR_QUEUE_FULL;
+        case blue::CascadeRefusal::Unavailable:
+            return BLUEVM_ERR_DEVICE_LOST;
+        case blue::CascadeRefusal::ShuttingDown:
+            return BLUEVM_ERR_SHUTDOWN;
         case blue::CascadeRefusal::Invalid:
-        case blue::CascadeRefusal::None: break;
+        case blue::CascadeRefusal::None:
+            break;
     }
     return BLUEVM_ERR_INVALID_ARGUMENT;
 }
@@ -93,7 +99,8 @@ void bluevm_cascade_options_init(bluevm_cascade_options* o) {
 bluevm_status bluevm_cascade_open(const char* path, const bluevm_cascade_options* options,
                                   bluevm_cascade** out) {
     return guarded([&] {
-        if (!path || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "path and out must not be NULL");
+        if (!path || !out)
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "path and out must not be NULL");
         *out = nullptr;
         std::error_code ec;
         if (!std::filesystem::is_regular_file(path, ec)) {
@@ -103,14 +110,17 @@ bluevm_status bluevm_cascade_open(const char* path, const bluevm_cascade_options
         bluevm_cascade_options_init(&o);
         if (options) o = *options;
         if (o.instances < 1 || o.instances > 4096) {
-            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, blue::strFormat("instances must be 1..4096, not %u", o.instances));
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT,
+                            blue::strFormat("instances must be 1..4096, not %u", o.instances));
         }
         if (o.chain_cycles < 2 || o.chain_cycles > 4096) {
-            return failWith(BLUEVM_ERR_INVALID_ARGUMENT,
-                            blue::strFormat("chain_cycles must be 2..4096, not %u", o.chain_cycles));
+            return failWith(
+                BLUEVM_ERR_INVALID_ARGUMENT,
+                blue::strFormat("chain_cycles must be 2..4096, not %u", o.chain_cycles));
         }
         if (o.n_models && (!o.model_names || !o.model_paths)) {
-            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model_names and model_paths must not be NULL when n_models is not 0");
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT,
+                            "model_names and model_paths must not be NULL when n_models is not 0");
         }
         blue::CascadeRunOptions ro;
         if (o.device) ro.device = o.device;
@@ -118,7 +128,8 @@ bluevm_status bluevm_cascade_open(const char* path, const bluevm_cascade_options
         ro.chain_cycles = o.chain_cycles;
         for (size_t i = 0; i < o.n_models; ++i) {
             if (!o.model_names[i] || !o.model_paths[i]) {
-                return failWith(BLUEVM_ERR_INVALID_ARGUMENT, blue::strFormat("model %zu: NULL name or path", i));
+                return failWith(BLUEVM_ERR_INVALID_ARGUMENT,
+                                blue::strFormat("model %zu: NULL name or path", i));
             }
             ro.models[o.model_names[i]] = o.model_paths[i];
         }
@@ -151,7 +162,8 @@ void bluevm_cascade_close(bluevm_cascade* cascade) {
 }
 
 bluevm_status bluevm_cascade_get_info(const bluevm_cascade* cascade, bluevm_cascade_info* out) {
-    if (!cascade || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade and out must not be NULL");
+    if (!cascade || !out)
+        return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade and out must not be NULL");
     const blue::CascadeInfo& info = cascade->runner->info();
     *out = bluevm_cascade_info{};
     out->device = cascade->device.c_str();
@@ -167,9 +179,11 @@ bluevm_status bluevm_cascade_get_info(const bluevm_cascade* cascade, bluevm_casc
     return ok();
 }
 
-bluevm_status bluevm_cascade_submit(bluevm_cascade* cascade, const char* task, uint32_t seed, uint64_t* id) {
+bluevm_status bluevm_cascade_submit(bluevm_cascade* cascade, const char* task, uint32_t seed,
+                                    uint64_t* id) {
     return guarded([&] {
-        if (!cascade || !task || !id) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade, task and id must not be NULL");
+        if (!cascade || !task || !id)
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade, task and id must not be NULL");
         bluevm_cascade* c = cascade;
         auto callback = [c](const blue::CascadeOutcome& o) {
             auto r = resultOf(c->runner->info(), o);
@@ -195,12 +209,14 @@ bluevm_status bluevm_cascade_submit(bluevm_cascade* cascade, const char* task, u
 bluevm_status bluevm_cascade_wait(bluevm_cascade* cascade, uint64_t id, int timeout_ms,
                                   bluevm_cascade_result** out) {
     return guarded([&] {
-        if (!cascade || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade and out must not be NULL");
+        if (!cascade || !out)
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade and out must not be NULL");
         *out = nullptr;
         std::unique_lock<std::mutex> lock(cascade->mutex);
         auto it = cascade->requests.find(id);
         if (it == cascade->requests.end()) {
-            return failWith(BLUEVM_ERR_NOT_FOUND, blue::strFormat("no cascade request %llu", (unsigned long long)id));
+            return failWith(BLUEVM_ERR_NOT_FOUND,
+                            blue::strFormat("no cascade request %llu", (unsigned long long)id));
         }
         // Another thread may release the request meanwhile.
         auto ready = [&] {
@@ -215,9 +231,11 @@ bluevm_status bluevm_cascade_wait(bluevm_cascade* cascade, uint64_t id, int time
         it = cascade->requests.find(id);
         if (it == cascade->requests.end()) {
             return failWith(BLUEVM_ERR_NOT_FOUND,
-                            blue::strFormat("cascade request %llu was released while waiting", (unsigned long long)id));
+                            blue::strFormat("cascade request %llu was released while waiting",
+                                            (unsigned long long)id));
         }
-        if (!it->second) return failWith(BLUEVM_ERR_TIMEOUT, "the request has not ended within the timeout");
+        if (!it->second)
+            return failWith(BLUEVM_ERR_TIMEOUT, "the request has not ended within the timeout");
         *out = it->second.release();
         cascade->requests.erase(it);
         return ok();
@@ -230,7 +248,8 @@ bluevm_status bluevm_cascade_cancel(bluevm_cascade* cascade, uint64_t id) {
         {
             std::lock_guard<std::mutex> lock(cascade->mutex);
             if (!cascade->requests.count(id)) {
-                return failWith(BLUEVM_ERR_NOT_FOUND, blue::strFormat("no cascade request %llu", (unsigned long long)id));
+                return failWith(BLUEVM_ERR_NOT_FOUND,
+                                blue::strFormat("no cascade request %llu", (unsigned long long)id));
             }
         }
         cascade->serving->cancel(id);
@@ -246,7 +265,8 @@ bluevm_status bluevm_cascade_release(bluevm_cascade* cascade, uint64_t id) {
             std::lock_guard<std::mutex> lock(cascade->mutex);
             auto it = cascade->requests.find(id);
             if (it == cascade->requests.end()) {
-                return failWith(BLUEVM_ERR_NOT_FOUND, blue::strFormat("no cascade request %llu", (unsigned long long)id));
+                return failWith(BLUEVM_ERR_NOT_FOUND,
+                                blue::strFormat("no cascade request %llu", (unsigned long long)id));
             }
             running = it->second == nullptr;
             cascade->requests.erase(it);
@@ -284,7 +304,8 @@ const char* bluevm_cascade_result_answer(const bluevm_cascade_result* r, size_t*
     return r->slot_text[r->answer].c_str();
 }
 
-const char* bluevm_cascade_result_slot(const bluevm_cascade_result* r, const char* name, size_t* len) {
+const char* bluevm_cascade_result_slot(const bluevm_cascade_result* r, const char* name,
+                                       size_t* len) {
     if (len) *len = 0;
     if (!r || !name) return nullptr;
     for (size_t i = 0; i < r->slot_names.size(); ++i) {
@@ -310,13 +331,15 @@ void bluevm_cascade_result_free(bluevm_cascade_result* r) {
 }
 
 bluevm_status bluevm_cascade_metrics(const bluevm_cascade* cascade, bluevm_metrics* out) {
-    if (!cascade || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade and out must not be NULL");
+    if (!cascade || !out)
+        return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade and out must not be NULL");
     metricsOut(cascade->serving->metrics(), out);
     return ok();
 }
 
 bluevm_status bluevm_cascade_health(const bluevm_cascade* cascade, bluevm_health* out) {
-    if (!cascade || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade and out must not be NULL");
+    if (!cascade || !out)
+        return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade and out must not be NULL");
     healthOut(cascade->serving->health(), out);
     return ok();
 }

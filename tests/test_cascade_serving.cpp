@@ -32,8 +32,12 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string stories() { return sharedDir() + "/models/stories260K/stories260K.gguf"; }
-std::string binary(const std::string& rel) { return std::string(BLUE_BINARY_DIR) + "/" + rel; }
+std::string stories() {
+    return sharedDir() + "/models/stories260K/stories260K.gguf";
+}
+std::string binary(const std::string& rel) {
+    return std::string(BLUE_BINARY_DIR) + "/" + rel;
+}
 
 std::string readFile(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -44,7 +48,8 @@ std::string readFile(const std::string& path) {
 
 // The source with every stage greedy (as tests/test_cascade.cpp's greedy()).
 std::string greedy(std::string src) {
-    for (size_t at = src.find("temperature "); at != std::string::npos; at = src.find("temperature ", at + 1)) {
+    for (size_t at = src.find("temperature "); at != std::string::npos;
+         at = src.find("temperature ", at + 1)) {
         src.replace(at, src.find('\n', at) - at, "temperature 0");
     }
     return src;
@@ -101,7 +106,8 @@ Expected runnerResults(const std::string& bir, const std::vector<CascadeTask>& t
     e.results = std::move(results.value());
     for (size_t i = 0; i < tasks.size(); ++i) {
         REQUIRE(e.results[i].complete);
-        e.task_tokens.push_back(uint32_t(runner.value()->tokenizer().encode(tasks[i].text, false, true).size()));
+        e.task_tokens.push_back(
+            uint32_t(runner.value()->tokenizer().encode(tasks[i].text, false, true).size()));
     }
     return e;
 }
@@ -111,12 +117,14 @@ struct CascadeServer {
     std::unique_ptr<server::HttpServer> http;
     std::thread thread;
 
-    CascadeServer(const std::string& bir, uint32_t instances, const std::string& name, uint32_t max_queue = 0) {
+    CascadeServer(const std::string& bir, uint32_t instances, const std::string& name,
+                  uint32_t max_queue = 0) {
         bluevm_cascade_options o;
         bluevm_cascade_options_init(&o);
         o.instances = instances;
         o.max_queue = max_queue;
-        REQUIRE_MESSAGE(bluevm_cascade_open(bir.c_str(), &o, &cascade) == BLUEVM_OK, bluevm_last_error());
+        REQUIRE_MESSAGE(bluevm_cascade_open(bir.c_str(), &o, &cascade) == BLUEVM_OK,
+                        bluevm_last_error());
         server::ServerOptions so;
         so.port = 0;
         so.model_names = {name};
@@ -173,7 +181,8 @@ Streamed parseStream(const std::string& body, bool chat) {
         if (j.contains("usage")) s.usage = j["usage"];
         if (j["choices"].empty()) continue;
         const json& c = j["choices"][0];
-        std::string piece = chat ? c["delta"].value("content", std::string()) : c["text"].get<std::string>();
+        std::string piece =
+            chat ? c["delta"].value("content", std::string()) : c["text"].get<std::string>();
         s.content_chunks += piece.empty() ? 0 : 1;
         s.text += piece;
         if (!c["finish_reason"].is_null()) s.finish = c["finish_reason"];
@@ -189,22 +198,27 @@ void checkResponse(const json& j, const Expected& e, size_t i, bool chat) {
     CHECK(j["usage"]["completion_tokens"] == r.generated);
     const json& c = j["cascade"];
     REQUIRE(c["slots"].size() == e.info.slots.size());
-    for (size_t k = 0; k < e.info.slots.size(); ++k) CHECK(c["slots"][e.info.slots[k]] == r.slot_text[k]);
+    for (size_t k = 0; k < e.info.slots.size(); ++k)
+        CHECK(c["slots"][e.info.slots[k]] == r.slot_text[k]);
     REQUIRE(c["stages"].size() == r.stages.size());
     for (size_t k = 0; k < r.stages.size(); ++k) {
         CHECK(c["stages"][k]["name"] == r.stages[k].name);
         CHECK(c["stages"][k]["state"] == r.stages[k].stateName());
         CHECK(c["stages"][k]["runs"] == r.stages[k].runs);
         CHECK(c["stages"][k]["tokens"] == r.stages[k].tokens);
-        CHECK(c["stages"][k]["entropy_mean"].get<double>() == doctest::Approx(r.stages[k].entropyMean()).epsilon(1e-3));
+        CHECK(c["stages"][k]["entropy_mean"].get<double>() ==
+              doctest::Approx(r.stages[k].entropyMean()).epsilon(1e-3));
         CHECK(c["stages"][k].contains("entropy_max"));
         CHECK(c["stages"][k].contains("logprob_mean"));
     }
 }
 
-const std::vector<CascadeTask> kTasks = {{"Once upon a time", 11}, {"The dog", 12}, {"Lily wanted", 13}};
+const std::vector<CascadeTask> kTasks = {
+    {"Once upon a time", 11}, {"The dog", 12}, {"Lily wanted", 13}};
 
-TEST_CASE("cascade serving: every program through HTTP answers what CascadeRunner computes, to more clients than instances") {
+TEST_CASE(
+    "cascade serving: every program through HTTP answers what CascadeRunner computes, to more "
+    "clients than instances") {
     for (const char* name : {"draft_refine", "entropy_skip", "review_loop"}) {
         CAPTURE(name);
         TempDir dir;
@@ -278,7 +292,9 @@ TEST_CASE("cascade serving: every program through HTTP answers what CascadeRunne
     }
 }
 
-TEST_CASE("cascade serving: a sampled cascade gives the runner's result for the same seed, and a chat stream frames its one chunk") {
+TEST_CASE(
+    "cascade serving: a sampled cascade gives the runner's result for the same seed, and a chat "
+    "stream frames its one chunk") {
     TempDir dir;
     const std::string bir = compileProgram("draft_refine", dir, true);
     const std::vector<CascadeTask> tasks = {{"Once upon a time", 5}, {"Once upon a time", 6}};
@@ -305,7 +321,9 @@ TEST_CASE("cascade serving: a sampled cascade gives the runner's result for the 
     CHECK(r->body.find("\"role\":\"assistant\"") != std::string::npos);
 }
 
-TEST_CASE("cascade serving: bad requests get 4xx with an OpenAI error naming the field; the server serves on") {
+TEST_CASE(
+    "cascade serving: bad requests get 4xx with an OpenAI error naming the field; the server "
+    "serves on") {
     TempDir dir;
     const std::string bir = compileProgram("entropy_skip", dir);
     CascadeServer s(bir, 1, "skip");
@@ -319,14 +337,17 @@ TEST_CASE("cascade serving: bad requests get 4xx with an OpenAI error naming the
     const std::vector<Bad> bad = {
         {"/v1/completions", too_long, 400, "prompt", "context_length_exceeded"},
         {"/v1/chat/completions",
-         json{{"messages", json::array({{{"role", "user"}, {"content", std::string(3000, 'a') + " b c d"}}})}}.dump(),
+         json{{"messages",
+               json::array({{{"role", "user"}, {"content", std::string(3000, 'a') + " b c d"}}})}}
+             .dump(),
          400, "messages", "context_length_exceeded"},
         {"/v1/completions", R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens", ""},
         {"/v1/completions", R"({"prompt": [1, 2, 3]})", 400, "prompt", ""},
         {"/v1/completions", R"({"prompt": "x", "echo": true})", 400, "echo", ""},
         {"/v1/completions", R"({})", 400, "prompt", ""},
         {"/v1/completions", R"({"prompt": "x", "seed": "five"})", 400, "seed", ""},
-        {"/v1/chat/completions", R"({"messages": [{"role": "system", "content": "x"}]})", 400, "messages", ""},
+        {"/v1/chat/completions", R"({"messages": [{"role": "system", "content": "x"}]})", 400,
+         "messages", ""},
         {"/v1/completions", R"({"prompt": "x", "model": "nope"})", 404, "model", "model_not_found"},
         {"/v1/completions", R"({"prompt": )", 400, "", ""},
     };
@@ -349,9 +370,10 @@ TEST_CASE("cascade serving: bad requests get 4xx with an OpenAI error naming the
 
 // A cascade whose one stage writes long: a request that runs for seconds.
 std::string compileLong(const TempDir& dir) {
-    const std::string src = "model m = \"" + stories() +
-                            "\"\nslot input[64]\nslot story[400]\nstage tell {\n    prompt input\n    write story\n"
-                            "    max_tokens 380\n    temperature 0\n}\n";
+    const std::string src =
+        "model m = \"" + stories() +
+        "\"\nslot input[64]\nslot story[400]\nstage tell {\n    prompt input\n    write story\n"
+        "    max_tokens 380\n    temperature 0\n}\n";
     CascadeOptions o;
     o.module_dir = dir.path;
     auto m = compileCascade(src, "long.cas", o);
@@ -361,23 +383,28 @@ std::string compileLong(const TempDir& dir) {
     return path;
 }
 
-TEST_CASE("cascade serving: a client that leaves cancels its request through the flag word and frees the instance") {
+TEST_CASE(
+    "cascade serving: a client that leaves cancels its request through the flag word and frees the "
+    "instance") {
     TempDir dir;
     CascadeServer s(compileLong(dir), 1, "long");
     {
         httplib::Client quick("127.0.0.1", s.http->port());
         quick.set_read_timeout(0, 300000);  // gives up after 0.3 s
-        auto r = quick.Post("/v1/completions", json{{"prompt", "Once upon a time"}}.dump(), "application/json");
+        auto r = quick.Post("/v1/completions", json{{"prompt", "Once upon a time"}}.dump(),
+                            "application/json");
         CHECK(!r);
     }
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (s.metric("bluevm_requests_cancelled_total") < 1 && std::chrono::steady_clock::now() < until) {
+    while (s.metric("bluevm_requests_cancelled_total") < 1 &&
+           std::chrono::steady_clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     CHECK(s.metric("bluevm_requests_cancelled_total") == 1);
     // The one instance is free again: a streamed chat request runs to its end.
     auto r = s.post("/v1/chat/completions",
-                    {{"messages", json::array({{{"role", "user"}, {"content", "The dog"}}})}, {"stream", true}});
+                    {{"messages", json::array({{{"role", "user"}, {"content", "The dog"}}})},
+                     {"stream", true}});
     REQUIRE(r);
     CHECK(r->status == 200);
     Streamed st = parseStream(r->body, true);
@@ -389,7 +416,9 @@ TEST_CASE("cascade serving: a client that leaves cancels its request through the
     CHECK(s.metric("bluevm_host_round_trips_total") == 0);
 }
 
-TEST_CASE("cascade serving: a device lost while serving answers 503 device_lost, rebuilds, and serves the same answer") {
+TEST_CASE(
+    "cascade serving: a device lost while serving answers 503 device_lost, rebuilds, and serves "
+    "the same answer") {
     TempDir dir;
     const std::string bir = compileProgram("entropy_skip", dir);
     const Expected e = runnerResults(bir, kTasks);
@@ -406,9 +435,12 @@ TEST_CASE("cascade serving: a device lost while serving answers 503 device_lost,
     json err = json::parse(lost->body)["error"];
     CHECK(err["code"] == "device_lost");
     const std::string message = err["message"];
-    CHECK_MESSAGE(message.find("VK_ERROR_DEVICE_LOST from vkQueueSubmit") != std::string::npos, message);
+    CHECK_MESSAGE(message.find("VK_ERROR_DEVICE_LOST from vkQueueSubmit") != std::string::npos,
+                  message);
     // The request is running or still waiting for its instance when the submit fails.
-    CHECK_MESSAGE(std::regex_search(message, std::regex("while serving [01] cascade requests? \\([01] waiting")), message);
+    CHECK_MESSAGE(std::regex_search(
+                      message, std::regex("while serving [01] cascade requests? \\([01] waiting")),
+                  message);
     json health;
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     do {
@@ -457,7 +489,8 @@ TEST_CASE("capi: bluevm_cascade runs, reports slots and stats, cancels, and refu
     CHECK(info.instances == 2);
 
     bluevm_cascade_result* r = nullptr;
-    REQUIRE_MESSAGE(bluevm_cascade_run(c, kTasks[1].text.c_str(), kTasks[1].seed, &r) == BLUEVM_OK, bluevm_last_error());
+    REQUIRE_MESSAGE(bluevm_cascade_run(c, kTasks[1].text.c_str(), kTasks[1].seed, &r) == BLUEVM_OK,
+                    bluevm_last_error());
     CHECK(bluevm_cascade_result_finish(r) == BLUEVM_FINISH_STOP);
     size_t len = 0;
     CHECK(std::string(bluevm_cascade_result_answer(r, &len)) == e.answer(1));
@@ -482,7 +515,8 @@ TEST_CASE("capi: bluevm_cascade runs, reports slots and stats, cancels, and refu
     int refused = 0;
     for (int k = 0; k < 6; ++k) {
         uint64_t id = 0;
-        bluevm_status st = bluevm_cascade_submit(c, kTasks[size_t(k) % 3].text.c_str(), kTasks[size_t(k) % 3].seed, &id);
+        bluevm_status st = bluevm_cascade_submit(c, kTasks[size_t(k) % 3].text.c_str(),
+                                                 kTasks[size_t(k) % 3].seed, &id);
         if (st == BLUEVM_ERR_QUEUE_FULL) {
             ++refused;
             CHECK(std::string(bluevm_last_error()).find("queue is full") != std::string::npos);
@@ -531,8 +565,10 @@ TEST_CASE("capi: bluevm_cascade runs, reports slots and stats, cancels, and refu
     bluevm_cascade_result_free(r);
 
     uint64_t id = 0;
-    CHECK(bluevm_cascade_submit(c, (std::string(3000, 'a') + " b c d e f g").c_str(), 0, &id) == BLUEVM_ERR_TOO_LONG);
-    CHECK(std::string(bluevm_last_error()).find("more than the cascade's input slot holds") != std::string::npos);
+    CHECK(bluevm_cascade_submit(c, (std::string(3000, 'a') + " b c d e f g").c_str(), 0, &id) ==
+          BLUEVM_ERR_TOO_LONG);
+    CHECK(std::string(bluevm_last_error()).find("more than the cascade's input slot holds") !=
+          std::string::npos);
     CHECK(bluevm_cascade_submit(c, nullptr, 0, &id) == BLUEVM_ERR_INVALID_ARGUMENT);
     CHECK(bluevm_cascade_wait(c, 999999, 0, &r) == BLUEVM_ERR_NOT_FOUND);
     CHECK(bluevm_cascade_cancel(c, 999999) == BLUEVM_ERR_NOT_FOUND);
@@ -560,7 +596,9 @@ TEST_CASE("capi: bluevm_cascade runs, reports slots and stats, cancels, and refu
     CHECK(bluevm_cascade_run(nullptr, "x", 0, &r) == BLUEVM_ERR_INVALID_ARGUMENT);
 }
 
-TEST_CASE("cli: bluevm serve --cascade answers concurrent clients with the runner's answers; SIGTERM stops it") {
+TEST_CASE(
+    "cli: bluevm serve --cascade answers concurrent clients with the runner's answers; SIGTERM "
+    "stops it") {
     TempDir dir;
     const std::string bir = dir.path + "/dr.bir";
     {
@@ -571,12 +609,13 @@ TEST_CASE("cli: bluevm serve --cascade answers concurrent clients with the runne
         REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
     }
     const Expected e = runnerResults(bir, kTasks);
-    Child c({binary("host/bluevm"), "serve", "--cascade", bir, "--model", "draft=" + stories(), "--port", "0",
-             "--instances", "2", "--alias", "cas"});
+    Child c({binary("host/bluevm"), "serve", "--cascade", bir, "--model", "draft=" + stories(),
+             "--port", "0", "--instances", "2", "--alias", "cas"});
     std::smatch m;
     const std::regex listening("on http://127\\.0\\.0\\.1:([0-9]+) ");
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (!std::regex_search(c.err_text, m, listening) && std::chrono::steady_clock::now() < until) c.pump(100);
+    while (!std::regex_search(c.err_text, m, listening) && std::chrono::steady_clock::now() < until)
+        c.pump(100);
     REQUIRE_MESSAGE(std::regex_search(c.err_text, m, listening), c.err_text);
     CHECK(c.err_text.find("serving cascade 'cas'") != std::string::npos);
     CHECK(c.err_text.find("answer slot 'story'") != std::string::npos);
@@ -589,8 +628,10 @@ TEST_CASE("cli: bluevm serve --cascade answers concurrent clients with the runne
             cl.set_read_timeout(300, 0);
             const CascadeTask& t = kTasks[k % kTasks.size()];
             // The file's stem names the model too.
-            auto r = cl.Post("/v1/completions", json{{"model", k == 0 ? "cas" : "dr"}, {"prompt", t.text}, {"seed", t.seed}}.dump(),
-                             "application/json");
+            auto r = cl.Post(
+                "/v1/completions",
+                json{{"model", k == 0 ? "cas" : "dr"}, {"prompt", t.text}, {"seed", t.seed}}.dump(),
+                "application/json");
             if (r && r->status == 200) got[k] = json::parse(r->body)["choices"][0]["text"];
         });
     }
@@ -608,9 +649,11 @@ TEST_CASE("cli: bluevm serve --cascade answers concurrent clients with the runne
     Child missing({binary("host/bluevm"), "serve", "--cascade", "/nonexistent.bir", "--port", "0"});
     CHECK(missing.wait(60) == 1);
     CHECK(missing.err_text == "bluevm: /nonexistent.bir: no such file\n");
-    Child bad_model({binary("host/bluevm"), "serve", "--cascade", bir, "--model", stories(), "--port", "0"});
+    Child bad_model(
+        {binary("host/bluevm"), "serve", "--cascade", bir, "--model", stories(), "--port", "0"});
     CHECK(bad_model.wait(60) == 1);
-    CHECK(bad_model.err_text == "bluevm: --model needs NAME=PATH with --cascade, got '" + stories() + "'\n");
+    CHECK(bad_model.err_text ==
+          "bluevm: --model needs NAME=PATH with --cascade, got '" + stories() + "'\n");
     Child ctx({binary("host/bluevm"), "serve", "--cascade", bir, "--ctx", "128", "--port", "0"});
     CHECK(ctx.wait(60) == 1);
     CHECK(ctx.err_text.find("bluevm: --ctx does not apply to a cascade") == 0);

@@ -28,7 +28,7 @@ struct CascadeServingEngine::Active {
     uint32_t tag = 0;
     uint32_t prompt_tokens = 0;
     CascadeCallback callback;
-    bool started = false;   // OUTBEGIN seen: an instance serves it
+    bool started = false;  // OUTBEGIN seen: an instance serves it
     uint32_t instance = 0;
     bool cancel_requested = false;
     bool finished = false;  // the callback got its outcome (the GPU may still be ending it)
@@ -46,9 +46,10 @@ CascadeServingEngine::~CascadeServingEngine() {
     if (driver_.joinable()) driver_.join();
 }
 
-Result<std::unique_ptr<CascadeServingEngine>> CascadeServingEngine::create(CascadeRunner& runner,
-                                                                           const CascadeServeOptions& options) {
-    if (options.instances < 1) return Status::error("a cascade serving engine needs at least one instance");
+Result<std::unique_ptr<CascadeServingEngine>> CascadeServingEngine::create(
+    CascadeRunner& runner, const CascadeServeOptions& options) {
+    if (options.instances < 1)
+        return Status::error("a cascade serving engine needs at least one instance");
     std::unique_ptr<CascadeServingEngine> s(new CascadeServingEngine(runner, options));
     if (s->options_.max_queue == 0) s->options_.max_queue = 8 * options.instances;
     auto m = runner.createMachine(options.instances, options.chain_cycles, 0xFFFFFFFFull);
@@ -61,8 +62,8 @@ Result<std::unique_ptr<CascadeServingEngine>> CascadeServingEngine::create(Casca
     return s;
 }
 
-Result<uint64_t> CascadeServingEngine::submit(const std::string& task, uint32_t seed, CascadeCallback callback,
-                                              CascadeRefusal* refusal) {
+Result<uint64_t> CascadeServingEngine::submit(const std::string& task, uint32_t seed,
+                                              CascadeCallback callback, CascadeRefusal* refusal) {
     CascadeRefusal dummy;
     CascadeRefusal& why = refusal ? *refusal : dummy;
     why = CascadeRefusal::None;
@@ -70,8 +71,8 @@ Result<uint64_t> CascadeServingEngine::submit(const std::string& task, uint32_t 
     const uint32_t capacity = runner_.info().input_capacity;
     if (ids.size() > capacity) {
         why = CascadeRefusal::TooLong;
-        return BLUE_ERROR("the task has %zu tokens, more than the cascade's input slot holds (%u)", ids.size(),
-                          capacity);
+        return BLUE_ERROR("the task has %zu tokens, more than the cascade's input slot holds (%u)",
+                          ids.size(), capacity);
     }
     std::unique_lock<std::mutex> lock(mutex_);
     if (stopping_) {
@@ -80,15 +81,16 @@ Result<uint64_t> CascadeServingEngine::submit(const std::string& task, uint32_t 
     }
     if (health_.state == ServeState::Recovering) {
         why = CascadeRefusal::Unavailable;
-        return Status::error("the device is being rebuilt after a failure (" + health_.failure + "); retry later");
+        return Status::error("the device is being rebuilt after a failure (" + health_.failure +
+                             "); retry later");
     }
     uint64_t waiting = 0;
     for (const auto& [tag, a] : active_) waiting += a->started || a->finished ? 0 : 1;
     if (waiting >= options_.max_queue) {
         ++metrics_.requests_rejected;
         why = CascadeRefusal::QueueFull;
-        return BLUE_ERROR("the queue is full (%llu requests waiting for %u instances)", (unsigned long long)waiting,
-                          options_.instances);
+        return BLUE_ERROR("the queue is full (%llu requests waiting for %u instances)",
+                          (unsigned long long)waiting, options_.instances);
     }
     uint64_t id = next_id_++;
     auto a = std::make_unique<Active>();
@@ -143,8 +145,8 @@ void CascadeServingEngine::log(const std::string& line) const {
 
 // Ends a request for its client (under the lock). When the GPU still runs it, its instance is told
 // to stop; its end marker frees the entry later.
-void CascadeServingEngine::finishRequest(Active& a, FinishReason reason, Deliveries* out, CascadeResult result,
-                                         const std::string& error) {
+void CascadeServingEngine::finishRequest(Active& a, FinishReason reason, Deliveries* out,
+                                         CascadeResult result, const std::string& error) {
     if (a.finished) return;
     a.finished = true;
     CascadeOutcome o;
@@ -184,7 +186,8 @@ void CascadeServingEngine::handleRecords(std::span<const OutputRecord> records) 
             if (!ended) {
                 // The program broke the output protocol (a compiler bug): the request fails.
                 if (it != active_.end()) {
-                    finishRequest(*it->second, FinishReason::Error, &deliveries, {}, ended.message());
+                    finishRequest(*it->second, FinishReason::Error, &deliveries, {},
+                                  ended.message());
                 }
                 continue;
             }
@@ -195,12 +198,15 @@ void CascadeServingEngine::handleRecords(std::span<const OutputRecord> records) 
             if (a.cancel_requested || a.finished) {
                 finishRequest(a, FinishReason::Cancelled, &deliveries);
             } else if (!result.complete) {
-                finishRequest(a, FinishReason::Error, &deliveries, std::move(result),
-                              "the cascade program ended the request without reporting every stage and slot");
+                finishRequest(
+                    a, FinishReason::Error, &deliveries, std::move(result),
+                    "the cascade program ended the request without reporting every stage and slot");
             } else {
                 bool budget = false;
-                for (const StageStats& st : result.stages) budget |= st.state == BLUE_CAS_STATE_NO_BUDGET;
-                finishRequest(a, budget ? FinishReason::Length : FinishReason::Stop, &deliveries, std::move(result));
+                for (const StageStats& st : result.stages)
+                    budget |= st.state == BLUE_CAS_STATE_NO_BUDGET;
+                finishRequest(a, budget ? FinishReason::Length : FinishReason::Stop, &deliveries,
+                              std::move(result));
             }
             active_.erase(it);
         }
@@ -214,7 +220,8 @@ bool CascadeServingEngine::serveStep() {
     {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] {
-            return stopping_ || !to_push_.empty() || !to_cancel_.empty() || !active_.empty() || machine_->inFlight();
+            return stopping_ || !to_push_.empty() || !to_cancel_.empty() || !active_.empty() ||
+                   machine_->inFlight();
         });
         std::vector<uint32_t> refused;  // requests the machine would not queue: they end here
         for (auto& [id, msg] : to_push_) {
@@ -240,8 +247,8 @@ bool CascadeServingEngine::serveStep() {
     }
     deliver(deliveries);
     clearVkFailure();
-    Result<bool> progressed =
-        machine_->pump([this](std::span<const OutputRecord> recs) { handleRecords(recs); }, keep_going);
+    Result<bool> progressed = machine_->pump(
+        [this](std::span<const OutputRecord> recs) { handleRecords(recs); }, keep_going);
     if (!progressed) {
         failAll(progressed.status());
         return false;
@@ -274,10 +281,12 @@ void CascadeServingEngine::failAll(const Status& failure) {
         for (auto& [tag, a] : active_) {
             if (!a->finished) ++(a->started ? running : waiting);
         }
-        message = failure.message() +
-                  strFormat(" while serving %zu cascade request%s (%zu waiting; after %llu chain submits, at VM cycle %llu)",
-                            running, running == 1 ? "" : "s", waiting, (unsigned long long)st.submits,
-                            (unsigned long long)st.cycles);
+        message =
+            failure.message() + strFormat(
+                                    " while serving %zu cascade request%s (%zu waiting; after %llu "
+                                    "chain submits, at VM cycle %llu)",
+                                    running, running == 1 ? "" : "s", waiting,
+                                    (unsigned long long)st.submits, (unsigned long long)st.cycles);
         for (auto& [tag, a] : active_) {
             if (a->finished) continue;
             finishRequest(*a, FinishReason::Error, &deliveries, {}, message);
@@ -301,8 +310,14 @@ void CascadeServingEngine::failAll(const Status& failure) {
 
 // Rebuilds the device, the pipelines and the machine until it works or the engine stops.
 bool CascadeServingEngine::recover() {
-    ServeRebuild r{mutex_, wake_, stopping_, health_, machine_, options_.recovery_delay_ms,
-                   options_.recovery_delay_max_ms, [this](const std::string& line) { log(line); }};
+    ServeRebuild r{mutex_,
+                   wake_,
+                   stopping_,
+                   health_,
+                   machine_,
+                   options_.recovery_delay_ms,
+                   options_.recovery_delay_max_ms,
+                   [this](const std::string& line) { log(line); }};
     return rebuildAfterFailure(r, [this]() -> Result<std::unique_ptr<GpuMachine>> {
         BLUE_TRY(runner_.resetDevice());
         return runner_.createMachine(options_.instances, options_.chain_cycles, 0xFFFFFFFFull);

@@ -205,8 +205,8 @@ struct Generation {
         nlohmann::json slots = nlohmann::json::object();
         for (uint32_t k = 0; k < cascade_info->n_slots; ++k) {
             const char* name = cascade_info->slots[k];
-            const char* text = bluevm_cascade_result_slot(r, name, &len);
-            slots[name] = std::string(text ? text : "", len);
+            const char* slot = bluevm_cascade_result_slot(r, name, &len);
+            slots[name] = std::string(slot ? slot : "", len);
         }
         nlohmann::json stats = nlohmann::json::parse(bluevm_cascade_result_stats_json(r), nullptr, false);
         nlohmann::json stages = stats.is_object() && stats.contains("stages") ? stats["stages"] : nlohmann::json::array();
