@@ -4,6 +4,7 @@
  *   bluevm_model*  a GGUF model (or a .bir lowered from one) with its tokenizer, on a Vulkan device
  *   bluevm_engine* N instances of the generation program sharing the model's one copy of the
  *                  weights; requests are batched continuously on the GPU
+ *   bluevm_cascade* N instances of a compiled cascade (several models, one result per task)
  *
  * Typical use:
  *
@@ -41,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 2
+#define BLUEVM_API_VERSION 3
 
 typedef enum bluevm_status {
     BLUEVM_OK = 0,
@@ -214,6 +215,101 @@ typedef struct bluevm_health {
 } bluevm_health;
 
 bluevm_status bluevm_engine_health(const bluevm_engine* engine, bluevm_health* out);
+
+/* ---- cascades -------------------------------------------------------------------------------- */
+
+/* A compiled cascade (`bluec cascade X.cas -o X.bir`): several models taking turns over a
+ * per-request thinking buffer, every decision made on the GPU. A bluevm_cascade keeps N instances
+ * of it on one device; tasks are batched continuously like an engine's requests. A cascade
+ * reports its slots at the end of a request, so each request's result arrives whole:
+ *
+ *   bluevm_cascade* c; bluevm_cascade_result* r;
+ *   bluevm_cascade_options o; bluevm_cascade_options_init(&o); o.instances = 4;
+ *   if (bluevm_cascade_open("draft_refine.bir", &o, &c) != BLUEVM_OK) puts(bluevm_last_error());
+ *   bluevm_cascade_run(c, "Once upon a time", 7, &r);    (or bluevm_cascade_submit + _wait)
+ *   puts(bluevm_cascade_result_answer(r, NULL));
+ *   bluevm_cascade_result_free(r); bluevm_cascade_close(c);
+ */
+typedef struct bluevm_cascade bluevm_cascade;
+typedef struct bluevm_cascade_result bluevm_cascade_result;
+
+typedef struct bluevm_cascade_options {
+    const char* device;      /* Vulkan device: index or part of its name; NULL picks the best */
+    uint32_t instances;      /* requests run at once (default 4) */
+    uint32_t max_queue;      /* requests waiting before BLUEVM_ERR_QUEUE_FULL; 0: 8 per instance */
+    uint32_t chain_cycles;   /* cycles per submitted chain (default 32) */
+    /* Model files replacing the module's, by model name (same tensors, types and shapes):
+       model_names[i] is read from model_paths[i]. */
+    const char* const* model_names;
+    const char* const* model_paths;
+    size_t n_models;
+} bluevm_cascade_options;
+
+void bluevm_cascade_options_init(bluevm_cascade_options* o);
+/* Opens a .bir written by `bluec cascade`, loads its models onto the device and starts serving.
+ * BLUEVM_ERR_IO: no such file; BLUEVM_ERR_MODEL: not a cascade, or a model override that does
+ * not fit (the message names it); BLUEVM_ERR_DEVICE(_LOST): the device failed. */
+bluevm_status bluevm_cascade_open(const char* path, const bluevm_cascade_options* options,
+                                  bluevm_cascade** out);
+/* Cancels what runs and frees the cascade with the requests it holds (results already handed
+ * out stay valid until bluevm_cascade_result_free). */
+void bluevm_cascade_close(bluevm_cascade* cascade);
+
+typedef struct bluevm_cascade_info {
+    const char* device;          /* the Vulkan device it runs on */
+    const char* const* stages;   /* stage names, in declaration order */
+    uint32_t n_stages;
+    const char* const* slots;    /* slot names without `input`, in declaration order */
+    uint32_t n_slots;
+    const char* answer_slot;     /* the last slot of the cascade's `output` line: the answer */
+    uint32_t input_capacity;     /* task tokens the input slot holds */
+    uint32_t instances;
+    uint32_t validation_errors;  /* Khronos validation errors so far (with validation on) */
+} bluevm_cascade_info;
+
+/* Strings stay valid while the cascade is open. */
+bluevm_status bluevm_cascade_get_info(const bluevm_cascade* cascade, bluevm_cascade_info* out);
+
+/* Queues a task (its text becomes the `input` slot); the seed drives every sampled stage. Fails
+ * with BLUEVM_ERR_TOO_LONG when the task has more tokens than the input slot holds,
+ * BLUEVM_ERR_QUEUE_FULL, BLUEVM_ERR_DEVICE_LOST while the device is rebuilt. */
+bluevm_status bluevm_cascade_submit(bluevm_cascade* cascade, const char* task, uint32_t seed,
+                                    uint64_t* id);
+/* Waits up to timeout_ms (negative: without limit, 0: not at all) for request `id` to end. On
+ * BLUEVM_OK, *out is its result (free it with bluevm_cascade_result_free) and the id is
+ * forgotten. BLUEVM_ERR_TIMEOUT: it still runs. */
+bluevm_status bluevm_cascade_wait(bluevm_cascade* cascade, uint64_t id, int timeout_ms,
+                                  bluevm_cascade_result** out);
+/* Ends a request early (its result finishes with BLUEVM_FINISH_CANCELLED). */
+bluevm_status bluevm_cascade_cancel(bluevm_cascade* cascade, uint64_t id);
+/* Forgets a request (cancelling it if it still runs). */
+bluevm_status bluevm_cascade_release(bluevm_cascade* cascade, uint64_t id);
+/* bluevm_cascade_submit, then bluevm_cascade_wait without limit. */
+bluevm_status bluevm_cascade_run(bluevm_cascade* cascade, const char* task, uint32_t seed,
+                                 bluevm_cascade_result** out);
+
+/* BLUEVM_FINISH_STOP: the program ran to its end; LENGTH: a stage found the cascade's token
+ * budget spent; CANCELLED; ERROR (see bluevm_cascade_result_error). */
+bluevm_finish bluevm_cascade_result_finish(const bluevm_cascade_result* r);
+/* With BLUEVM_FINISH_ERROR: what failed, and *status (may be NULL) BLUEVM_ERR_DEVICE_LOST when
+ * the device failed, else BLUEVM_ERR_INTERNAL. "" and BLUEVM_OK otherwise. */
+const char* bluevm_cascade_result_error(const bluevm_cascade_result* r, bluevm_status* status);
+/* The answer: the text of the answer slot (NUL-terminated; *len its bytes when len is not NULL). */
+const char* bluevm_cascade_result_answer(const bluevm_cascade_result* r, size_t* len);
+/* A slot's text by name; NULL when the cascade has no such slot. */
+const char* bluevm_cascade_result_slot(const bluevm_cascade_result* r, const char* name,
+                                       size_t* len);
+/* {"stages":[{"name","state","runs","tokens","cycles","entropy_mean","entropy_max",
+ * "logprob_mean"}...],"generated":N} */
+const char* bluevm_cascade_result_stats_json(const bluevm_cascade_result* r);
+/* Task tokens, and tokens generated over all stages (either pointer may be NULL). */
+void bluevm_cascade_result_usage(const bluevm_cascade_result* r, uint32_t* prompt_tokens,
+                                 uint32_t* completion_tokens);
+void bluevm_cascade_result_free(bluevm_cascade_result* r);
+
+/* The same counters and states as an engine's (completion_tokens: tokens over all stages). */
+bluevm_status bluevm_cascade_metrics(const bluevm_cascade* cascade, bluevm_metrics* out);
+bluevm_status bluevm_cascade_health(const bluevm_cascade* cascade, bluevm_health* out);
 
 #ifdef __cplusplus
 }

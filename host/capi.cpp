@@ -1,6 +1,8 @@
-// The C API (host/bluevm.h) over Engine and ServingEngine. Every entry point catches what C++
-// could throw and turns it into a status; messages go to a thread-local string.
+// The C API (host/bluevm.h) over Engine and ServingEngine; cascades are in capi_cascade.cpp.
+// Every entry point catches what C++ could throw and turns it into a status; messages go to a
+// thread-local string (capi_internal.h).
 #include "host/bluevm.h"
+#include "host/capi_internal.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -24,19 +26,9 @@ struct bluevm_model {
     std::string name, architecture, device;
 };
 
+using namespace blue::capi;
+
 namespace {
-
-thread_local std::string t_last_error;
-
-bluevm_status failWith(bluevm_status s, const std::string& message) {
-    t_last_error = message;
-    return s;
-}
-
-bluevm_status ok() {
-    t_last_error.clear();
-    return BLUEVM_OK;
-}
 
 // One request's stream as the C side sees it: what arrived since the last poll, and what the last
 // poll handed out (kept alive for the event's pointers).
@@ -52,36 +44,6 @@ struct RequestState {
     std::string error_message;
     uint32_t prompt_tokens = 0, completion_tokens = 0;
 };
-
-bluevm_finish finishOf(blue::FinishReason r) {
-    switch (r) {
-        case blue::FinishReason::Stop: return BLUEVM_FINISH_STOP;
-        case blue::FinishReason::Length: return BLUEVM_FINISH_LENGTH;
-        case blue::FinishReason::Cancelled: return BLUEVM_FINISH_CANCELLED;
-        case blue::FinishReason::Error: return BLUEVM_FINISH_ERROR;
-        case blue::FinishReason::None: break;
-    }
-    return BLUEVM_FINISH_NONE;
-}
-
-// The status of a failed device operation on this thread: device loss or out-of-device-memory
-// (which a later attempt may overcome) or another device failure.
-bluevm_status deviceStatus() {
-    return blue::vkFatal(blue::lastVkFailure().result) ? BLUEVM_ERR_DEVICE_LOST : BLUEVM_ERR_DEVICE;
-}
-
-template <class F>
-bluevm_status guarded(F&& f) {
-    try {
-        return f();
-    } catch (const std::bad_alloc&) {
-        return failWith(BLUEVM_ERR_INTERNAL, "out of host memory");
-    } catch (const std::exception& e) {
-        return failWith(BLUEVM_ERR_INTERNAL, std::string("internal error: ") + e.what());
-    } catch (...) {
-        return failWith(BLUEVM_ERR_INTERNAL, "internal error");
-    }
-}
 
 }  // namespace
 
@@ -431,22 +393,7 @@ bluevm_status bluevm_release(bluevm_engine* engine, uint64_t id) {
 
 bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out) {
     if (!engine || !out) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "engine and out must not be NULL");
-    blue::ServeMetrics m = engine->serving->metrics();
-    out->requests_total = m.requests_total;
-    out->requests_finished = m.requests_finished;
-    out->requests_cancelled = m.requests_cancelled;
-    out->requests_rejected = m.requests_rejected;
-    out->prompt_tokens = m.prompt_tokens;
-    out->completion_tokens = m.completion_tokens;
-    out->queue_depth = m.queue_depth;
-    out->queue_capacity = m.queue_capacity;
-    out->busy_instances = m.busy_instances;
-    out->instances = m.instances;
-    out->submits = m.submits;
-    out->round_trips = m.round_trips;
-    out->cycles = m.cycles;
-    out->resumes = m.resumes;
-    out->recoveries = m.recoveries;
+    metricsOut(engine->serving->metrics(), out);
     return ok();
 }
 
@@ -455,15 +402,7 @@ bluevm_status bluevm_engine_health(const bluevm_engine* engine, bluevm_health* o
         if (!engine || !out) {
             return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "engine and out must not be NULL");
         }
-        blue::ServeHealth h = engine->serving->health();
-        *out = bluevm_health{};
-        out->state = h.state == blue::ServeState::Recovering ? BLUEVM_ENGINE_RECOVERING
-                     : h.state == blue::ServeState::Stopped  ? BLUEVM_ENGINE_STOPPED
-                                                             : BLUEVM_ENGINE_SERVING;
-        out->recoveries = h.recoveries;
-        out->failed_attempts = h.failed_attempts;
-        std::snprintf(out->failure, sizeof out->failure, "%s", h.failure.c_str());
-        std::snprintf(out->attempt_error, sizeof out->attempt_error, "%s", h.attempt_error.c_str());
+        healthOut(engine->serving->health(), out);
         return ok();
     });
 }

@@ -93,16 +93,45 @@ Result<std::unique_ptr<CascadeRunner>> CascadeRunner::open(const std::string& pa
     r->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
     if (!options.reference) {
         chooseLavapipeThreads(r->module_);
-        DeviceOptions dopt;
-        dopt.select = options.device;
-        auto dev = Device::create(dopt);
-        if (!dev) return dev.status();
-        auto p = Pipelines::create(*dev.value());
-        if (!p) return p.status();
-        r->device_ = std::move(dev.value());
-        r->pipelines_ = std::move(p.value());
+        if (Status s = r->resetDevice(); !s) return s;
     }
     return r;
+}
+
+std::string CascadeRunner::deviceName() const {
+    return device_ ? std::string(device_->props().deviceName) : std::string("reference interpreter");
+}
+
+uint32_t CascadeRunner::validationErrors() const {
+    std::lock_guard<std::mutex> lock(device_mutex_);
+    return retired_validation_errors_ + (device_ ? device_->validationErrors() : 0);
+}
+
+Status CascadeRunner::resetDevice() {
+    std::lock_guard<std::mutex> lock(device_mutex_);
+    if (device_) retired_validation_errors_ += device_->validationErrors();
+    pipelines_.reset();
+    device_.reset();
+    DeviceOptions dopt;
+    dopt.select = options_.device;
+    auto dev = Device::create(dopt);
+    if (!dev) return dev.status();
+    auto p = Pipelines::create(*dev.value());
+    if (!p) return p.status();
+    device_ = std::move(dev.value());
+    pipelines_ = std::move(p.value());
+    return Status::ok();
+}
+
+Result<std::unique_ptr<GpuMachine>> CascadeRunner::createMachine(uint32_t instances, uint32_t chain_cycles,
+                                                                 uint64_t max_cycles) {
+    if (!device_ || !pipelines_) return Status::error("the cascade runs on the reference interpreter or has no device");
+    GpuOptions opt;
+    opt.instances = instances;
+    opt.max_cycles = max_cycles;
+    opt.chain_cycles = chain_cycles;
+    opt.max_submit_ms = options_.max_submit_ms;
+    return GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
 }
 
 Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeTask>& tasks,
@@ -175,80 +204,102 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
 
 Result<std::vector<CascadeResult>> CascadeRunner::decode(std::span<const OutputRecord> records, size_t tasks) const {
     std::vector<CascadeResult> results(tasks);
-    // Per instance: the request it is reporting and how far into the protocol it is.
-    struct Cursor {
-        int64_t tag = -1;
-        size_t field = 0;   // records of the current request so far
-        size_t slot = 0;    // slot being read
-        uint32_t left = 0;  // its tokens still to come
-        bool in_slot_tokens = false;
-    };
-    std::map<uint32_t, Cursor> cursors;
-    std::map<uint32_t, CheckpointDecoder> checkpoints;  // per instance
-    const size_t stage_fields = info_.stages.size() * BLUE_CAS_OUT_STAGE_RECORDS;
+    CascadeDecoder decoder(info_, tokenizer_, &module_);
+    uint32_t tag = 0;
+    CascadeResult r;
     for (const OutputRecord& rec : records) {
-        Cursor& c = cursors[rec.inst];
-        auto bad = [&](const char* what) {
-            return BLUE_ERROR("cascade output of instance %u: %s (record kind %u)", rec.inst, what, rec.kind);
-        };
-        if (rec.kind == BLUE_OUT_BEGIN) {
-            if (rec.value >= tasks) return bad("unknown request tag");
-            c = Cursor{};
-            c.tag = rec.value;
-            results[rec.value].stages.resize(info_.stages.size());
-            for (size_t s = 0; s < info_.stages.size(); ++s) results[rec.value].stages[s].name = info_.stages[s];
-            results[rec.value].slots.assign(info_.slots.size(), {});
-            continue;
+        if (rec.kind == BLUE_OUT_BEGIN && rec.value >= tasks) {
+            return BLUE_ERROR("cascade output of instance %u: unknown request tag (record kind %u)", rec.inst, rec.kind);
         }
-        if (c.tag < 0) return bad("record outside a request");
-        CascadeResult& r = results[size_t(c.tag)];
-        CheckpointDecoder& ck = checkpoints.try_emplace(rec.inst, module_, info_).first->second;
+        auto ended = decoder.push(rec, &tag, &r);
+        if (!ended) return ended.status();
+        if (ended.value()) results[tag] = std::move(r);
+    }
+    for (auto& [t, partial] : decoder.takeUnfinished()) results[t] = std::move(partial);
+    return results;
+}
+
+Result<bool> CascadeDecoder::push(const OutputRecord& rec, uint32_t* tag, CascadeResult* result) {
+    Cursor& c = cursors_[rec.inst];
+    auto bad = [&](const char* what) {
+        return BLUE_ERROR("cascade output of instance %u: %s (record kind %u)", rec.inst, what, rec.kind);
+    };
+    const size_t stage_fields = info_.stages.size() * BLUE_CAS_OUT_STAGE_RECORDS;
+    if (rec.kind == BLUE_OUT_BEGIN) {
+        c = Cursor{};
+        c.tag = rec.value;
+        c.result.stages.resize(info_.stages.size());
+        for (size_t s = 0; s < info_.stages.size(); ++s) c.result.stages[s].name = info_.stages[s];
+        c.result.slots.assign(info_.slots.size(), {});
+        return false;
+    }
+    if (c.tag < 0) return bad("record outside a request");
+    CascadeResult& r = c.result;
+    if (module_) {  // checkpoints (durable slots) come between OUTBEGIN and the final records
+        CheckpointDecoder& ck = checkpoints_.try_emplace(rec.inst, *module_, info_).first->second;
         auto fed = ck.feed(rec);
         if (!fed) return Status(fed.status()).prefix(strFormat("cascade output of instance %u", rec.inst));
         if (fed.value() == CheckpointDecoder::Feed::DONE) r.checkpoints.push_back(ck.checkpoint());
-        if (fed.value() != CheckpointDecoder::Feed::NOT_MINE) continue;
-        if (rec.kind == BLUE_OUT_END) {
-            r.complete = c.field >= stage_fields && c.slot == info_.slots.size() && !c.in_slot_tokens;
-            c.tag = -1;
-            continue;
-        }
-        if (c.field < stage_fields) {
-            StageStats& st = r.stages[c.field / BLUE_CAS_OUT_STAGE_RECORDS];
-            switch (c.field % BLUE_CAS_OUT_STAGE_RECORDS) {
-                case 0: st.state = rec.value; break;
-                case 1: st.tokens = rec.value; break;
-                case 2: st.entropy_sum = asFloat(rec.value); break;
-                case 3: st.entropy_max = asFloat(rec.value); break;
-                case 4: st.logprob_sum = asFloat(rec.value); break;
-                case 5: st.cycles = rec.value; break;
-                case 6: st.runs = rec.value; break;
-                case 7: st.drafted = rec.value; break;
-                case 8: st.accepted = rec.value; break;
-                case 9: st.passes = rec.value; break;
-                case 10: st.choice = rec.value; break;
-            }
-            ++c.field;
-            continue;
-        }
-        if (!c.in_slot_tokens) {
-            if (rec.kind != BLUE_OUT_UINT || c.slot >= info_.slots.size()) return bad("expected a slot length");
-            c.left = rec.value;
-            c.in_slot_tokens = c.left > 0;
-            if (!c.in_slot_tokens) ++c.slot;
-            continue;
-        }
-        if (rec.kind != BLUE_OUT_TOKEN) return bad("expected a slot token");
-        r.slots[c.slot].push_back(int32_t(rec.value));
-        if (--c.left == 0) {
-            c.in_slot_tokens = false;
-            ++c.slot;
-        }
+        if (fed.value() != CheckpointDecoder::Feed::NOT_MINE) return false;
     }
-    for (CascadeResult& r : results) {
-        for (const auto& slot : r.slots) r.slot_text.push_back(tokenizer_.decode(slot));
-        for (const StageStats& st : r.stages) r.generated += st.state == BLUE_CAS_STATE_RAN ? st.tokens : 0;
+    if (rec.kind == BLUE_OUT_END) {
+        r.complete = c.field >= stage_fields && c.slot == info_.slots.size() && !c.in_slot_tokens;
+        finish(r);
+        *tag = uint32_t(c.tag);
+        *result = std::move(r);
+        c = Cursor{};
+        return true;
     }
-    return results;
+    if (c.field < stage_fields) {
+        StageStats& st = r.stages[c.field / BLUE_CAS_OUT_STAGE_RECORDS];
+        switch (c.field % BLUE_CAS_OUT_STAGE_RECORDS) {
+            case 0: st.state = rec.value; break;
+            case 1: st.tokens = rec.value; break;
+            case 2: st.entropy_sum = asFloat(rec.value); break;
+            case 3: st.entropy_max = asFloat(rec.value); break;
+            case 4: st.logprob_sum = asFloat(rec.value); break;
+            case 5: st.cycles = rec.value; break;
+            case 6: st.runs = rec.value; break;
+            case 7: st.drafted = rec.value; break;
+            case 8: st.accepted = rec.value; break;
+            case 9: st.passes = rec.value; break;
+            case 10: st.choice = rec.value; break;
+        }
+        ++c.field;
+        return false;
+    }
+    if (!c.in_slot_tokens) {
+        if (rec.kind != BLUE_OUT_UINT || c.slot >= info_.slots.size()) return bad("expected a slot length");
+        c.left = rec.value;
+        c.in_slot_tokens = c.left > 0;
+        if (!c.in_slot_tokens) ++c.slot;
+        return false;
+    }
+    if (rec.kind != BLUE_OUT_TOKEN) return bad("expected a slot token");
+    r.slots[c.slot].push_back(int32_t(rec.value));
+    if (--c.left == 0) {
+        c.in_slot_tokens = false;
+        ++c.slot;
+    }
+    return false;
+}
+
+std::vector<std::pair<uint32_t, CascadeResult>> CascadeDecoder::takeUnfinished() {
+    std::vector<std::pair<uint32_t, CascadeResult>> out;
+    for (auto& [inst, c] : cursors_) {
+        if (c.tag < 0) continue;
+        finish(c.result);
+        out.emplace_back(uint32_t(c.tag), std::move(c.result));
+    }
+    cursors_.clear();
+    return out;
+}
+
+void CascadeDecoder::finish(CascadeResult& r) const {
+    r.slot_text.clear();
+    for (const auto& slot : r.slots) r.slot_text.push_back(tokenizer_.decode(slot));
+    r.generated = 0;
+    for (const StageStats& st : r.stages) r.generated += st.state == BLUE_CAS_STATE_RAN ? st.tokens : 0;
 }
 
 std::string cascadeStatsJson(const CascadeResult& r) {

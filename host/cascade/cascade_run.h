@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,41 @@ struct CascadeResult {
     std::vector<CascadeCheckpoint> checkpoints;  // those the program reported, in order
 };
 
+// Decodes a cascade module's output records (vm/cascade_abi.h) incrementally: records of many
+// instances interleave; each instance reports one request at a time between OUTBEGIN and OUTEND.
+// Used by CascadeRunner (all records at the end) and CascadeServingEngine (as chains drain).
+class CascadeDecoder {
+public:
+    // `info`, `tokenizer` and `module` must outlive the decoder. With the module, checkpoint
+    // records (durable slots) are decoded into CascadeResult::checkpoints; without, a module that
+    // writes them cannot be decoded.
+    CascadeDecoder(const CascadeInfo& info, const Tokenizer& tokenizer, const Module* module = nullptr)
+        : info_(info), tokenizer_(tokenizer), module_(module) {}
+    // Takes one record. When it ends a request (OUTEND), returns true and moves the request's
+    // tag and result (complete only when every stage and slot was reported) into the outputs.
+    // A record that breaks the protocol fails, naming the instance and the record.
+    Result<bool> push(const OutputRecord& rec, uint32_t* tag, CascadeResult* result);
+    // Requests begun and not ended (the instance's tag and what arrived so far), then forgets them.
+    std::vector<std::pair<uint32_t, CascadeResult>> takeUnfinished();
+
+private:
+    struct Cursor {
+        int64_t tag = -1;   // the request the instance reports (-1: none)
+        size_t field = 0;   // records of the current request so far
+        size_t slot = 0;    // slot being read
+        uint32_t left = 0;  // its tokens still to come
+        bool in_slot_tokens = false;
+        CascadeResult result;
+    };
+    void finish(CascadeResult& r) const;  // slot texts and the generated count
+
+    const CascadeInfo& info_;
+    const Tokenizer& tokenizer_;
+    const Module* module_;
+    std::map<uint32_t, Cursor> cursors_;  // by instance
+    std::map<uint32_t, CheckpointDecoder> checkpoints_;  // by instance
+};
+
 class CascadeRunner {
 public:
     ~CascadeRunner();
@@ -72,6 +108,16 @@ public:
     const CascadeInfo& info() const { return info_; }
     const Tokenizer& tokenizer() const { return tokenizer_; }
     const Module& module() const { return module_; }
+    const CascadeRunOptions& options() const { return options_; }
+    std::string deviceName() const;  // "reference interpreter" without a device
+
+    // A machine with `instances` instances of the cascade on the runner's device, for callers
+    // that feed it themselves (CascadeServingEngine). Fails on the reference interpreter.
+    Result<std::unique_ptr<GpuMachine>> createMachine(uint32_t instances, uint32_t chain_cycles,
+                                                      uint64_t max_cycles);
+    // Builds the device and pipelines again (after a lost device); machines made before must
+    // be gone.
+    Status resetDevice();
 
     // Runs the tasks to completion, `options.instances` at a time. A task longer than the input
     // slot is refused before anything runs. `on_checkpoint(task index, checkpoint)` is called
@@ -84,7 +130,8 @@ public:
     const std::string& statsJson() const { return stats_json_; }
     const GpuStats& gpuStats() const { return gpu_stats_; }
     // Validation-layer findings on the runner's device (0 on the reference interpreter).
-    uint32_t validationErrors() const { return device_ ? device_->validationErrors() : 0; }
+    // Safe while another thread serves (resetDevice may replace the device meanwhile).
+    uint32_t validationErrors() const;
 
 private:
     CascadeRunner() = default;
@@ -99,6 +146,8 @@ private:
     std::unique_ptr<Pipelines> pipelines_;
     std::string stats_json_;
     GpuStats gpu_stats_;
+    uint32_t retired_validation_errors_ = 0;  // of devices resetDevice() replaced
+    mutable std::mutex device_mutex_;         // guards device_ against validationErrors()
 };
 
 // `{"stages":[...],"generated":N}`: one result's statistics as JSON (for --stats and traces).

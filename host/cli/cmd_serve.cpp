@@ -1,10 +1,13 @@
-// `bluevm serve`: an OpenAI-compatible HTTP server (host/server/) over the C API. SIGINT and
+// `bluevm serve`: an OpenAI-compatible HTTP server (host/server/) over the C API, for a model
+// (--model) or a compiled cascade (--cascade, with --model NAME=PATH overrides). SIGINT and
 // SIGTERM stop it cleanly: running requests are cancelled, the engine and device are released.
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "host/bluevm.h"
 #include "host/cli/commands.h"
@@ -16,26 +19,113 @@ namespace blue::cli {
 namespace {
 
 struct ServeArgs {
-    std::string model, host = "127.0.0.1", device, alias;
+    std::vector<std::string> models;  // one GGUF/.bir, or NAME=PATH overrides with --cascade
+    std::string cascade, host = "127.0.0.1", device, alias;
     int port = 8080;
     uint32_t instances = 4, ctx = 0, queue = 0, chain_cycles = 16, threads = 0;
     bool log = false;
+    bool chain_cycles_given = false;
 };
 
-int serve(const ServeArgs& a) {
-    // Signals go to one waiting thread, never interrupting the engine's or the HTTP threads.
+// Signals go to one waiting thread, never interrupting the engine's or the HTTP threads.
+sigset_t blockStopSignals() {
     sigset_t signals;
     sigemptyset(&signals);
     sigaddset(&signals, SIGINT);
     sigaddset(&signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    return signals;
+}
 
+// Binds and serves until SIGINT or SIGTERM; `banner` (given the port) is printed once listening.
+int runServer(Result<std::unique_ptr<server::HttpServer>> srv, const sigset_t& signals,
+              const std::function<std::string(int)>& banner) {
+    if (!srv) return fail(srv.message());
+    if (Status s = srv.value()->bind(); !s) return fail(s.message());
+    server::HttpServer& http = *srv.value();
+    std::fprintf(stderr, "%s\n", banner(http.port()).c_str());
+    std::thread waiter([&] {
+        int sig = 0;
+        sigwait(&signals, &sig);
+        if (sig == SIGINT || sig == SIGTERM) http.stop();
+    });
+    Status ran = http.run();
+    // Wake the waiter if the server ended on its own.
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    int code = ran ? 0 : fail(ran.message());
+    std::fprintf(stderr, "bluevm: server stopped\n");
+    return code;
+}
+
+server::ServerOptions serverOptions(const ServeArgs& a) {
+    server::ServerOptions so;
+    so.host = a.host;
+    so.port = a.port;
+    so.threads = a.threads;
+    so.log = a.log;
+    return so;
+}
+
+int serveCascade(const ServeArgs& a) {
+    if (a.ctx) return fail("--ctx does not apply to a cascade: its `context` is compiled in (bluec cascade)");
+    const sigset_t signals = blockStopSignals();
+    std::vector<std::string> names, paths;
+    for (const std::string& mp : a.models) {
+        size_t eq = mp.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == mp.size()) {
+            return fail("--model needs NAME=PATH with --cascade, got '" + mp + "'");
+        }
+        names.push_back(mp.substr(0, eq));
+        paths.push_back(mp.substr(eq + 1));
+    }
+    std::vector<const char*> name_ptrs, path_ptrs;
+    for (size_t i = 0; i < names.size(); ++i) {
+        name_ptrs.push_back(names[i].c_str());
+        path_ptrs.push_back(paths[i].c_str());
+    }
+    bluevm_cascade_options co;
+    bluevm_cascade_options_init(&co);
+    co.device = a.device.empty() ? nullptr : a.device.c_str();
+    co.instances = a.instances;
+    co.max_queue = a.queue;
+    if (a.chain_cycles_given) co.chain_cycles = a.chain_cycles;
+    co.model_names = name_ptrs.data();
+    co.model_paths = path_ptrs.data();
+    co.n_models = names.size();
+    bluevm_cascade* cascade = nullptr;
+    if (bluevm_cascade_open(a.cascade.c_str(), &co, &cascade) != BLUEVM_OK) return fail(bluevm_last_error());
+    server::ServerOptions so = serverOptions(a);
+    const std::filesystem::path file(a.cascade);
+    if (!a.alias.empty()) so.model_names.push_back(a.alias);
+    so.model_names.push_back(file.stem().string());
+    so.model_names.push_back(file.filename().string());
+    bluevm_cascade_info info;
+    bluevm_cascade_get_info(cascade, &info);
+    int code = runServer(server::HttpServer::create(cascade, so), signals, [&](int port) {
+        return strFormat("bluevm: serving cascade '%s' on http://%s:%d (%u instances, %u stages, answer slot '%s', "
+                         "%s); Ctrl-C stops",
+                         so.model_names.front().c_str(), a.host.c_str(), port, a.instances, info.n_stages,
+                         info.answer_slot, info.device);
+    });
+    bluevm_cascade_close(cascade);
+    return code;
+}
+
+int serve(const ServeArgs& a) {
+    if (!a.cascade.empty()) return serveCascade(a);
+    if (a.models.size() != 1) {
+        return fail(a.models.empty() ? "--model (or --cascade) is required"
+                                     : "give one --model (several are NAME=PATH overrides of a --cascade)");
+    }
+    const std::string& model_path = a.models[0];
+    const sigset_t signals = blockStopSignals();
     bluevm_model_options mo;
     bluevm_model_options_init(&mo);
     mo.device = a.device.empty() ? nullptr : a.device.c_str();
     mo.ctx = a.ctx;
     bluevm_model* model = nullptr;
-    if (bluevm_model_open(a.model.c_str(), &mo, &model) != BLUEVM_OK) return fail(bluevm_last_error());
+    if (bluevm_model_open(model_path.c_str(), &mo, &model) != BLUEVM_OK) return fail(bluevm_last_error());
     bluevm_engine_options eo;
     bluevm_engine_options_init(&eo);
     eo.instances = a.instances;
@@ -53,48 +143,22 @@ int serve(const ServeArgs& a) {
         bluevm_model_close(model);
         return fail(message);
     }
-    server::ServerOptions so;
-    so.host = a.host;
-    so.port = a.port;
-    so.threads = a.threads;
-    so.log = a.log;
+    server::ServerOptions so = serverOptions(a);
     bluevm_model_info info;
     bluevm_model_get_info(model, &info);
     // Names clients may send; the first is reported. A file without general.name reports its
     // file name rather than the bare architecture.
-    const std::string stem = std::filesystem::path(a.model).stem().string();
+    const std::string stem = std::filesystem::path(model_path).stem().string();
     if (!a.alias.empty()) so.model_names.push_back(a.alias);
     if (std::string(info.name) == info.architecture) so.model_names.push_back(stem);
     so.model_names.push_back(info.name);
     so.model_names.push_back(stem);
-    so.model_names.push_back(std::filesystem::path(a.model).filename().string());
-    int code = 0;
-    {
-        auto srv = server::HttpServer::create(model, engine, so);
-        if (!srv) {
-            code = fail(srv.message());
-        } else if (Status s = srv.value()->bind(); !s) {
-            code = fail(s.message());
-        } else {
-            server::HttpServer& http = *srv.value();
-            std::fprintf(stderr,
-                         "bluevm: serving '%s' on http://%s:%d (%u instances, context %u, %s); "
-                         "Ctrl-C stops\n",
-                         so.model_names.front().c_str(), a.host.c_str(), http.port(), a.instances,
-                         info.n_ctx, info.device);
-            std::thread waiter([&] {
-                int sig = 0;
-                sigwait(&signals, &sig);
-                if (sig == SIGINT || sig == SIGTERM) http.stop();
-            });
-            Status ran = http.run();
-            // Wake the waiter if the server ended on its own.
-            pthread_kill(waiter.native_handle(), SIGTERM);
-            waiter.join();
-            if (!ran) code = fail(ran.message());
-            std::fprintf(stderr, "bluevm: server stopped\n");
-        }
-    }
+    so.model_names.push_back(std::filesystem::path(model_path).filename().string());
+    int code = runServer(server::HttpServer::create(model, engine, so), signals, [&](int port) {
+        return strFormat("bluevm: serving '%s' on http://%s:%d (%u instances, context %u, %s); Ctrl-C stops",
+                         so.model_names.front().c_str(), a.host.c_str(), port, a.instances, info.n_ctx,
+                         info.device);
+    });
     bluevm_engine_destroy(engine);
     bluevm_model_close(model);
     return code;
@@ -104,8 +168,11 @@ int serve(const ServeArgs& a) {
 
 Command addServeCommand(CLI::App& app) {
     auto a = std::make_shared<ServeArgs>();
-    CLI::App* sub = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-    sub->add_option("--model,-m", a->model, "GGUF model, or a .bir lowered by `bluec lower`")->required();
+    CLI::App* sub = app.add_subcommand("serve", "Serve a model, or a compiled cascade, over an OpenAI-compatible HTTP API");
+    sub->add_option("--model,-m", a->models,
+                    "GGUF model, or a .bir lowered by `bluec lower`; with --cascade: NAME=PATH replaces a "
+                    "cascade model's file (same tensors), repeatable");
+    sub->add_option("--cascade", a->cascade, "serve a cascade compiled by `bluec cascade` (a .bir) instead of a model");
     sub->add_option("--instances", a->instances, "concurrent requests on the GPU (sharing the weights)")->check(CLI::Range(1u, 4096u));
     sub->add_option("--host", a->host, "address to listen on");
     sub->add_option("--port", a->port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
@@ -117,7 +184,10 @@ Command addServeCommand(CLI::App& app) {
     addDeviceLimitsOption(sub);
     sub->add_option("--alias", a->alias, "the model name reported by /v1/models");
     sub->add_flag("--log", a->log, "log one line per HTTP request on stderr");
-    return [a] { return serve(*a); };
+    return [a, sub] {
+        a->chain_cycles_given = sub->count("--chain-cycles") > 0;
+        return serve(*a);
+    };
 }
 
 }  // namespace blue::cli

@@ -309,11 +309,7 @@ bool ServingEngine::serveStep() {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     // Counters go on across device rebuilds: the machines before this one are in retired_.
-    const GpuStats& st = machine_->stats();  // the driver is the machine's only user
-    metrics_.submits = retired_.submits + st.submits;
-    metrics_.round_trips = retired_.round_trips + st.round_trips;
-    metrics_.cycles = retired_.cycles + st.cycles;
-    metrics_.resumes = retired_.resumes + st.resumes;
+    setGpuCounters(metrics_, retired_, machine_->stats());  // the driver is the machine's only user
     if (!progressed.value() && stopping_) health_.state = ServeState::Stopped;
     return true;
 }
@@ -366,10 +362,7 @@ void ServingEngine::failAll(const Status& failure) {
         to_push_.clear();
         to_cancel_.clear();
         serving_.assign(options_.instances, 0xFFFFFFFFu);
-        retired_.submits += st.submits;
-        retired_.round_trips += st.round_trips;
-        retired_.cycles += st.cycles;
-        retired_.resumes += st.resumes;
+        addGpuCounters(retired_, st);
         health_.state = ServeState::Recovering;
         health_.failure = message;
         health_.failed_attempts = 0;
@@ -384,40 +377,58 @@ void ServingEngine::failAll(const Status& failure) {
 
 // Rebuilds the device, the pipelines and the machine until it works or the engine stops.
 bool ServingEngine::recover() {
-    uint32_t delay_ms = options_.recovery_delay_ms;
+    ServeRebuild r{mutex_, wake_, stopping_, health_, machine_, options_.recovery_delay_ms,
+                   options_.recovery_delay_max_ms, [this](const std::string& line) { log(line); }};
+    return rebuildAfterFailure(r, [this]() -> Result<std::unique_ptr<GpuMachine>> {
+        BLUE_TRY(engine_.resetDevice());
+        return engine_.createMachine(options_.instances, options_.chain_cycles, 0xFFFFFFFFull);
+    });
+}
+
+bool rebuildAfterFailure(const ServeRebuild& r,
+                         const std::function<Result<std::unique_ptr<GpuMachine>>()>& attempt) {
+    uint32_t delay_ms = r.delay_ms;
     for (;;) {
         {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (stopping_) return false;
+            std::lock_guard<std::mutex> lock(r.mutex);
+            if (r.stopping) return false;
         }
-        Status s = engine_.resetDevice();
-        if (s) {
-            auto m =
-                engine_.createMachine(options_.instances, options_.chain_cycles, 0xFFFFFFFFull);
-            if (m) {
-                std::unique_lock<std::mutex> lock(mutex_);
-                machine_ = std::move(m.value());
-                health_.state = ServeState::Serving;
-                const uint32_t n = ++health_.recoveries;
-                lock.unlock();
-                log(strFormat("the device is rebuilt (recovery %u); serving again", n));
-                return true;
-            }
-            s = m.status();
+        auto m = attempt();
+        if (m) {
+            std::unique_lock<std::mutex> lock(r.mutex);
+            r.machine = std::move(m.value());
+            r.health.state = ServeState::Serving;
+            const uint32_t n = ++r.health.recoveries;
+            lock.unlock();
+            r.log(strFormat("the device is rebuilt (recovery %u); serving again", n));
+            return true;
         }
-        std::unique_lock<std::mutex> lock(mutex_);
-        const uint32_t attempt = ++health_.failed_attempts;
-        health_.attempt_error = s.message();
+        std::unique_lock<std::mutex> lock(r.mutex);
+        const uint32_t failed = ++r.health.failed_attempts;
+        r.health.attempt_error = m.message();
         lock.unlock();
-        log(strFormat("rebuilding the device failed (attempt %u): %s; retrying in %u ms", attempt,
-                      s.message().c_str(), delay_ms));
+        r.log(strFormat("rebuilding the device failed (attempt %u): %s; retrying in %u ms", failed,
+                        m.message().c_str(), delay_ms));
         lock.lock();
-        if (wake_.wait_for(lock, std::chrono::milliseconds(delay_ms), [&] { return stopping_; })) {
+        if (r.wake.wait_for(lock, std::chrono::milliseconds(delay_ms), [&] { return r.stopping; })) {
             return false;
         }
-        delay_ms = std::min(delay_ms * 2,
-                            std::max(options_.recovery_delay_max_ms, options_.recovery_delay_ms));
+        delay_ms = std::min(delay_ms * 2, std::max(r.delay_max_ms, r.delay_ms));
     }
+}
+
+void addGpuCounters(GpuStats& retired, const GpuStats& current) {
+    retired.submits += current.submits;
+    retired.round_trips += current.round_trips;
+    retired.cycles += current.cycles;
+    retired.resumes += current.resumes;
+}
+
+void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& current) {
+    m.submits = retired.submits + current.submits;
+    m.round_trips = retired.round_trips + current.round_trips;
+    m.cycles = retired.cycles + current.cycles;
+    m.resumes = retired.resumes + current.resumes;
 }
 
 }  // namespace blue

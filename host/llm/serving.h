@@ -84,6 +84,28 @@ struct ServeMetrics {
     uint64_t recoveries = 0;  // device rebuilds after a failure
 };
 
+// The device rebuild that both serving engines (this one and CascadeServingEngine) run on their
+// driver thread after a failure: calls `attempt` (a new device and machine) until it succeeds or
+// `stopping` is set under `mutex` (then returns false). Each failed attempt is recorded in
+// `health` and logged, and the next waits a delay doubling from `delay_ms` to `delay_max_ms`. On
+// success, under `mutex`, the machine is installed and `health` says Serving with one more recovery.
+struct ServeRebuild {
+    std::mutex& mutex;
+    std::condition_variable& wake;
+    const bool& stopping;
+    ServeHealth& health;
+    std::unique_ptr<GpuMachine>& machine;
+    uint32_t delay_ms, delay_max_ms;
+    std::function<void(const std::string&)> log;
+};
+bool rebuildAfterFailure(const ServeRebuild& r,
+                         const std::function<Result<std::unique_ptr<GpuMachine>>()>& attempt);
+
+// The GPU counters of a serving engine's machines: `retired` (those device failures ended) plus
+// the current one's.
+void addGpuCounters(GpuStats& retired, const GpuStats& current);
+void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& current);
+
 class ServingEngine {
 public:
     ~ServingEngine();  // cancels what is running and stops the driver

@@ -113,18 +113,51 @@ bool peerClosed(int fd) {
 
 // The error of a request that ended with BLUEVM_FINISH_ERROR: 503 when the device failed (the
 // engine is rebuilding it; the request may be sent again), else 500.
-ApiError finishError(const bluevm_event& ev, const char* message) {
-    if (ev.error == BLUEVM_ERR_DEVICE_LOST) {
-        return apiError(503, std::string(message) + "; the device is being rebuilt, retry later",
+ApiError finishError(bluevm_status error, const std::string& message) {
+    if (error == BLUEVM_ERR_DEVICE_LOST) {
+        return apiError(503, message + "; the device is being rebuilt, retry later",
                         "server_error", "", "device_lost");
     }
-    return apiError(500, std::string("the engine failed while generating: ") + message,
-                    "server_error");
+    return apiError(500, "the engine failed while generating: " + message, "server_error");
 }
 
-// One accepted generation: its id in the engine and what its response has sent so far.
+// The answer to a submit the engine or cascade refused.
+void refuseSubmit(httplib::Response& res, bluevm_status st, const char* prompt_param) {
+    switch (st) {
+        case BLUEVM_ERR_QUEUE_FULL:
+            res.set_header("Retry-After", "1");
+            return sendError(res, apiError(429, bluevm_last_error(), "rate_limit_error", "", "queue_full"));
+        case BLUEVM_ERR_TOO_LONG:
+            return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error",
+                                           prompt_param, "context_length_exceeded"));
+        case BLUEVM_ERR_INVALID_ARGUMENT:
+            return sendError(res, apiError(400, bluevm_last_error()));
+        case BLUEVM_ERR_SHUTDOWN:
+            return sendError(res, apiError(503, bluevm_last_error(), "server_error"));
+        case BLUEVM_ERR_DEVICE_LOST:
+            res.set_header("Retry-After", kRetryAfter);
+            return sendError(res, apiError(503, bluevm_last_error(), "server_error", "", "recovering"));
+        default:
+            return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
+    }
+}
+
+// What one poll of a generation brought: new text and, once, the end.
+struct Polled {
+    std::string text;
+    bool finished = false;
+    bluevm_finish reason = BLUEVM_FINISH_NONE;
+    bluevm_status error = BLUEVM_OK;  // with BLUEVM_FINISH_ERROR
+    std::string error_message;
+    Usage usage;
+    nlohmann::json extra;  // cascades: {"cascade": {"slots": ..., "stages": ...}}
+};
+
+// One accepted generation: its id in the engine (or cascade) and what its response has sent so far.
 struct Generation {
     bluevm_engine* engine = nullptr;
+    bluevm_cascade* cascade = nullptr;
+    const bluevm_cascade_info* cascade_info = nullptr;  // its slots, for the response
     uint64_t id = 0;
     Endpoint endpoint = Endpoint::Completions;
     std::string response_id, model;
@@ -135,9 +168,51 @@ struct Generation {
     Clock::time_point last_write = Clock::now();
 
     ~Generation() {
+        if (cascade && !finished) bluevm_cascade_release(cascade, id);  // a finished one is forgotten
         if (!engine) return;
         if (!finished) bluevm_cancel(engine, id);
         bluevm_release(engine, id);
+    }
+
+    // Waits up to timeout_ms for new text or the end. A cascade's whole answer comes with its end.
+    bluevm_status poll(int timeout_ms, Polled* out) {
+        *out = Polled{};
+        if (cascade) return pollCascade(timeout_ms, out);
+        bluevm_event ev;
+        bluevm_status st = bluevm_poll(engine, id, timeout_ms, &ev);
+        if (st != BLUEVM_OK) return st;
+        out->text.assign(ev.text, ev.text_len);
+        out->finished = ev.finished != 0;
+        out->reason = ev.reason;
+        out->error = ev.error;
+        if (ev.reason == BLUEVM_FINISH_ERROR) out->error_message = bluevm_last_error();
+        out->usage = Usage{ev.prompt_tokens, ev.completion_tokens};
+        return st;
+    }
+
+    bluevm_status pollCascade(int timeout_ms, Polled* out) {
+        bluevm_cascade_result* r = nullptr;
+        bluevm_status st = bluevm_cascade_wait(cascade, id, timeout_ms, &r);
+        if (st != BLUEVM_OK) return st;
+        finished = true;  // the id is forgotten
+        out->finished = true;
+        out->reason = bluevm_cascade_result_finish(r);
+        out->error_message = bluevm_cascade_result_error(r, &out->error);
+        size_t len = 0;
+        const char* answer = bluevm_cascade_result_answer(r, &len);
+        out->text.assign(answer, len);
+        bluevm_cascade_result_usage(r, &out->usage.prompt_tokens, &out->usage.completion_tokens);
+        nlohmann::json slots = nlohmann::json::object();
+        for (uint32_t k = 0; k < cascade_info->n_slots; ++k) {
+            const char* name = cascade_info->slots[k];
+            const char* slot = bluevm_cascade_result_slot(r, name, &len);
+            slots[name] = std::string(slot ? slot : "", len);
+        }
+        nlohmann::json stats = nlohmann::json::parse(bluevm_cascade_result_stats_json(r), nullptr, false);
+        nlohmann::json stages = stats.is_object() && stats.contains("stages") ? stats["stages"] : nlohmann::json::array();
+        out->extra = {{"cascade", {{"slots", slots}, {"stages", stages}}}};
+        bluevm_cascade_result_free(r);
+        return BLUEVM_OK;
     }
 };
 
@@ -146,8 +221,10 @@ struct Generation {
 struct HttpServer::Impl {
     bluevm_model* model = nullptr;
     bluevm_engine* engine = nullptr;
+    bluevm_cascade* cascade = nullptr;  // serving a cascade instead of a model's engine
     ServerOptions options;
     bluevm_model_info info{};
+    bluevm_cascade_info cascade_info{};
     httplib::Server http;
     int port = 0;
     int listen_socket = -1;
@@ -162,7 +239,16 @@ struct HttpServer::Impl {
         return false;
     }
     void routes();
+    nlohmann::json modelMeta() const;
     void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+    bool submitModel(const ApiRequest& ar, Generation& g, httplib::Response& res);
+    bool submitCascade(const ApiRequest& ar, Generation& g, httplib::Response& res);
+    bluevm_status engineHealth(bluevm_health* h) const {
+        return cascade ? bluevm_cascade_health(cascade, h) : bluevm_engine_health(engine, h);
+    }
+    bluevm_status engineMetrics(bluevm_metrics* m) const {
+        return cascade ? bluevm_cascade_metrics(cascade, m) : bluevm_engine_metrics(engine, m);
+    }
     bool pump(Generation& g, httplib::DataSink& sink);
     void answerWhole(Generation& g, const httplib::Request& req, httplib::Response& res);
     void health(httplib::Response& res);
@@ -177,11 +263,7 @@ void HttpServer::Impl::routes() {
                         {"object", "model"},
                         {"created", 0},
                         {"owned_by", "bluevm"},
-                        {"meta",
-                         {{"architecture", info.architecture},
-                          {"n_ctx", info.n_ctx},
-                          {"n_vocab", info.n_vocab},
-                          {"device", info.device}}}});
+                        {"meta", modelMeta()}});
         res.set_content(nlohmann::json{{"object", "list"}, {"data", data}}.dump(), "application/json");
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -210,20 +292,63 @@ void HttpServer::Impl::routes() {
     });
 }
 
+nlohmann::json HttpServer::Impl::modelMeta() const {
+    if (!cascade) {
+        return {{"architecture", info.architecture},
+                {"n_ctx", info.n_ctx},
+                {"n_vocab", info.n_vocab},
+                {"device", info.device}};
+    }
+    const bluevm_cascade_info& c = cascade_info;
+    return {{"kind", "cascade"},
+            {"stages", std::vector<std::string>(c.stages, c.stages + c.n_stages)},
+            {"slots", std::vector<std::string>(c.slots, c.slots + c.n_slots)},
+            {"answer_slot", c.answer_slot},
+            {"input_capacity", c.input_capacity},
+            {"device", c.device}};
+}
+
+// A cascade's own budgets decide how much it generates: max_tokens is only checked to be >= 1.
+constexpr uint32_t kCascadeMaxTokens = 1u << 30;
+
 void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
                                 httplib::Response& res) {
     ApiRequest ar;
-    if (auto e = parseRequest(endpoint, req.body, info.n_ctx, &ar)) return sendError(res, *e);
+    if (auto e = parseRequest(endpoint, req.body, cascade ? kCascadeMaxTokens : info.n_ctx, &ar)) {
+        return sendError(res, *e);
+    }
     if (!ar.model.empty() && !knownModel(ar.model)) {
         return sendError(res, apiError(404,
                                        "the model '" + ar.model + "' does not exist; this server serves '" +
                                            options.model_names.front() + "'",
                                        "invalid_request_error", "model", "model_not_found"));
     }
+    auto g = std::make_shared<Generation>();
+    if (!(cascade ? submitCascade(ar, *g, res) : submitModel(ar, *g, res))) return;
+    g->endpoint = endpoint;
+    g->response_id = strFormat("%s-bluevm-%llu", endpoint == Endpoint::Chat ? "chatcmpl" : "cmpl",
+                               (unsigned long long)g->id);
+    g->model = options.model_names.front();
+    g->created = unixTime();
+    g->stream = ar.stream;
+    g->include_usage = ar.include_usage;
+    if (ar.echo && !ar.has_prompt_ids && !cascade) g->text = ar.prompt;
+    if (!g->stream) return answerWhole(*g, req, res);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        // The provider owns the Generation: when httplib drops it (done, or the client gone),
+        // the destructor cancels the request if it still runs and releases it.
+        [this, g](size_t, httplib::DataSink& sink) { return pump(*g, sink); });
+}
+
+// Queues a request on the model's engine; false: refused (the response says why).
+bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib::Response& res) {
     bluevm_request r;
     bluevm_request_init(&r);
     std::string prompt;
-    if (endpoint == Endpoint::Chat) {
+    if (ar.endpoint == Endpoint::Chat) {
         std::vector<const char*> roles, contents;
         for (const auto& [role, content] : ar.messages) {
             roles.push_back(role.c_str());
@@ -231,7 +356,8 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
         }
         char* text = nullptr;
         if (bluevm_format_chat(model, roles.data(), contents.data(), roles.size(), &text) != BLUEVM_OK) {
-            return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", "messages"));
+            sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", "messages"));
+            return false;
         }
         prompt = text;
         bluevm_free(text);
@@ -240,8 +366,9 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
     } else if (ar.has_prompt_ids) {
         for (uint32_t t : ar.prompt_ids) {
             if (t >= info.n_vocab) {
-                return sendError(res, apiError(400, strFormat("prompt token %u is outside the vocabulary (%u)", t, info.n_vocab),
-                                               "invalid_request_error", "prompt"));
+                sendError(res, apiError(400, strFormat("prompt token %u is outside the vocabulary (%u)", t, info.n_vocab),
+                                        "invalid_request_error", "prompt"));
+                return false;
             }
         }
         r.prompt_ids = ar.prompt_ids.data();
@@ -264,53 +391,57 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
     r.stop = stops.data();
     r.n_stop = stops.size();
 
-    auto g = std::make_shared<Generation>();
-    g->engine = engine;
-    bluevm_status st = bluevm_submit(engine, &r, &g->id);
+    bluevm_status st = bluevm_submit(engine, &r, &g.id);
     if (st != BLUEVM_OK) {
-        g->finished = true;  // nothing to cancel or release
-        g->engine = nullptr;
-        const char* prompt_param = endpoint == Endpoint::Chat ? "messages" : "prompt";
-        switch (st) {
-            case BLUEVM_ERR_QUEUE_FULL:
-                res.set_header("Retry-After", "1");
-                return sendError(res, apiError(429, bluevm_last_error(), "rate_limit_error", "", "queue_full"));
-            case BLUEVM_ERR_TOO_LONG:
-                return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error",
-                                               prompt_param, "context_length_exceeded"));
-            case BLUEVM_ERR_INVALID_ARGUMENT:
-                return sendError(res, apiError(400, bluevm_last_error()));
-            case BLUEVM_ERR_SHUTDOWN:
-                return sendError(res, apiError(503, bluevm_last_error(), "server_error"));
-            case BLUEVM_ERR_DEVICE_LOST:
-                res.set_header("Retry-After", kRetryAfter);
-                return sendError(
-                    res, apiError(503, bluevm_last_error(), "server_error", "", "recovering"));
-            default:
-                return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
-        }
+        refuseSubmit(res, st, ar.endpoint == Endpoint::Chat ? "messages" : "prompt");
+        return false;
     }
-    g->endpoint = endpoint;
-    g->response_id = strFormat("%s-bluevm-%llu", endpoint == Endpoint::Chat ? "chatcmpl" : "cmpl",
-                               (unsigned long long)g->id);
-    g->model = options.model_names.front();
-    g->created = unixTime();
-    g->stream = ar.stream;
-    g->include_usage = ar.include_usage;
-    if (ar.echo && !ar.has_prompt_ids) g->text = ar.prompt;
-    if (!g->stream) return answerWhole(*g, req, res);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        // The provider owns the Generation: when httplib drops it (done, or the client gone),
-        // the destructor cancels the request if it still runs and releases it.
-        [this, g](size_t, httplib::DataSink& sink) { return pump(*g, sink); });
+    g.engine = engine;
+    return true;
+}
+
+
+// Queues a cascade task: the prompt's text, or the content of the chat's last user message. The
+// sampling fields are the cascade's own (per stage): they are accepted and not used.
+bool HttpServer::Impl::submitCascade(const ApiRequest& ar, Generation& g, httplib::Response& res) {
+    std::string task;
+    const char* param = ar.endpoint == Endpoint::Chat ? "messages" : "prompt";
+    if (ar.endpoint == Endpoint::Chat) {
+        bool found = false;
+        for (const auto& [role, content] : ar.messages) {
+            if (role != "user") continue;
+            task = content;
+            found = true;
+        }
+        if (!found) {
+            sendError(res, apiError(400, "'messages' has no user message: a cascade takes its task from the last one",
+                                    "invalid_request_error", "messages"));
+            return false;
+        }
+    } else if (ar.has_prompt_ids) {
+        sendError(res, apiError(400, "a cascade takes its task as text, not token ids", "invalid_request_error", "prompt"));
+        return false;
+    } else {
+        task = ar.prompt;
+    }
+    if (ar.echo) {
+        sendError(res, apiError(400, "'echo' is not supported by a cascade", "invalid_request_error", "echo"));
+        return false;
+    }
+    const uint32_t seed = ar.seed_given ? ar.seed : std::random_device{}();
+    bluevm_status st = bluevm_cascade_submit(cascade, task.c_str(), seed, &g.id);
+    if (st != BLUEVM_OK) {
+        refuseSubmit(res, st, param);
+        return false;
+    }
+    g.cascade = cascade;
+    g.cascade_info = &cascade_info;
+    return true;
 }
 
 void HttpServer::Impl::health(httplib::Response& res) {
     bluevm_health h;
-    if (bluevm_engine_health(engine, &h) != BLUEVM_OK) {
+    if (engineHealth(&h) != BLUEVM_OK) {
         return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
     }
     nlohmann::json j = {{"status", h.state == BLUEVM_ENGINE_SERVING      ? "ok"
@@ -340,23 +471,22 @@ void HttpServer::Impl::answerWhole(Generation& g, const httplib::Request& req,
             return sendError(res, apiError(503, "the server is stopping", "server_error"));
         }
         if (socket >= 0 && peerClosed(socket)) return;  // ~Generation cancels the request
-        bluevm_event ev;
-        bluevm_status st = bluevm_poll(engine, g.id, kPollMs, &ev);
+        Polled ev;
+        bluevm_status st = g.poll(kPollMs, &ev);
         if (st == BLUEVM_ERR_TIMEOUT) continue;
         if (st != BLUEVM_OK) {
             return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
         }
-        g.text.append(ev.text, ev.text_len);
+        g.text += ev.text;
         if (!ev.finished) continue;
         g.finished = true;
         if (ev.reason == BLUEVM_FINISH_ERROR) {
-            ApiError e = finishError(ev, bluevm_last_error());
+            ApiError e = finishError(ev.error, ev.error_message);
             if (e.status == 503) res.set_header("Retry-After", kRetryAfter);
             return sendError(res, e);
         }
-        Usage usage{ev.prompt_tokens, ev.completion_tokens};
         res.set_content(responseBody(g.endpoint, g.response_id, g.created, g.model, g.text,
-                                     finishName(ev.reason), usage),
+                                     finishName(ev.reason), ev.usage, ev.extra),
                         "application/json");
         return;
     }
@@ -381,24 +511,23 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
             return false;
         }
     }
-    bluevm_event ev;
-    bluevm_status st = bluevm_poll(engine, g.id, kPollMs, &ev);
+    Polled ev;
+    bluevm_status st = g.poll(kPollMs, &ev);
     if (st == BLUEVM_ERR_TIMEOUT) {
         if (Clock::now() - g.last_write < kKeepAlive) return true;
         return write(": keep-alive\n\n");
     }
     if (st != BLUEVM_OK) return false;
-    std::string piece(ev.text, ev.text_len);
-    if (!piece.empty() &&
-        !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, piece, ""))) {
+    if (!ev.text.empty() &&
+        !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, ev.text, ""))) {
         return false;
     }
     if (!ev.finished) return true;
     g.finished = true;
-    Usage usage{ev.prompt_tokens, ev.completion_tokens};
+    const Usage& usage = ev.usage;
     if (ev.reason == BLUEVM_FINISH_ERROR) {
         // The status line went out with the first byte: the error is the stream's last event.
-        bool ok = write("data: " + errorBody(finishError(ev, bluevm_last_error())) + "\n\n");
+        bool ok = write("data: " + errorBody(finishError(ev.error, ev.error_message)) + "\n\n");
         sink.done();
         return ok;
     }
@@ -414,7 +543,7 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
 
 std::string HttpServer::Impl::metricsText() {
     bluevm_metrics m{};
-    bluevm_engine_metrics(engine, &m);
+    engineMetrics(&m);
     std::string out;
     auto metric = [&](const char* name, const char* type, const char* help, double value) {
         out += strFormat("# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, value);
@@ -439,7 +568,7 @@ std::string HttpServer::Impl::metricsText() {
            "Device rebuilds after a lost device or exhausted device memory.", double(m.recoveries));
     bluevm_health h;
     const bool recovering =
-        bluevm_engine_health(engine, &h) == BLUEVM_OK && h.state == BLUEVM_ENGINE_RECOVERING;
+        engineHealth(&h) == BLUEVM_OK && h.state == BLUEVM_ENGINE_RECOVERING;
     metric("bluevm_device_recovering", "gauge",
            "1 while the device is being rebuilt (requests get 503).", recovering ? 1.0 : 0.0);
     out += "# HELP bluevm_http_requests_total HTTP requests answered, by path and status.\n"
@@ -464,6 +593,17 @@ HttpServer::~HttpServer() {
     stop();
 }
 
+Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_cascade* cascade,
+                                                       const ServerOptions& options) {
+    if (!cascade) return Status::error("the server needs a cascade");
+    auto impl = std::make_unique<Impl>();
+    impl->cascade = cascade;
+    impl->options = options;
+    if (bluevm_cascade_get_info(cascade, &impl->cascade_info) != BLUEVM_OK) return Status::error(bluevm_last_error());
+    if (impl->options.model_names.empty()) impl->options.model_names.push_back("cascade");
+    return finishCreate(std::move(impl));
+}
+
 Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_model* model, bluevm_engine* engine,
                                                        const ServerOptions& options) {
     if (!model || !engine) return Status::error("the server needs a model and an engine");
@@ -473,8 +613,13 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_model* model, blue
     impl->options = options;
     if (bluevm_model_get_info(model, &impl->info) != BLUEVM_OK) return Status::error(bluevm_last_error());
     if (impl->options.model_names.empty()) impl->options.model_names.push_back(impl->info.name);
+    return finishCreate(std::move(impl));
+}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::finishCreate(std::unique_ptr<Impl> impl) {
+    const ServerOptions& options = impl->options;
     bluevm_metrics m{};
-    bluevm_engine_metrics(engine, &m);
+    impl->engineMetrics(&m);
     // Every running and waiting request holds a worker thread for its response, plus a few for
     // quick requests (health, metrics, refusals): fewer would leave requests waiting unseen in
     // the HTTP layer instead of being queued or refused with 429.

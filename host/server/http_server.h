@@ -13,6 +13,11 @@
 // 503 {"status": "recovering", ...} and new requests 503 with Retry-After (code "recovering");
 // then /health is 200 {"status": "ok", "recoveries": N, "last_failure": "..."} again.
 // A non-streamed response is held until its request ends, so its status says how it ended.
+//
+// A compiled cascade is served the same way (create(bluevm_cascade*)): the task is the prompt or
+// the last user message, max_tokens and the sampling fields are accepted but the cascade's own
+// budgets and per-stage settings decide; a task longer than the input slot is a 400 with code
+// context_length_exceeded.
 #pragma once
 
 #include <memory>
@@ -42,6 +47,10 @@ public:
     // `model` and `engine` must outlive the server.
     static Result<std::unique_ptr<HttpServer>> create(bluevm_model* model, bluevm_engine* engine,
                                                       const ServerOptions& options);
+    // Serves a cascade (bluevm_cascade_open) as the model named options.model_names[0]: the
+    // answer is its answer slot; non-streamed responses add {"cascade": {"slots", "stages"}};
+    // a stream sends the answer as one chunk when the cascade ends. `cascade` must outlive it.
+    static Result<std::unique_ptr<HttpServer>> create(bluevm_cascade* cascade, const ServerOptions& options);
 
     // Binds the listening socket; fails naming the address when it cannot.
     Status bind();
@@ -53,6 +62,7 @@ public:
 private:
     struct Impl;
     explicit HttpServer(std::unique_ptr<Impl> impl);
+    static Result<std::unique_ptr<HttpServer>> finishCreate(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
 };
 

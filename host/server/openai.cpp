@@ -238,7 +238,8 @@ json finishJson(const std::string& reason) {
 
 std::string responseBody(Endpoint endpoint, const std::string& id, int64_t created,
                          const std::string& model, const std::string& text,
-                         const std::string& finish_reason, const Usage& usage) {
+                         const std::string& finish_reason, const Usage& usage,
+                         const nlohmann::json& extra) {
     json choice = {{"index", 0}, {"finish_reason", finishJson(finish_reason)}};
     if (endpoint == Endpoint::Chat) {
         choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -253,6 +254,7 @@ std::string responseBody(Endpoint endpoint, const std::string& id, int64_t creat
               {"model", model},
               {"choices", json::array({choice})},
               {"usage", usageJson(usage)}};
+    if (extra.is_object()) j.update(extra);
     return dump(j);
 }
 

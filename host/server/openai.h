@@ -61,7 +61,8 @@ struct Usage {
 // The complete (non-streamed) response.
 std::string responseBody(Endpoint endpoint, const std::string& id, int64_t created,
                          const std::string& model, const std::string& text,
-                         const std::string& finish_reason, const Usage& usage);
+                         const std::string& finish_reason, const Usage& usage,
+                         const nlohmann::json& extra = nullptr);  // an object: its fields are added
 
 // One server-sent event ("data: {...}\n\n"). `role_chunk` (chat): the first chunk, which carries
 // the assistant role; `finish_reason` non-empty: the last chunk; `usage`: the usage-only chunk

@@ -1,0 +1,87 @@
+// What the C API's source files (capi.cpp, capi_cascade.cpp) share: the calling thread's error
+// message, status helpers and the guard that keeps C++ exceptions from crossing into C.
+#pragma once
+
+#include <cstdio>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "host/bluevm.h"
+#include "host/llm/serving.h"
+#include "host/vk_check.h"
+
+namespace blue::capi {
+
+inline thread_local std::string t_last_error;
+
+inline bluevm_status failWith(bluevm_status s, const std::string& message) {
+    t_last_error = message;
+    return s;
+}
+
+inline bluevm_status ok() {
+    t_last_error.clear();
+    return BLUEVM_OK;
+}
+
+inline bluevm_finish finishOf(FinishReason r) {
+    switch (r) {
+        case FinishReason::Stop: return BLUEVM_FINISH_STOP;
+        case FinishReason::Length: return BLUEVM_FINISH_LENGTH;
+        case FinishReason::Cancelled: return BLUEVM_FINISH_CANCELLED;
+        case FinishReason::Error: return BLUEVM_FINISH_ERROR;
+        case FinishReason::None: break;
+    }
+    return BLUEVM_FINISH_NONE;
+}
+
+// The status of a failed device operation on this thread: device loss or out-of-device-memory
+// (which a later attempt may overcome) or another device failure.
+inline bluevm_status deviceStatus() {
+    return vkFatal(lastVkFailure().result) ? BLUEVM_ERR_DEVICE_LOST : BLUEVM_ERR_DEVICE;
+}
+
+inline void healthOut(const ServeHealth& h, bluevm_health* out) {
+    *out = bluevm_health{};
+    out->state = h.state == ServeState::Recovering ? BLUEVM_ENGINE_RECOVERING
+                 : h.state == ServeState::Stopped  ? BLUEVM_ENGINE_STOPPED
+                                                   : BLUEVM_ENGINE_SERVING;
+    out->recoveries = h.recoveries;
+    out->failed_attempts = h.failed_attempts;
+    std::snprintf(out->failure, sizeof out->failure, "%s", h.failure.c_str());
+    std::snprintf(out->attempt_error, sizeof out->attempt_error, "%s", h.attempt_error.c_str());
+}
+
+inline void metricsOut(const ServeMetrics& m, bluevm_metrics* out) {
+    out->requests_total = m.requests_total;
+    out->requests_finished = m.requests_finished;
+    out->requests_cancelled = m.requests_cancelled;
+    out->requests_rejected = m.requests_rejected;
+    out->prompt_tokens = m.prompt_tokens;
+    out->completion_tokens = m.completion_tokens;
+    out->queue_depth = m.queue_depth;
+    out->queue_capacity = m.queue_capacity;
+    out->busy_instances = m.busy_instances;
+    out->instances = m.instances;
+    out->submits = m.submits;
+    out->round_trips = m.round_trips;
+    out->cycles = m.cycles;
+    out->resumes = m.resumes;
+    out->recoveries = m.recoveries;
+}
+
+template <class F>
+bluevm_status guarded(F&& f) {
+    try {
+        return f();
+    } catch (const std::bad_alloc&) {
+        return failWith(BLUEVM_ERR_INTERNAL, "out of host memory");
+    } catch (const std::exception& e) {
+        return failWith(BLUEVM_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+        return failWith(BLUEVM_ERR_INTERNAL, "internal error");
+    }
+}
+
+}  // namespace blue::capi
