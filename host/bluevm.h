@@ -261,7 +261,8 @@ typedef struct bluevm_cascade_info {
     uint32_t n_stages;
     const char* const* slots;    /* slot names without `input`, in declaration order */
     uint32_t n_slots;
-    const char* answer_slot;     /* the last slot of the cascade's `output` line: the answer */
+    const char* answer_slot;     /* the last slot of the `output` line; the answer is the last
+                                    of them that holds text (a skipped stage's slot is empty) */
     uint32_t input_capacity;     /* task tokens the input slot holds */
     uint32_t instances;
     uint32_t validation_errors;  /* Khronos validation errors so far (with validation on) */

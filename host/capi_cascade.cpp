@@ -63,7 +63,15 @@ std::unique_ptr<bluevm_cascade_result> resultOf(const blue::CascadeInfo& info,
     r->slot_names = info.slots;
     r->slot_text = o.result.slot_text;
     r->slot_text.resize(info.slots.size());
+    // The answer: the last output slot that holds text (a skipped stage leaves its slot empty,
+    // e.g. entropy_skip's rewrite, and the draft before it stands), else the last output slot.
     r->answer = answerSlot(info);
+    for (auto it = info.outputs.rbegin(); it != info.outputs.rend(); ++it) {
+        if (*it < r->slot_text.size() && !r->slot_text[*it].empty()) {
+            r->answer = *it;
+            break;
+        }
+    }
     r->stats_json = o.result.stages.empty() ? std::string("{\"stages\":[],\"generated\":0}")
                                             : blue::cascadeStatsJson(o.result);
     r->prompt_tokens = o.prompt_tokens;
