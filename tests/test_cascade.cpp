@@ -20,6 +20,7 @@
 #include "compiler/tokenizer.h"
 #include "host/cascade/cascade_run.h"
 #include "tests/child.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 #include "vm/cascade_abi.h"
 #include "vm/interp.h"
@@ -41,19 +42,6 @@ std::string readFile(const std::string& path) {
 }
 std::string program(const std::string& name) { return readFile(sourceDir() + "/programs/" + name + ".cas"); }
 
-// A scratch folder for modules, removed at the end of the test.
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/blue_cascade_XXXXXX";
-        REQUIRE(mkdtemp(tmpl) != nullptr);
-        path = tmpl;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 // Every model of a source pointed at stories260K (or at `other` for the names listed).
 CascadeOptions optionsFor(const std::string& source, const std::map<std::string, std::string>& other = {}) {

@@ -24,6 +24,7 @@
 #include "host/server/http_server.h"
 #include "host/vk_check.h"
 #include "tests/child.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 
 namespace blue::test {
@@ -55,18 +56,6 @@ std::string greedy(std::string src) {
     return src;
 }
 
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/blue_cascade_serve_XXXXXX";
-        REQUIRE(mkdtemp(tmpl) != nullptr);
-        path = tmpl;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 // programs/NAME.cas (greedy unless `sampled`) compiled with every model at stories260K, written
 // to DIR/NAME.bir; returns the path.

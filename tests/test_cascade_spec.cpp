@@ -16,6 +16,7 @@
 #include "compiler/upcycle.h"
 #include "host/cascade/cascade_run.h"
 #include "host/llm/engine.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 
 namespace blue::test {
@@ -25,18 +26,6 @@ namespace fs = std::filesystem;
 
 std::string stories() { return sharedDir() + "/models/stories260K/stories260K.gguf"; }
 
-struct Scratch {
-    std::string path;
-    Scratch() {
-        char tmpl[] = "/tmp/blue_spec_XXXXXX";
-        REQUIRE(mkdtemp(tmpl) != nullptr);
-        path = tmpl;
-    }
-    ~Scratch() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 std::string programText(const std::string& name) {
     std::ifstream in(sourceDir() + "/programs/" + name + ".cas");
@@ -45,7 +34,7 @@ std::string programText(const std::string& name) {
     return ss.str();
 }
 
-std::vector<CascadeResult> run(const Scratch& dir, const std::string& source, const std::map<std::string, std::string>& models,
+std::vector<CascadeResult> run(const TempDir& dir, const std::string& source, const std::map<std::string, std::string>& models,
                                bool reference, const std::vector<CascadeTask>& tasks, uint32_t instances = 1) {
     CascadeOptions o;
     o.models = models;
@@ -78,7 +67,7 @@ std::string targetOnly(std::string src) {
 }
 
 TEST_CASE("upcycle: a widened, deepened stories260K with zero new weights gives its 256 greedy tokens; noise changes it a little") {
-    Scratch dir;
+    TempDir dir;
     std::string big = dir.path + "/big.gguf";
     UpcycleOptions uo;
     uo.extra_layers = 3;
@@ -109,7 +98,7 @@ TEST_CASE("upcycle: a widened, deepened stories260K with zero new weights gives 
 }
 
 TEST_CASE("speculate: greedy speculative decoding equals the target alone for 256 tokens, on the reference and the GPU") {
-    Scratch dir;
+    TempDir dir;
     std::string big = dir.path + "/big.gguf";
     UpcycleOptions uo;
     uo.extra_layers = 3;
@@ -146,7 +135,7 @@ TEST_CASE("speculate: greedy speculative decoding equals the target alone for 25
 }
 
 TEST_CASE("speculate: sampled speculative stages complete with their statistics; the source is checked") {
-    Scratch dir;
+    TempDir dir;
     std::string big = dir.path + "/big.gguf";
     UpcycleOptions uo;
     uo.extra_layers = 1;

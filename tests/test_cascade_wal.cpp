@@ -24,6 +24,7 @@
 #include "host/cascade/cascade_trace.h"
 #include "host/cascade/cascade_wal.h"
 #include "tests/child.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 #include "vm/cascade_abi.h"
 
@@ -49,18 +50,6 @@ void writeBytes(const std::string& path, std::span<const uint8_t> b) {
     std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
 }
 
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/blue_wal_XXXXXX";
-        REQUIRE(mkdtemp(tmpl) != nullptr);
-        path = tmpl;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-};
 
 // review_loop.cas with more rounds, so that a run reports enough checkpoints to be killed
 // between them.
