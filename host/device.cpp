@@ -228,7 +228,12 @@ DeviceInfo readDevice(VkPhysicalDevice pd, uint32_t index) {
     info.storage8 = f12.storageBuffer8BitAccess != 0;
     info.conditional_rendering = hasDeviceExtension(pd, VK_EXT_CONDITIONAL_RENDERING_EXTENSION_NAME) &&
                                  cond.conditionalRendering != 0;
-    if (const char* off = std::getenv("BLUE_NO_CONDITIONAL"); off && *off && std::string(off) != "0") {
+    // Used by default on GPUs; on CPU drivers (lavapipe) skipping idle blocks measured slower
+    // than dispatching them with zero workgroups. BLUE_CONDITIONAL=1 or 0 decides either way.
+    const char* want = std::getenv("BLUE_CONDITIONAL");
+    if (want && *want) {
+        info.conditional_rendering = info.conditional_rendering && std::string(want) != "0";
+    } else if (p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) {
         info.conditional_rendering = false;
     }
     return info;

@@ -163,7 +163,8 @@ std::vector<DeviceFeature> describeFeatures(const DeviceInfo& info) {
          capabilityUse(info, SpvCap::kStorageBuffer8BitAccess, "StorageBuffer8BitAccess")},
         {"conditional rendering", info.conditional_rendering,
          "skips an idle block's dispatches in a cycle (without it every block's dispatches run, "
-         "with zero workgroups when no instance asked; BLUE_NO_CONDITIONAL=1 turns it off)"},
+         "with zero workgroups when no instance asked; off by default on CPU drivers, where it "
+         "measured slower; BLUE_CONDITIONAL=1 or 0 decides)"},
     };
 }
 

@@ -6,6 +6,7 @@
 // on the op, tests/test_spec.cpp).
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -132,6 +133,23 @@ TEST_CASE("speculate: greedy speculative decoding equals the target alone for 25
                     << double(st.tokens) / st.passes);
         }
     }
+}
+
+TEST_CASE("speculate: with conditional rendering (idle blocks skipped on the GPU), greedy speculation still equals the reference") {
+    TempDir dir;
+    std::string big = dir.path + "/big.gguf";
+    UpcycleOptions uo;
+    uo.extra_layers = 1;
+    uo.noise = 0.02f;
+    REQUIRE(upcycleGguf(stories(), big, uo));
+    std::map<std::string, std::string> models = {{"draft", stories()}, {"target", big}};
+    const std::vector<CascadeTask> tasks = {{"Once upon a time", 1}};
+    auto ref = run(dir, programText("speculative"), models, true, tasks);
+    setenv("BLUE_CONDITIONAL", "1", 1);
+    auto gpu = run(dir, programText("speculative"), models, false, tasks);
+    unsetenv("BLUE_CONDITIONAL");
+    CHECK(gpu[0].slots == ref[0].slots);
+    CHECK(gpu[0].stages[0].accepted == ref[0].stages[0].accepted);
 }
 
 TEST_CASE("speculate: sampled speculative stages complete with their statistics; the source is checked") {
