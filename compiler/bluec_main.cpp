@@ -103,9 +103,7 @@ int cascade(int argc, char** argv) {
         if (a == "-o" && i + 1 < argc) {
             output = v;
         } else if (a == "--model" && i + 1 < argc) {
-            size_t eq = v.find('=');
-            if (eq == std::string::npos || eq == 0 || eq + 1 == v.size()) return fail("cascade: --model needs NAME=PATH, got '" + v + "'");
-            opt.models[v.substr(0, eq)] = v.substr(eq + 1);
+            if (blue::Status s = blue::parseModelOverride(v, &opt.models); !s) return fail("cascade: " + s.message());
         } else if (a == "--max-rows" && i + 1 < argc) {
             ok = parseU32(v, &opt.max_rows) && opt.max_rows > 0;
         } else if (a == "--chunk" && i + 1 < argc) {

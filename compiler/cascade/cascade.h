@@ -61,6 +61,9 @@ struct CascadeOptions {
     uint32_t in_slots = 64;
 };
 
+// Parses a `--model NAME=PATH` argument (bluec cascade, bluevm run and serve) into `models`.
+Status parseModelOverride(const std::string& arg, std::map<std::string, std::string>* models);
+
 // Syntax only: every error is "FILE:LINE:COL: message".
 Result<cascade::Program> parseCascade(std::string_view source, const std::string& file);
 

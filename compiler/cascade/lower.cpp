@@ -1237,6 +1237,15 @@ std::vector<std::string> splitNames(const std::string& s) {
 
 }  // namespace
 
+Status parseModelOverride(const std::string& arg, std::map<std::string, std::string>* models) {
+    size_t eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size()) {
+        return Status::error("--model needs NAME=PATH, got '" + arg + "'");
+    }
+    (*models)[arg.substr(0, eq)] = arg.substr(eq + 1);
+    return Status::ok();
+}
+
 Result<Module> compileCascade(std::string_view source, const std::string& file, const CascadeOptions& options) {
     BLUE_TRY_ASSIGN(Program p, parseCascade(source, file));
     Lowerer lw{p, options, {}, {}, {}};

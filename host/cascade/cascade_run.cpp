@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "compiler/gguf.h"
+#include "host/llm/engine.h"
 #include "vm/abi.h"
 #include "vm/cascade_abi.h"
 #include "vm/interp.h"
@@ -23,17 +24,6 @@ float asFloat(uint32_t bits) {
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
-}
-
-// lavapipe runs small models' many small dispatches faster on its queue thread (see
-// host/llm/engine.cpp); a value the user set is kept.
-void chooseLavapipeThreads(const Module& m) {
-    if (std::getenv("LP_NUM_THREADS")) return;
-    uint64_t weights = 0;
-    for (const TensorDecl& t : m.tensors) {
-        if (t.source == DataSource::EXTERN) weights += t.bytes;
-    }
-    if (weights < (16ull << 20)) setenv("LP_NUM_THREADS", "0", 0);
 }
 
 }  // namespace
@@ -92,7 +82,9 @@ Result<std::unique_ptr<CascadeRunner>> CascadeRunner::open(const std::string& pa
     if (!w) return w.status();
     r->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
     if (!options.reference) {
-        chooseLavapipeThreads(r->module_);
+        uint64_t weights = 0;  // every model's, as each is uploaded once
+        for (const TensorDecl& t : r->module_.tensors) weights += t.source == DataSource::EXTERN ? t.bytes : 0;
+        chooseLavapipeThreads(weights);
         if (Status s = r->resetDevice(); !s) return s;
     }
     return r;
@@ -143,17 +135,12 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
             return BLUE_ERROR("task %zu has %zu tokens, more than the cascade's input slot holds (%u; `slot input[N]` sets it)",
                               i, ids.size(), info_.input_capacity);
         }
-        std::vector<uint32_t> msg(BLUE_CAS_REQ_HEADER);
-        msg[BLUE_CAS_REQ_TAG] = uint32_t(i);
-        msg[BLUE_CAS_REQ_SEED] = tasks[i].seed;
+        std::vector<uint32_t> resume;
         if (tasks[i].resume) {
             if (!info_.steps) return BLUE_ERROR("task %zu: this cascade module has no checkpoints; compile it again to resume", i);
-            msg[BLUE_CAS_REQ_FLAGS] = BLUE_CAS_REQ_RESUME;
-            std::vector<uint32_t> block = tasks[i].resume->block(info_);
-            msg.insert(msg.end(), block.begin(), block.end());
+            resume = tasks[i].resume->block(info_);
         }
-        msg.insert(msg.end(), ids.begin(), ids.end());
-        messages.push_back(std::move(msg));
+        messages.push_back(cascadeRequest(uint32_t(i), tasks[i].seed, ids, resume));
     }
     uint32_t instances = std::max<uint32_t>(1, std::min<uint32_t>(options_.instances, uint32_t(std::max<size_t>(1, tasks.size()))));
     uint64_t max_cycles = options_.max_cycles ? options_.max_cycles : 10000000;
@@ -300,6 +287,19 @@ void CascadeDecoder::finish(CascadeResult& r) const {
     for (const auto& slot : r.slots) r.slot_text.push_back(tokenizer_.decode(slot));
     r.generated = 0;
     for (const StageStats& st : r.stages) r.generated += st.state == BLUE_CAS_STATE_RAN ? st.tokens : 0;
+}
+
+std::vector<uint32_t> cascadeRequest(uint32_t tag, uint32_t seed, std::span<const int32_t> tokens,
+                                     std::span<const uint32_t> resume) {
+    std::vector<uint32_t> msg(BLUE_CAS_REQ_HEADER);
+    msg[BLUE_CAS_REQ_TAG] = tag;
+    msg[BLUE_CAS_REQ_SEED] = seed;
+    if (!resume.empty()) {
+        msg[BLUE_CAS_REQ_FLAGS] = BLUE_CAS_REQ_RESUME;
+        msg.insert(msg.end(), resume.begin(), resume.end());
+    }
+    msg.insert(msg.end(), tokens.begin(), tokens.end());
+    return msg;
 }
 
 std::string cascadeStatsJson(const CascadeResult& r) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,11 @@ private:
     uint32_t retired_validation_errors_ = 0;  // of devices resetDevice() replaced
     mutable std::mutex device_mutex_;         // guards device_ against validationErrors()
 };
+
+// The input-ring message of a task (vm/cascade_abi.h): tag, seed, flags, then the resume block
+// when `resume` is not empty, then the task's tokens.
+std::vector<uint32_t> cascadeRequest(uint32_t tag, uint32_t seed, std::span<const int32_t> tokens,
+                                     std::span<const uint32_t> resume = {});
 
 // `{"stages":[...],"generated":N}`: one result's statistics as JSON (for --stats and traces).
 std::string cascadeStatsJson(const CascadeResult& r);

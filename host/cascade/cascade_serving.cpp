@@ -98,11 +98,7 @@ Result<uint64_t> CascadeServingEngine::submit(const std::string& task, uint32_t 
     a->tag = uint32_t(id);
     a->prompt_tokens = uint32_t(ids.size());
     a->callback = std::move(callback);
-    std::vector<uint32_t> msg(BLUE_CAS_REQ_HEADER);
-    msg[BLUE_CAS_REQ_TAG] = a->tag;
-    msg[BLUE_CAS_REQ_SEED] = seed;
-    msg.insert(msg.end(), ids.begin(), ids.end());
-    to_push_.emplace_back(id, std::move(msg));
+    to_push_.emplace_back(id, cascadeRequest(a->tag, seed, ids));
     active_[a->tag] = std::move(a);
     ++metrics_.requests_total;
     metrics_.prompt_tokens += ids.size();

@@ -157,9 +157,7 @@ int runCascade(const RunArgs& args) {
     opt.max_submit_ms = args.max_submit_ms;
     opt.profile = args.profile;
     for (const std::string& mp : args.models) {
-        size_t eq = mp.find('=');
-        if (eq == std::string::npos || eq == 0 || eq + 1 == mp.size()) return fail("--model needs NAME=PATH, got '" + mp + "'");
-        opt.models[mp.substr(0, eq)] = mp.substr(eq + 1);
+        if (Status s = parseModelOverride(mp, &opt.models); !s) return fail(s.message());
     }
     std::string task = args.prompt;
     if (!args.input.empty()) {

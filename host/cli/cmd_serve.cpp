@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "compiler/cascade/cascade.h"
 #include "host/bluevm.h"
 #include "host/cli/commands.h"
 #include "host/cli/progress.h"
@@ -70,14 +72,14 @@ server::ServerOptions serverOptions(const ServeArgs& a) {
 int serveCascade(const ServeArgs& a) {
     if (a.ctx) return fail("--ctx does not apply to a cascade: its `context` is compiled in (bluec cascade)");
     const sigset_t signals = blockStopSignals();
-    std::vector<std::string> names, paths;
+    std::map<std::string, std::string> overrides;
     for (const std::string& mp : a.models) {
-        size_t eq = mp.find('=');
-        if (eq == std::string::npos || eq == 0 || eq + 1 == mp.size()) {
-            return fail("--model needs NAME=PATH with --cascade, got '" + mp + "'");
-        }
-        names.push_back(mp.substr(0, eq));
-        paths.push_back(mp.substr(eq + 1));
+        if (!parseModelOverride(mp, &overrides)) return fail("--model needs NAME=PATH with --cascade, got '" + mp + "'");
+    }
+    std::vector<std::string> names, paths;
+    for (const auto& [name, path] : overrides) {
+        names.push_back(name);
+        paths.push_back(path);
     }
     std::vector<const char*> name_ptrs, path_ptrs;
     for (size_t i = 0; i < names.size(); ++i) {

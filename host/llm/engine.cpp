@@ -19,27 +19,21 @@ bool endsWith(const std::string& s, const char* suffix) {
     return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
-// Below this many weight bytes the per-dispatch cost dominates (see chooseLavapipeThreads).
-constexpr uint64_t kSingleThreadWeights = 16ull << 20;
-
 std::string dirOf(const std::string& path) {
     std::filesystem::path p(path);
     return p.has_parent_path() ? p.parent_path().string() : ".";
 }
 
+}  // namespace
+
 // lavapipe (Mesa's CPU Vulkan driver) hands every non-empty dispatch to worker threads, which
 // costs 10-70 us each; with LP_NUM_THREADS=0 it runs them on its queue thread for ~0.2 us. Small
 // models issue ~80 small dispatches per token and run several times faster single-threaded;
-// large ones are dominated by matmuls that gain from both cores. Other drivers ignore the
-// variable, and a value the user set is kept.
-void chooseLavapipeThreads(const GgufFile& g) {
+// large ones (from 16 MiB of weights) are dominated by matmuls that gain from both cores.
+void chooseLavapipeThreads(uint64_t weight_bytes) {
     if (std::getenv("LP_NUM_THREADS")) return;
-    uint64_t weights = 0;
-    for (const GgufTensor& t : g.tensors()) weights += t.n_bytes;
-    if (weights < kSingleThreadWeights) setenv("LP_NUM_THREADS", "0", 0);
+    if (weight_bytes < (16ull << 20)) setenv("LP_NUM_THREADS", "0", 0);
 }
-
-}  // namespace
 
 Engine::~Engine() = default;
 
@@ -84,7 +78,9 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     auto w = WeightSource::open(e->module_, module_dir);
     if (!w) return w.status();
     e->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
-    chooseLavapipeThreads(e->gguf_);
+    uint64_t weights = 0;
+    for (const GgufTensor& t : e->gguf_.tensors()) weights += t.n_bytes;
+    chooseLavapipeThreads(weights);
     if (Status s = e->resetDevice(); !s) {
         if (device_failed) *device_failed = true;
         return s;

@@ -25,6 +25,11 @@
 
 namespace blue {
 
+// Sets LP_NUM_THREADS=0 (lavapipe runs dispatches on its queue thread) for models under 16 MiB
+// of weights, where the per-dispatch hand-off to worker threads dominates. Other drivers ignore
+// the variable; a value the user set is kept. Call before creating the device.
+void chooseLavapipeThreads(uint64_t weight_bytes);
+
 struct EngineOptions {
     std::string device;         // see DeviceOptions::select
     uint32_t instances = 1;
