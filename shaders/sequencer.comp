@@ -150,11 +150,15 @@ bool slotValid(uint s) {
 
 uint execInput(uint op, uint a, uint b, uint c) {
     uint slot_words = ctl[BLUE_H_IN_SLOT_WORDS];
-    if (op == OP_INRECV) {
+    if (op == OP_INRECV || op == OP_INPOLL) {
         uint claimed = ctl[BLUE_C_IN_CLAIM];
         for (;;) {
             if (claimed >= ctl[BLUE_C_IN_PUBLISHED]) {
-                if (ctl[BLUE_C_IN_CLOSED] == 0u) return STOP;  // wait for input
+                if (ctl[BLUE_C_IN_CLOSED] == 0u) {
+                    if (op == OP_INRECV) return STOP;  // wait for input
+                    R(a) = 0xFFFFFFFEu;                // INPOLL: nothing now
+                    break;
+                }
                 R(a) = 0xFFFFFFFFu;
                 break;
             }
@@ -422,7 +426,7 @@ uint slowStep(uint op, uint a, uint b, uint c, uint imm) {
         case OP_ALLOC: result = execAlloc(a, b); break;
         case OP_TLD: case OP_TST: result = execTensorWord(op, a, b, imm); break;
         case OP_SEND: case OP_RECV: result = execMailbox(op, a, b); break;
-        case OP_INRECV: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INFREE: case OP_INFLAG:
+        case OP_INRECV: case OP_INPOLL: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INFREE: case OP_INFLAG:
             result = execInput(op, a, b, c);
             break;
         default: result = fault(BLUE_FAULT_BAD_OPCODE); break;

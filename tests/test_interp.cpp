@@ -1078,6 +1078,76 @@ TEST_CASE("interp gpu: every program ends on the GPU exactly as on the reference
     CHECK_NO_VALIDATION_ERRORS();
 }
 
+// INPOLL is INRECV that never waits: -2 while the input is open and empty, a slot once a message
+// is there, -1 once the input is closed and drained. The program polls once a cycle and gives up
+// after five empty polls (INRECV would wait for ever).
+const char* kPollProgram = R"(.layout regs=8 in_slots=2 in_slot_words=4
+    li r3, 0
+poll:
+    inpoll r1
+    li r2, -2
+    bne r1, r2, got
+    addi r3, r3, 1
+    li r6, 5
+    bgeu r3, r6, bored
+    yield
+    jmp poll
+bored:
+    outu r3
+    halt
+got:
+    out r1
+    li r2, -1
+    beq r1, r2, done
+    li r4, 0
+    inld r5, r1, r4
+    out r5
+    infree r1
+    jmp poll
+done:
+    halt
+)";
+
+TEST_CASE("interp: INPOLL gives -2 while the input is open and empty, never yields") {
+    Module m = assembleOrFail(kPollProgram, "poll");
+    RunReport open_empty = runRef(m, 1, {}, 20, false);
+    REQUIRE(open_empty.status.isOk());
+    CHECK(open_empty.instances[0].status == BLUE_ST_HALTED);
+    CHECK(values(open_empty.output) == std::vector<uint32_t>{5});
+    CHECK(open_empty.cycles == 5);  // one poll per cycle, each answered at once
+    RunReport fed = runRef(m, 1, {{7}, {8}});
+    REQUIRE(fed.status.isOk());
+    CHECK(values(fed.output) == std::vector<uint32_t>{0, 7, 1, 8, I(-1)});
+    CHECK(fed.instances[0].status == BLUE_ST_HALTED);
+}
+
+TEST_CASE("interp gpu: INPOLL answers at once on the GPU too") {
+    Module m = assembleOrFail(kPollProgram, "poll");
+    Result<WeightSource> w = WeightSource::open(m, "");
+    REQUIRE(w.isOk());
+    GpuOptions opt;
+    opt.max_cycles = 20;
+    opt.chain_cycles = 8;
+    auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, m, w.value(), opt);
+    REQUIRE_MESSAGE(machine.isOk(), machine.message());
+    Result<RunReport> r = machine.value()->run();
+    REQUIRE(r.isOk());
+    RunReport ref = runRef(m, 1, {}, 20, false);
+    REQUIRE(r.value().status.isOk());
+    CHECK(r.value().instances[0].status == BLUE_ST_HALTED);
+    CHECK(values(r.value().output) == values(ref.output));
+    auto fed = GpuMachine::create(*gpu().device, *gpu().pipelines, m, w.value(), GpuOptions{});
+    REQUIRE_MESSAGE(fed.isOk(), fed.message());
+    REQUIRE(fed.value()->pushInput({7}).isOk());
+    REQUIRE(fed.value()->pushInput({8}).isOk());
+    fed.value()->closeInput();
+    Result<RunReport> got = fed.value()->run();
+    REQUIRE(got.isOk());
+    REQUIRE(got.value().status.isOk());
+    CHECK(values(got.value().output) == std::vector<uint32_t>{0, 7, 1, 8, I(-1)});
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
 TEST_CASE("interp gpu: INRECV waits while the input is open, on the GPU too") {
     Program p = inputProgram();
     Module m = assembleOrFail(p.source, p.name);

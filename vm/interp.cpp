@@ -252,10 +252,13 @@ RefMachine::Next RefMachine::execInput(uint32_t id, Inst& in, uint8_t op, uint32
     auto slotOk = [&](uint32_t s) { return s < slots_.size() && slot_busy_[s]; };
     switch (Op(op)) {
         case Op::INRECV:
+        case Op::INPOLL:
             if (claimed_ < published_) {
                 r[a] = uint32_t(claimed_++ % slots_.size());
             } else if (input_closed_ && pending_.empty()) {
                 r[a] = 0xFFFFFFFFu;
+            } else if (Op(op) == Op::INPOLL) {
+                r[a] = 0xFFFFFFFEu;  // nothing now
             } else {
                 return Next::STOP;  // wait for input
             }
@@ -417,6 +420,7 @@ RefMachine::Next RefMachine::step(uint32_t id, Inst& in, BlockRun* runs, RunRepo
             in.mailbox.pop_front();
             break;
         case Op::INRECV:
+        case Op::INPOLL:
         case Op::INLEN:
         case Op::INLD:
         case Op::INCPY:
