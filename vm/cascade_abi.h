@@ -41,8 +41,11 @@
 #define BLUE_CAS_ST_DRAFTED 7   // speculative stages: draft tokens proposed in the last run
 #define BLUE_CAS_ST_ACCEPTED 8  // of which the target accepted
 #define BLUE_CAS_ST_PASSES 9    // target forward passes (verifications) after the prefill
-#define BLUE_CAS_ST_CHOICE 10   // select stages: the option written (0-based)
-#define BLUE_CAS_STAGE_WORDS 11
+#define BLUE_CAS_ST_CHOICE 10   // select stages: the option written; fork stages: the branch kept (0-based)
+#define BLUE_CAS_ST_BRANCHES 11 // fork stages: branches of the last run (0: not a fork)
+#define BLUE_CAS_ST_SIBLINGS 12 // of which sibling instances ran (the rest ran on the request's own)
+#define BLUE_CAS_ST_BRANCH_TOKENS 13  // tokens all branches generated (ST_TOKENS: the kept one's)
+#define BLUE_CAS_STAGE_WORDS 14
 
 #define BLUE_CAS_STATE_NOT_REACHED 0  // control never came to the stage
 #define BLUE_CAS_STATE_RAN 1
@@ -52,7 +55,8 @@
 // ---- the output ring, per request ---------------------------------------------------------------
 // OUTBEGIN tag; then for every stage in declaration order: OUTU state, OUTU tokens, OUTF entropy
 // sum, OUTF entropy max, OUTF log-probability sum, OUTU cycles, OUTU runs, OUTU drafted, OUTU
-// accepted, OUTU target passes, OUTU choice; then for every slot
+// accepted, OUTU target passes, OUTU choice, OUTU branches, OUTU sibling branches, OUTU branch
+// tokens; then for every slot
 // but `input` in declaration order: OUTU length and that many OUTT tokens; then OUTEND tag.
 // A cancelled request (host flag word = tag + 1) ends early with OUTEND alone after OUTBEGIN.
 //
@@ -65,8 +69,39 @@
 //   BLUE_CAS_OUT_STAGE_RECORDS statistics records (as in the final records), OUTU the index of the slot the stage writes
 //   (0: the first slot after `input`), OUTU its length and that many OUTT tokens.
 // Replaying the checkpoints in order rebuilds the whole state a resume request carries.
-#define BLUE_CAS_OUT_STAGE_RECORDS 11
+#define BLUE_CAS_OUT_STAGE_RECORDS 14
 #define BLUE_CAS_CHECKPOINT_MARKER "cascade.checkpoint"
 #define BLUE_CAS_CKPT_FIXED 5  // records before the loop counters: marker, step, stage, runs, total
+
+// ---- fork and join: the heap (modules with a `fork` stage) ------------------------------------
+// A fork stage's branches run at once as sibling instances. heap[BLUE_CAS_HEAP_ACTIVE] counts the
+// requests in progress (an idle instance halts once the input is closed and it is 0). Then
+// `cascade.fork_records` fork records of `cascade.fork_record_words` words from
+// BLUE_CAS_HEAP_FORKS. A request's instance takes a free record (CAS of STATE 0 -> 1), writes
+// the branch parameters and the prompt, and a cycle later opens it (NEXT = 0); every instance
+// (idle ones, and the request's own) claims branches with an atomic add on NEXT and runs them;
+// a sibling writes its branch's result into the record and SENDs the branch index to the
+// request's instance, which joins once all K are in and frees the record (STATE = 0; NEXT stays
+// >= K, so a late claim takes nothing).
+#define BLUE_CAS_HEAP_ACTIVE 0
+#define BLUE_CAS_HEAP_FORKS 1
+#define BLUE_CAS_FORK_STATE 0    // 0 free, 1 taken
+#define BLUE_CAS_FORK_NEXT 1     // the next branch to claim (>= K: none)
+#define BLUE_CAS_FORK_K 2        // branches
+#define BLUE_CAS_FORK_STAGE 3    // the stage whose branch code runs
+#define BLUE_CAS_FORK_PARENT 4   // the instance that forked (gets the mailbox messages)
+#define BLUE_CAS_FORK_MARK 5     // its cancel mark (the host flag word value that cancels)
+#define BLUE_CAS_FORK_SEED 6     // the stage run's seed; branch b draws from SEED + b * 0x85EBCA6B
+#define BLUE_CAS_FORK_CAP 7      // tokens each branch may generate
+#define BLUE_CAS_FORK_PLEN 8     // prompt tokens
+#define BLUE_CAS_FORK_HEADER 9   // then per branch BLUE_CAS_BRANCH_WORDS + max_tokens, then the prompt
+#define BLUE_CAS_BR_TOKENS 0     // tokens generated
+#define BLUE_CAS_BR_ENT_SUM 1    // f32, as the stage statistics
+#define BLUE_CAS_BR_ENT_MAX 2
+#define BLUE_CAS_BR_LP_SUM 3
+#define BLUE_CAS_BR_FINISH 4     // the cycle it finished in
+#define BLUE_CAS_BR_BY_SIBLING 5 // 1 when a sibling instance ran it
+#define BLUE_CAS_BR_LEN 6        // tokens kept (stop strings removed), then the tokens
+#define BLUE_CAS_BRANCH_WORDS 7
 
 #endif  // BLUE_VM_CASCADE_ABI_H

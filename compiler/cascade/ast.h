@@ -54,6 +54,15 @@ struct Stage {
     std::vector<std::string> stops;
     std::vector<Loc> stop_locs;
     std::unique_ptr<Cond> skip_if;
+    // `fork K`: K branches run at once as sibling instances, each with its own seed, and
+    // `join RULE` keeps one: "logprob" (highest mean log-probability, the default), "first" (the
+    // first to finish) or "judge" (highest mean log-likelihood under the model `judge`).
+    uint32_t fork = 1;
+    Loc fork_loc;
+    std::string join;  // empty: logprob
+    Loc join_loc;
+    std::string judge;
+    Loc judge_loc;
 };
 
 struct Stmt {

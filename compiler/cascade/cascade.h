@@ -32,6 +32,14 @@
 //   output story                            # the slots the run prints (default: the last written)
 //   prefer story over sketch                # traces: a preference pair (chosen over rejected)
 //
+//   stage draft {                           # best of 4: the branches run at once on sibling
+//       prompt "Once upon a time"           # instances, each with its own seed
+//       write story
+//       fork 4
+//       join logprob                        # keep the highest mean log-probability (default);
+//   }                                       # or `join first`, or `join judge MODEL` (the highest
+//                                           # mean log-likelihood under MODEL after the prompt)
+//
 // Conditions compare `STAGE.tokens`, `.entropy_mean`, `.entropy_max`, `.logprob_mean`, `.runs`
 // or `SLOT.length` with a number (<, <=, >, >=, ==, !=), or test `SLOT contains "text"`.
 // Literal text is tokenized when the cascade is compiled, with the models' shared vocabulary;
@@ -59,6 +67,7 @@ struct CascadeOptions {
     uint32_t max_rows = 512;  // forward rows per step over all instances
     uint32_t chunk = 128;     // prompt tokens one instance prefills per step
     uint32_t in_slots = 64;
+    uint32_t fork_records = 16;  // fork stages running at once over all requests (heap records)
 };
 
 // Parses a `--model NAME=PATH` argument (bluec cascade, bluevm run and serve) into `models`.
@@ -84,6 +93,7 @@ struct CascadeInfo {
     uint32_t steps = 0;               // stage statements (checkpoint step ids 1..steps)
     uint32_t loops = 0;               // loop nesting levels (counters in checkpoints)
     int32_t prefer_chosen = -1, prefer_rejected = -1;  // `prefer`: indices into slots, or -1
+    uint32_t max_fork = 0;            // the most branches a stage forks (0: none)
     static Result<CascadeInfo> fromModule(const Module& m);
 };
 

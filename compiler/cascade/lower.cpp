@@ -126,6 +126,7 @@ Status Lowerer::checkStmts(const std::vector<Stmt>& body) {
 Status Lowerer::checkNames() {
     stage_model.resize(p.stages.size());
     stage_draft.assign(p.stages.size(), 0);
+    stage_judge.assign(p.stages.size(), 0);
     for (size_t i = 0; i < p.stages.size(); ++i) {
         const Stage& st = p.stages[i];
         if (st.model.empty()) {
@@ -159,6 +160,18 @@ Status Lowerer::checkNames() {
             }
             models[stage_draft[i]].used = models[stage_draft[i]].as_draft = true;
             models[stage_model[i]].as_target = true;
+        }
+        if (st.fork > 1) {
+            if (!st.options.empty()) return errorAt(st.fork_loc, "a select stage cannot fork (it scores its options once)");
+            if (!st.speculate.empty()) return errorAt(st.fork_loc, "a stage cannot both fork and speculate");
+        }
+        if (!st.judge.empty()) {
+            bool found = false;
+            for (size_t k = 0; k < models.size(); ++k) {
+                if (models[k].name == st.judge) { stage_judge[i] = uint32_t(k); found = true; }
+            }
+            if (!found) return errorAt(st.judge_loc, "no model named '" + st.judge + "'");
+            models[stage_judge[i]].used = models[stage_judge[i]].as_score = true;
         }
         for (const PromptPart& part : st.prompt) {
             if (!part.literal && slotIndex(part.text) < 0) return errorAt(part.loc, "no slot named '" + part.text + "'");
@@ -233,6 +246,20 @@ Status Lowerer::checkSizes() {
             ctx = std::min(ctx, models[stage_draft[i]].ctx);
             worst += BLUE_SPEC_MAX_DRAFT;  // a verification may score drafts past the last token
         }
+        if (!st.judge.empty()) {
+            const LoadedModel& judge = models[stage_judge[i]];
+            if (worst + st.max_tokens > judge.ctx) {
+                return errorAt(st.judge_loc, strFormat("stage '%s': its prompt (full slots) and a branch can reach %llu tokens, "
+                                                       "more than the context of the judge '%s' (%u)",
+                                                       st.name.c_str(), (unsigned long long)(worst + st.max_tokens),
+                                                       judge.name.c_str(), judge.ctx));
+            }
+            if (st.max_tokens + 1 > opt.max_rows) {
+                return errorAt(st.judge_loc, strFormat("stage '%s': the judge scores a branch in one step of up to %u rows; "
+                                                       "max_tokens %u is too many (raise --max-rows)",
+                                                       st.name.c_str(), opt.max_rows, st.max_tokens));
+            }
+        }
         if (worst + st.max_tokens > ctx) {
             return errorAt(st.prompt_loc, strFormat(
                 "stage '%s': its prompt can reach %llu tokens (full slots) and it may add %u, more than the "
@@ -263,6 +290,12 @@ void Lowerer::layout() {
     }
     hist_base = addr;
     for (const LoadedModel& lm : models) max_ctx = std::max(max_ctx, lm.ctx);
+    for (const Stage& st : p.stages) {
+        if (st.fork < 2) continue;
+        max_fork = std::max(max_fork, st.fork);
+        branch_cap = std::max(branch_cap, st.max_tokens);
+    }
+    branch_slot = hist_base + max_ctx;
 }
 
 void Lowerer::emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label no) {
@@ -385,7 +418,54 @@ void Lowerer::emitStage(uint32_t s) {
         cb.jump(Op::JMP, {}, end);
         cb.bind(ok);
     }
-    // The prompt: BOS, then literals and slots in order.
+    emitPrompt(s);
+    if (st.fork > 1) {
+        emitFork(s, done);
+    } else {
+        // The target is cleared only now: a stage may rewrite the slot it reads.
+        if (!st.append) cb.op(Op::ST, {kZero, kZero}, target);
+        emitRunStart(s);
+        // Each stage run draws from its own stream of the request's seed.
+        emitSampling(s);
+        cb.op(Op::MULI, {kTmp, kRuns}, 0x9E3779B9u);
+        cb.op(Op::ADD, {kTmp, kTmp, kSeed});
+        cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + BLUE_SP_SEED);
+        cb.op(Op::ADDI, {kRuns, kRuns}, 1);
+        cb.jump(Op::BEQZ, {kPrompt}, done);
+        if (!st.options.empty()) {
+            auto chosen = cb.newLabel();
+            emitSelect(s, chosen);
+            cb.bind(chosen);
+            cb.op(Op::ST, {kE, kZero}, stats + BLUE_CAS_ST_CHOICE);
+            cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+        } else if (!st.speculate.empty()) {
+            // The draft reads the prompt too (no table row: its draws are discarded); the target's
+            // verify block in prefill mode draws the first token.
+            cb.li(kTmp, 0xFFFFFFFFu);
+            cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + BLUE_SP_ROW);
+            emitPrefill(models[stage_draft[s]].draft_block);
+            cb.li(kTmp, 1);
+            cb.op(Op::ST, {kTmp, kZero}, spec_base + BLUE_SPEC_MODE);
+            cb.li(kArgSpec, spec_base);
+            emitPrefill(lm.verify_block);
+            cb.op(Op::ST, {kZero, kZero}, spec_base + BLUE_SPEC_MODE);
+        } else {
+            emitPrefill(lm.block);
+        }
+        if (st.options.empty()) emitGenerate(s, GenInto{target, target_cap, false}, done);
+    }
+    cb.bind(done);
+    cb.op(Op::CYCLE, {kTmp});
+    cb.op(Op::LD, {kTmp2, kZero}, stats + BLUE_CAS_ST_CYCLES);
+    cb.op(Op::SUB, {kTmp, kTmp, kTmp2});
+    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_CYCLES);
+    cb.bind(end);
+}
+
+// The prompt into history[0, kPrompt): BOS, then literals and slots in order.
+void Lowerer::emitPrompt(uint32_t s) {
+    const Stage& st = p.stages[s];
+    const LoadedModel& lm = models[stage_model[s]];
     cb.li(kPos, 0);
     if (lm.bos != kNoToken) {
         cb.li(kTmp, lm.bos);
@@ -416,10 +496,14 @@ void Lowerer::emitStage(uint32_t s) {
         first = false;
     }
     cb.op(Op::MOV, {kPrompt, kPos});
-    // The target is cleared only now: a stage may rewrite the slot it reads.
-    if (!st.append) cb.op(Op::ST, {kZero, kZero}, target);
-    // Statistics of this run.
-    for (uint32_t w : {BLUE_CAS_ST_TOKENS, BLUE_CAS_ST_ENT_SUM, BLUE_CAS_ST_ENT_MAX, BLUE_CAS_ST_LP_SUM}) {
+}
+
+// A run of stage `s` begins: its statistics are cleared, its state, runs and start cycle set.
+void Lowerer::emitRunStart(uint32_t s) {
+    const uint32_t stats = stats_base + s * BLUE_CAS_STAGE_WORDS;
+    for (uint32_t w : {BLUE_CAS_ST_TOKENS, BLUE_CAS_ST_ENT_SUM, BLUE_CAS_ST_ENT_MAX, BLUE_CAS_ST_LP_SUM,
+                       BLUE_CAS_ST_DRAFTED, BLUE_CAS_ST_ACCEPTED, BLUE_CAS_ST_PASSES, BLUE_CAS_ST_BRANCHES,
+                       BLUE_CAS_ST_SIBLINGS, BLUE_CAS_ST_BRANCH_TOKENS}) {
         cb.op(Op::ST, {kZero, kZero}, stats + w);
     }
     cb.li(kTmp, BLUE_CAS_STATE_RAN);
@@ -429,7 +513,11 @@ void Lowerer::emitStage(uint32_t s) {
     cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_RUNS);
     cb.op(Op::CYCLE, {kTmp});
     cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_CYCLES);
-    // Sampling parameters; each stage run draws from its own stream of the request's seed.
+}
+
+// The stage's sampling parameters into the sampling block (all but the seed).
+void Lowerer::emitSampling(uint32_t s) {
+    const Stage& st = p.stages[s];
     auto param = [&](uint32_t word, uint32_t value) {
         cb.li(kTmp, value);
         cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + word);
@@ -443,119 +531,105 @@ void Lowerer::emitStage(uint32_t s) {
     param(BLUE_SP_PRESENCE, floatBits(0.0f));
     param(BLUE_SP_FREQUENCY, floatBits(0.0f));
     param(BLUE_SP_HIST_ADDR, hist_base);
-    cb.op(Op::MULI, {kTmp, kRuns}, 0x9E3779B9u);
-    cb.op(Op::ADD, {kTmp, kTmp, kSeed});
-    cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + BLUE_SP_SEED);
-    cb.op(Op::ADDI, {kRuns, kRuns}, 1);
-    cb.jump(Op::BEQZ, {kPrompt}, done);
-    for (uint32_t w : {BLUE_CAS_ST_DRAFTED, BLUE_CAS_ST_ACCEPTED, BLUE_CAS_ST_PASSES}) cb.op(Op::ST, {kZero, kZero}, stats + w);
-    if (!st.options.empty()) {
-        auto chosen = cb.newLabel();
-        emitSelect(s, chosen);
-        cb.bind(chosen);
-        cb.op(Op::ST, {kE, kZero}, stats + BLUE_CAS_ST_CHOICE);
-        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
-    } else if (!st.speculate.empty()) {
-        // The draft reads the prompt too (no table row: its draws are discarded); the target's
-        // verify block in prefill mode draws the first token.
-        cb.li(kTmp, 0xFFFFFFFFu);
-        cb.op(Op::ST, {kTmp, kZero}, BLUE_LM_SAMPLING + BLUE_SP_ROW);
-        emitPrefill(models[stage_draft[s]].draft_block);
-        cb.li(kTmp, 1);
-        cb.op(Op::ST, {kTmp, kZero}, spec_base + BLUE_SPEC_MODE);
-        cb.li(kArgSpec, spec_base);
-        emitPrefill(lm.verify_block);
-        cb.op(Op::ST, {kZero, kZero}, spec_base + BLUE_SPEC_MODE);
-    } else {
-        emitPrefill(lm.block);
-    }
-    if (st.options.empty()) {
-        cb.li(kGen, 0);
-        // The token in kTok is generated: check the stop rules, append it to the slot and count it;
-        // its T = 1 entropy and log-probability are local[reg + entropy_at], local[reg + logprob_at].
-        auto accept = [&](uint8_t reg, uint32_t entropy_at, uint32_t logprob_at) {
+}
+
+// Generation after the prefill (its first token is in the sampling block) into the slot at
+// `into.slot`. A request's own stage run counts its tokens against max_tokens and the budget and
+// is cancelled by its flag; a fork branch (vm/cascade_abi.h) stops at kCap and at its parent's
+// cancel flag (kParent, kMark), and leaves the budget to the join.
+void Lowerer::emitGenerate(uint32_t s, const GenInto& into, CodeBuilder::Label done) {
+    const Stage& st = p.stages[s];
+    const LoadedModel& lm = models[stage_model[s]];
+    const uint32_t stats = stats_base + s * BLUE_CAS_STAGE_WORDS;
+    const uint32_t target = into.slot;
+    cb.li(kGen, 0);
+    // The token in kTok is generated: check the stop rules, append it to the slot and count it;
+    // its T = 1 entropy and log-probability are local[reg + entropy_at], local[reg + logprob_at].
+    auto accept = [&](uint8_t reg, uint32_t entropy_at, uint32_t logprob_at) {
+        if (into.branch) {
+            cb.jump(Op::BGEU, {kGen, kCap}, done);
+        } else {
             cb.li(kTmp, st.max_tokens);
             cb.jump(Op::BGEU, {kGen, kTmp}, done);
             if (p.budget) {
                 cb.li(kTmp, p.budget);
                 cb.jump(Op::BGEU, {kTotal, kTmp}, done);
             }
-            for (uint32_t id : lm.eog) {
-                cb.li(kTmp, id);
-                cb.jump(Op::BEQ, {kTok, kTmp}, done);
-            }
-            cb.op(Op::LD, {kLen, kZero}, target);
-            cb.li(kTmp, target_cap);
-            cb.jump(Op::BGEU, {kLen, kTmp}, done);
-            cb.op(Op::ST, {kTok, kLen}, target + 1);
-            cb.op(Op::ADDI, {kLen, kLen}, 1);
+        }
+        for (uint32_t id : lm.eog) {
+            cb.li(kTmp, id);
+            cb.jump(Op::BEQ, {kTok, kTmp}, done);
+        }
+        cb.op(Op::LD, {kLen, kZero}, target);
+        cb.li(kTmp, into.cap);
+        cb.jump(Op::BGEU, {kLen, kTmp}, done);
+        cb.op(Op::ST, {kTok, kLen}, target + 1);
+        cb.op(Op::ADDI, {kLen, kLen}, 1);
+        cb.op(Op::ST, {kLen, kZero}, target);
+        cb.op(Op::ADDI, {kGen, kGen}, 1);
+        if (!into.branch) cb.op(Op::ADDI, {kTotal, kTotal}, 1);
+        cb.op(Op::ST, {kGen, kZero}, stats + BLUE_CAS_ST_TOKENS);
+        cb.op(Op::LD, {kF1, reg}, entropy_at);
+        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
+        cb.op(Op::FADD, {kF2, kF2, kF1});
+        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
+        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
+        cb.op(Op::FMAX, {kF2, kF2, kF1});
+        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
+        cb.op(Op::LD, {kF1, reg}, logprob_at);
+        cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+        cb.op(Op::FADD, {kF2, kF2, kF1});
+        cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
+        // Stop strings: the slot's last tokens (of this run) equal one of them; they are dropped.
+        for (const std::string& stop : st.stops) {
+            std::vector<uint32_t> seq = tokensOf(stop, true);
+            uint32_t at = addConsts(seq);
+            auto cmp = cb.newLabel(), match = cb.newLabel(), next = cb.newLabel();
+            cb.li(kN, uint32_t(seq.size()));
+            cb.jump(Op::BLTU, {kGen, kN}, next);
+            cb.li(kJ, 0);
+            cb.bind(cmp);
+            cb.jump(Op::BGEU, {kJ, kN}, match);
+            cb.op(Op::SUB, {kWord, kLen, kN});
+            cb.op(Op::ADD, {kWord, kWord, kJ});
+            cb.op(Op::LD, {kWord, kWord}, target + 1);
+            cb.op(Op::LDK, {kWord2, kJ}, at);
+            cb.jump(Op::BNE, {kWord, kWord2}, next);
+            cb.op(Op::ADDI, {kJ, kJ}, 1);
+            cb.jump(Op::JMP, {}, cmp);
+            cb.bind(match);
+            cb.op(Op::SUB, {kLen, kLen, kN});
             cb.op(Op::ST, {kLen, kZero}, target);
-            cb.op(Op::ADDI, {kGen, kGen}, 1);
-            cb.op(Op::ADDI, {kTotal, kTotal}, 1);
-            cb.op(Op::ST, {kGen, kZero}, stats + BLUE_CAS_ST_TOKENS);
-            cb.op(Op::LD, {kF1, reg}, entropy_at);
-            cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
-            cb.op(Op::FADD, {kF2, kF2, kF1});
-            cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_SUM);
-            cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
-            cb.op(Op::FMAX, {kF2, kF2, kF1});
-            cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_ENT_MAX);
-            cb.op(Op::LD, {kF1, reg}, logprob_at);
-            cb.op(Op::LD, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
-            cb.op(Op::FADD, {kF2, kF2, kF1});
-            cb.op(Op::ST, {kF2, kZero}, stats + BLUE_CAS_ST_LP_SUM);
-            // Stop strings: the slot's last tokens (of this run) equal one of them; they are dropped.
-            for (const std::string& stop : st.stops) {
-                std::vector<uint32_t> seq = tokensOf(stop, true);
-                uint32_t at = addConsts(seq);
-                auto cmp = cb.newLabel(), match = cb.newLabel(), next = cb.newLabel();
-                cb.li(kN, uint32_t(seq.size()));
-                cb.jump(Op::BLTU, {kGen, kN}, next);
-                cb.li(kJ, 0);
-                cb.bind(cmp);
-                cb.jump(Op::BGEU, {kJ, kN}, match);
-                cb.op(Op::SUB, {kWord, kLen, kN});
-                cb.op(Op::ADD, {kWord, kWord, kJ});
-                cb.op(Op::LD, {kWord, kWord}, target + 1);
-                cb.op(Op::LDK, {kWord2, kJ}, at);
-                cb.jump(Op::BNE, {kWord, kWord2}, next);
-                cb.op(Op::ADDI, {kJ, kJ}, 1);
-                cb.jump(Op::JMP, {}, cmp);
-                cb.bind(match);
-                cb.op(Op::SUB, {kLen, kLen, kN});
-                cb.op(Op::ST, {kLen, kZero}, target);
-                cb.jump(Op::JMP, {}, done);
-                cb.bind(next);
-            }
+            cb.jump(Op::JMP, {}, done);
+            cb.bind(next);
+        }
+        if (into.branch) {
+            cb.op(Op::INFLAG, {kFlagWord, kParent});
+            cb.jump(Op::BEQ, {kFlagWord, kMark}, done);
+        } else {
             cb.op(Op::INFLAG, {kFlagWord, kIid});
             cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, cancel_label);
-        };
-        if (st.speculate.empty()) {
-            // Decode: take the sampled token, accept it, feed it back.
-            auto decode = cb.newLabel();
-            cb.bind(decode);
-            cb.op(Op::LD, {kTok, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
-            accept(kZero, BLUE_LM_SAMPLING + BLUE_SP_OUT_ENTROPY, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
-            cb.li(kTmp, lm.ctx);
-            cb.jump(Op::BGEU, {kPos, kTmp}, done);
-            cb.op(Op::ST, {kTok, kPos}, hist_base);
-            cb.li(kArgRows, 1);
-            cb.op(Op::MOV, {kArgPos, kPos});
-            cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
-            cb.op(Op::ADDI, {kPos, kPos}, 1);
-            cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
-            cb.op(Op::RUN, {kArgRows}, lm.block);
-            cb.jump(Op::JMP, {}, decode);
-        } else {
-            emitSpeculation(s, accept, done);
         }
+    };
+    if (st.speculate.empty()) {
+        // Decode: take the sampled token, accept it, feed it back.
+        auto decode = cb.newLabel();
+        cb.bind(decode);
+        cb.op(Op::LD, {kTok, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
+        accept(kZero, BLUE_LM_SAMPLING + BLUE_SP_OUT_ENTROPY, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
+        cb.li(kTmp, lm.ctx);
+        cb.jump(Op::BGEU, {kPos, kTmp}, done);
+        cb.op(Op::ST, {kTok, kPos}, hist_base);
+        cb.li(kArgRows, 1);
+        cb.op(Op::MOV, {kArgPos, kPos});
+        cb.op(Op::ADDI, {kArgTokens, kPos}, hist_base);
+        cb.op(Op::ADDI, {kPos, kPos}, 1);
+        cb.op(Op::ST, {kPos, kZero}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+        cb.op(Op::RUN, {kArgRows}, lm.block);
+        cb.jump(Op::JMP, {}, decode);
+    } else {
+        emitSpeculation(s, accept, done);
     }
-    cb.bind(done);
-    cb.op(Op::CYCLE, {kTmp});
-    cb.op(Op::LD, {kTmp2, kZero}, stats + BLUE_CAS_ST_CYCLES);
-    cb.op(Op::SUB, {kTmp, kTmp, kTmp2});
-    cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_CYCLES);
-    cb.bind(end);
 }
 
 // Prefill of the prompt in history[0, kPrompt) through `block`, in chunks; each chunk samples,
@@ -828,8 +902,9 @@ void Lowerer::emitStageRecords(uint32_t stage) {
         {BLUE_CAS_ST_STATE, Op::OUTU}, {BLUE_CAS_ST_TOKENS, Op::OUTU}, {BLUE_CAS_ST_ENT_SUM, Op::OUTF},
         {BLUE_CAS_ST_ENT_MAX, Op::OUTF}, {BLUE_CAS_ST_LP_SUM, Op::OUTF}, {BLUE_CAS_ST_CYCLES, Op::OUTU},
         {BLUE_CAS_ST_RUNS, Op::OUTU}, {BLUE_CAS_ST_DRAFTED, Op::OUTU}, {BLUE_CAS_ST_ACCEPTED, Op::OUTU},
-        {BLUE_CAS_ST_PASSES, Op::OUTU}, {BLUE_CAS_ST_CHOICE, Op::OUTU}};
-    static_assert(BLUE_CAS_OUT_STAGE_RECORDS == 11, "the records below are the protocol");
+        {BLUE_CAS_ST_PASSES, Op::OUTU}, {BLUE_CAS_ST_CHOICE, Op::OUTU}, {BLUE_CAS_ST_BRANCHES, Op::OUTU},
+        {BLUE_CAS_ST_SIBLINGS, Op::OUTU}, {BLUE_CAS_ST_BRANCH_TOKENS, Op::OUTU}};
+    static_assert(BLUE_CAS_OUT_STAGE_RECORDS == 14, "the records below are the protocol");
     for (auto [word, op] : records) {
         cb.op(Op::LD, {kTmp, kZero}, st + word);
         cb.op(op, {kTmp});
@@ -966,9 +1041,16 @@ void Lowerer::emitProgram() {
     cb.li(kZero, 0);
     cb.li(kMinus1, 0xFFFFFFFFu);
     cb.op(Op::IID, {kIid});
-    cb.bind(next);
-    cb.op(Op::INRECV, {kSlot});
-    cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
+    if (max_fork) {
+        // Between requests an instance runs other requests' fork branches.
+        auto request = cb.newLabel();
+        emitIdle(next, request, halt);
+        cb.bind(request);
+    } else {
+        cb.bind(next);
+        cb.op(Op::INRECV, {kSlot});
+        cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
+    }
     cb.li(kTmp, BLUE_CAS_REQ_TAG);
     cb.op(Op::INLD, {kTag, kSlot, kTmp});
     cb.op(Op::OUTBEGIN, {kTag});
@@ -988,15 +1070,24 @@ void Lowerer::emitProgram() {
     emitStmts(p.body, 0);
     cb.bind(finish_label);
     emitOutputs();
+    auto ended = cb.newLabel();
     cb.op(Op::OUTEND, {kTag});
-    cb.jump(Op::JMP, {}, next);
+    cb.jump(Op::JMP, {}, ended);
     cb.bind(reject);
     cb.op(Op::INFREE, {kSlot});
     cb.bind(cancel_label);
     cb.op(Op::OUTEND, {kTag});
+    cb.bind(ended);
+    if (max_fork) {
+        cb.li(kTmp, BLUE_CAS_HEAP_ACTIVE);
+        cb.op(Op::ATOMADD, {kWord, kTmp, kMinus1});
+    }
     cb.jump(Op::JMP, {}, next);
     cb.bind(halt);
     cb.op(Op::HALT);
+    for (uint32_t s = 0; s < p.stages.size(); ++s) {
+        if (p.stages[s].fork > 1) emitBranch(s);
+    }
 }
 
 static std::string joinNames(const std::vector<std::string>& names) {
@@ -1026,7 +1117,7 @@ Result<Module> Lowerer::run() {
         table = uint32_t(m.tensors.size() - 1);
     }
     bool selects = false;
-    for (const Stage& st : p.stages) selects |= !st.options.empty();
+    for (const Stage& st : p.stages) selects |= !st.options.empty() || !st.judge.empty();
     if (selects) {
         TensorDecl t;
         t.name = "select/score";
@@ -1052,7 +1143,21 @@ Result<Module> Lowerer::run() {
         }
     }
     m.layout.regs = kRegs;
-    m.layout.local_words = hist_base + max_ctx;
+    m.layout.local_words = hist_base + max_ctx + (max_fork ? 1 + branch_cap : 0);
+    if (max_fork) {
+        fork_records = std::max<uint32_t>(1, opt.fork_records);
+        uint64_t heap = BLUE_CAS_HEAP_FORKS + uint64_t(fork_records) * forkRecordWords();
+        if (heap > BLUE_MAX_HEAP_WORDS) {
+            return errorAt({1, 1}, strFormat("%u fork records need %llu heap words, more than %u",
+                                             fork_records, (unsigned long long)heap, BLUE_MAX_HEAP_WORDS));
+        }
+        m.layout.heap_words = m.layout.heap_static = uint32_t(heap);
+        m.layout.mailbox_cap = max_fork;  // a parent's siblings never wait to send
+        branch_labels.assign(p.stages.size(), 0);
+        for (uint32_t s = 0; s < p.stages.size(); ++s) {
+            if (p.stages[s].fork > 1) branch_labels[s] = cb.newLabel();
+        }
+    }
     m.layout.in_slots = opt.in_slots;
     countSteps(p.body, 0);
     // A request carries a resume block with every slot at full capacity (durable slots).
@@ -1089,6 +1194,7 @@ Result<Module> Lowerer::run() {
               {"cascade.vocab", vocabFingerprint(vocab())},
               {"cascade.steps", std::to_string(steps)},
               {"cascade.loops", std::to_string(loop_depth)}};
+    if (max_fork) m.meta.push_back({"cascade.fork", std::to_string(max_fork)});
     if (p.prefer_loc.line) {
         m.meta.push_back({"cascade.prefer", std::to_string(slotIndex(p.prefer_chosen) - 1) + "," +
                                                 std::to_string(slotIndex(p.prefer_rejected) - 1)});
@@ -1192,6 +1298,9 @@ Result<CascadeInfo> CascadeInfo::fromModule(const Module& m) {
     // them (steps 0).
     if (const std::string* v = m.metaValue("cascade.steps"); v && !number(*v, &info.steps)) return Status::error("cascade module: bad step count");
     if (const std::string* v = m.metaValue("cascade.loops"); v && !number(*v, &info.loops)) return Status::error("cascade module: bad loop depth");
+    if (const std::string* v = m.metaValue("cascade.fork"); v && (!number(*v, &info.max_fork) || info.max_fork > 64)) {
+        return Status::error("cascade module: bad cascade.fork");
+    }
     if (const std::string* v = m.metaValue("cascade.prefer")) {
         std::vector<std::string> pair = splitNames(*v);
         uint32_t a = 0, b = 0;

@@ -13,6 +13,7 @@
 #include "compiler/gguf.h"
 #include "compiler/model_config.h"
 #include "compiler/tokenizer.h"
+#include "vm/cascade_abi.h"
 #include "vm/llm_abi.h"
 
 namespace blue::cascade {
@@ -28,7 +29,9 @@ enum Reg : uint8_t {
     kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kArgSpec,  // RUN arguments (BLUE_FA_*)
     kCancelMark, kFlagWord, kChunk, kJ, kWord2, kZero,
     kSpecK, kK, kAcc, kE, kDraftNext,  // speculative decoding
-    kLoop0 = 40,
+    kFork, kBranch, kCap, kOwn,        // fork and join: the record, the branch, its token cap,
+    kLoop0 = 40,                       // branches done; loop counters up to kLoop0 + 16
+    kParent = 58, kMark,               // a branch's parent instance and its cancel mark
 };
 inline constexpr uint32_t kRegs = 64;
 
@@ -60,6 +63,11 @@ struct Lowerer {
     std::vector<uint32_t> slot_addr;  // [0] input, then p.slots
     std::vector<uint32_t> slot_cap;
     CodeBuilder::Label finish_label = 0, cancel_label = 0;
+    // Fork and join: records in the heap (vm/cascade_abi.h), a local slot a branch generates
+    // into, and per fork stage the code of one branch (a subroutine).
+    uint32_t fork_records = 0, max_fork = 0, branch_slot = 0, branch_cap = 0;
+    std::vector<CodeBuilder::Label> branch_labels;  // by stage (0: not a fork)
+    std::vector<uint32_t> stage_judge;              // by stage: the judge's model index
     std::vector<CodeBuilder::Label> loop_ends;
     // Durable slots (vm/cascade_abi.h): stage statements are steps 1..steps in source order;
     // step_labels[k] is the code right after step k's checkpoint, where a resume continues.
@@ -125,6 +133,25 @@ struct Lowerer {
     void emitProgram();
     void emitStmts(const std::vector<Stmt>& body, uint32_t depth);
     void emitStage(uint32_t s);
+    void emitPrompt(uint32_t s);
+    void emitRunStart(uint32_t s);
+    void emitSampling(uint32_t s);
+    // Where emitGenerate appends: a slot's local address and capacity; `branch`: a fork branch.
+    struct GenInto {
+        uint32_t slot = 0, cap = 0;
+        bool branch = false;
+    };
+    void emitGenerate(uint32_t s, const GenInto& into, CodeBuilder::Label done);
+    // Fork and join (lower_fork.cpp).
+    void emitFork(uint32_t s, CodeBuilder::Label done);
+    void emitJoin(uint32_t s);
+    void emitJudge(uint32_t s);
+    void emitBranch(uint32_t s);
+    void emitForkScan(CodeBuilder::Label after);
+    void emitIdle(CodeBuilder::Label next, CodeBuilder::Label request, CodeBuilder::Label halt);
+    uint32_t forkRecordWords() const;
+    uint32_t branchWords(uint32_t s) const { return BLUE_CAS_BRANCH_WORDS + p.stages[s].max_tokens; }
+    uint32_t forkPromptAt(uint32_t s) const { return BLUE_CAS_FORK_HEADER + p.stages[s].fork * branchWords(s); }
     void emitPrefill(uint32_t block, uint8_t end = kPrompt);
     void emitSelect(uint32_t s, CodeBuilder::Label done);
     void emitSpeculation(uint32_t s, const std::function<void(uint8_t, uint32_t, uint32_t)>& accept,

@@ -25,6 +25,7 @@ struct Tok {
 constexpr uint32_t kMaxNesting = 16;
 constexpr uint32_t kMaxRepeat = 1000;
 constexpr uint32_t kMaxStages = 256;
+constexpr uint32_t kMaxBranches = 16;  // `fork K`
 constexpr size_t kMaxSource = 1 << 20;
 
 class Parser {
@@ -201,7 +202,7 @@ private:
             "model", "slot", "stage", "prompt", "write", "append", "max_tokens", "temperature", "top_k",
             "top_p", "min_p", "repeat_penalty", "repeat_last_n", "stop", "skip", "if", "else", "repeat",
             "break", "run", "output", "budget", "context", "and", "or", "not", "contains", "speculate",
-            "speculate_tokens", "select", "prefer"};
+            "speculate_tokens", "select", "prefer", "fork", "join"};
         if (reserved.count(name)) return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot or stage");
         if (name.size() > 64) return errorAt(l, "name longer than 64 characters");
         return Status::ok();
@@ -433,6 +434,18 @@ private:
                 BLUE_TRY_ASSIGN(st.speculate, ident("a draft model's name"));
             } else if (key == "speculate_tokens") {
                 BLUE_TRY_ASSIGN(st.speculate_tokens, count("speculate_tokens", 1, BLUE_SPEC_MAX_DRAFT));
+            } else if (key == "fork") {
+                st.fork_loc = kl;
+                BLUE_TRY_ASSIGN(st.fork, count("fork", 2, kMaxBranches));
+            } else if (key == "join") {
+                st.join_loc = peek().loc;
+                BLUE_TRY_ASSIGN(st.join, ident("a join rule (logprob, first, judge MODEL)"));
+                if (st.join == "judge") {
+                    st.judge_loc = peek().loc;
+                    BLUE_TRY_ASSIGN(st.judge, ident("the judge's model name"));
+                } else if (st.join != "logprob" && st.join != "first") {
+                    return errorAt(st.join_loc, "unknown join rule '" + st.join + "' (logprob, first, judge MODEL)");
+                }
             } else if (key == "max_tokens") {
                 BLUE_TRY_ASSIGN(st.max_tokens, count("max_tokens", 1, 65536));
             } else if (key == "temperature") {
@@ -463,7 +476,8 @@ private:
                 BLUE_TRY_ASSIGN(st.skip_if, condition());
             } else {
                 return errorAt(kl, "unknown stage property '" + key + "' (model, prompt, write, append, max_tokens, "
-                                   "temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stop, skip if, speculate, speculate_tokens, select)");
+                                   "temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stop, skip if, speculate, speculate_tokens, select, "
+                                   "fork, join)");
             }
             BLUE_TRY(endOfLine());
         }
@@ -471,6 +485,7 @@ private:
         ++pos_;
         if (st.prompt.empty()) return errorAt(close, "stage '" + st.name + "' has no prompt");
         if (st.target.empty()) return errorAt(close, "stage '" + st.name + "' writes no slot (add `write SLOT` or `append SLOT`)");
+        if (!st.join.empty() && st.fork < 2) return errorAt(st.join_loc, "'join' needs 'fork K' in the same stage");
         prog_->stages.push_back(std::move(st));
         return Status::ok();
     }

@@ -143,6 +143,9 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
         messages.push_back(cascadeRequest(uint32_t(i), tasks[i].seed, ids, resume));
     }
     uint32_t instances = std::max<uint32_t>(1, std::min<uint32_t>(options_.instances, uint32_t(std::max<size_t>(1, tasks.size()))));
+    if (info_.max_fork) {
+        instances += options_.siblings >= 0 ? uint32_t(options_.siblings) : instances * (info_.max_fork - 1);
+    }
     uint64_t max_cycles = options_.max_cycles ? options_.max_cycles : 10000000;
     std::vector<OutputRecord> records;
     RunReport report;
@@ -251,6 +254,9 @@ Result<bool> CascadeDecoder::push(const OutputRecord& rec, uint32_t* tag, Cascad
             case 8: st.accepted = rec.value; break;
             case 9: st.passes = rec.value; break;
             case 10: st.choice = rec.value; break;
+            case 11: st.branches = rec.value; break;
+            case 12: st.siblings = rec.value; break;
+            case 13: st.branch_tokens = rec.value; break;
         }
         ++c.field;
         return false;
@@ -286,7 +292,9 @@ void CascadeDecoder::finish(CascadeResult& r) const {
     r.slot_text.clear();
     for (const auto& slot : r.slots) r.slot_text.push_back(tokenizer_.decode(slot));
     r.generated = 0;
-    for (const StageStats& st : r.stages) r.generated += st.state == BLUE_CAS_STATE_RAN ? st.tokens : 0;
+    for (const StageStats& st : r.stages) {
+        if (st.state == BLUE_CAS_STATE_RAN) r.generated += st.branches ? st.branch_tokens : st.tokens;
+    }
 }
 
 std::vector<uint32_t> cascadeRequest(uint32_t tag, uint32_t seed, std::span<const int32_t> tokens,
@@ -315,6 +323,10 @@ std::string cascadeStatsJson(const CascadeResult& r) {
                              "\"tokens_per_pass\":%.4f",
                              st.drafted, st.accepted, st.drafted ? double(st.accepted) / st.drafted : 0.0, st.passes,
                              double(st.tokens) / st.passes);
+        }
+        if (st.branches) {
+            out += strFormat(",\"branches\":%u,\"by_siblings\":%u,\"branch_tokens\":%u,\"kept\":%u",
+                             st.branches, st.siblings, st.branch_tokens, st.choice);
         }
         out += "}";
     }

@@ -27,6 +27,9 @@ struct CascadeRunOptions {
     std::string device;        // see DeviceOptions::select
     bool reference = false;    // the CPU reference interpreter instead of the GPU
     uint32_t instances = 1;    // tasks run at once
+    // Instances beside them that run fork branches (cascades with `fork K`); -1: K - 1 per task
+    // run at once, so every branch of a fork runs at the same time.
+    int32_t siblings = -1;
     uint32_t chain_cycles = 64;
     double max_submit_ms = -1;  // GpuOptions::max_submit_ms
     uint64_t max_cycles = 0;    // watchdog (0: 10 million cycles)
@@ -40,7 +43,9 @@ struct StageStats {
     uint32_t state = 0;  // BLUE_CAS_STATE_*
     uint32_t tokens = 0, cycles = 0, runs = 0;
     uint32_t drafted = 0, accepted = 0, passes = 0;  // speculative stages (passes: target verifications)
-    uint32_t choice = 0;                             // select stages: the option written
+    uint32_t choice = 0;                             // select stages: the option written; fork: the branch kept
+    uint32_t branches = 0, siblings = 0;             // fork stages: branches, of which siblings ran
+    uint32_t branch_tokens = 0;                      // fork stages: tokens of all branches
     bool select = false;                             // (set by the runner from the module)
     float entropy_sum = 0, entropy_max = 0, logprob_sum = 0;
     float entropyMean() const { return tokens ? entropy_sum / float(tokens) : 0.0f; }

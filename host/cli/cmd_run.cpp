@@ -24,6 +24,7 @@ namespace {
 struct RunArgs {
     std::string program, out, input, device;
     uint32_t instances = 1;
+    int32_t siblings = -1;
     uint64_t max_cycles = 1000000;
     uint32_t chain_cycles = 64;
     double max_submit_ms = -1;  // negative: GpuOptions' default (BLUE_MAX_SUBMIT_MS or 50)
@@ -153,6 +154,7 @@ int runCascade(const RunArgs& args) {
     opt.device = args.device;
     opt.reference = args.ref;
     opt.instances = args.instances;
+    opt.siblings = args.siblings;
     opt.chain_cycles = args.chain_cycles;
     opt.max_submit_ms = args.max_submit_ms;
     opt.profile = args.profile;
@@ -245,6 +247,10 @@ Command addRunCommand(CLI::App& app) {
     sub->add_option("--wal", args->wal,
                     "cascades: durable slots: log every stage's checkpoint to FILE (fsynced); with an existing "
                     "FILE, resume after its last completed stage");
+    sub->add_option("--siblings", args->siblings,
+                    "cascades with `fork K`: instances beside the tasks that run fork branches "
+                    "(default: K - 1 per task; 0: each task runs its branches one after another)")
+        ->check(CLI::Range(0, 4096));
     sub->add_option("--trace", args->trace, "cascades: append one JSON line per task (stages, slots, preference pair) to FILE");
     return [args] {
         auto m = loadProgram(args->program);
