@@ -157,7 +157,7 @@ TEST_CASE("cascade: every program in programs/ gives the same slots and decision
     // two best logits are within ~1e-3 may go either way. Sampled, a draw that falls that close to
     // the boundary between two tokens may too; the agreement is reported.
     uint32_t same = 0, total = 0;
-    for (std::string name : {"draft_refine", "entropy_skip", "review_loop"}) {
+    for (std::string name : {"draft_refine", "entropy_skip", "review_loop", "best_of"}) {
         CAPTURE(name);
         for (bool sampled : {false, true}) {
             CAPTURE(sampled);
@@ -479,7 +479,7 @@ std::string mutate(const std::string& s, std::mt19937& rng) {
 TEST_CASE("cascade: mutated sources compile or fail with FILE:LINE:COL; what compiles verifies and runs to a clean end") {
     std::mt19937 rng(1234);
     uint32_t compiled = 0, refused = 0, ran = 0;
-    for (const char* name : {"draft_refine", "entropy_skip", "review_loop"}) {
+    for (const char* name : {"draft_refine", "entropy_skip", "review_loop", "best_of"}) {
         std::string src = program(name);
         CascadeOptions o = optionsFor(src);
         for (int i = 0; i < 400; ++i) {

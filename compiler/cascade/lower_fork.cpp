@@ -375,22 +375,21 @@ void Lowerer::emitForkScan(CodeBuilder::Label after) {
     cb.bind(none);
 }
 
-// The wait for work of a module with fork stages, at `next`: a request (to `request`, its slot
-// in kSlot, counted in the heap's ACTIVE), else a branch to run, else the next cycle. Once the
-// input is closed and drained and no request is in progress anywhere, to `halt`.
+// The wait for work of a module with fork stages, at `next`: a branch of a request in progress
+// first (it finishes sooner), else a new request (to `request`, its slot in kSlot, counted in the
+// heap's ACTIVE), else the next cycle. Once the input is closed and drained and no request is in
+// progress anywhere, to `halt`.
 void Lowerer::emitIdle(CodeBuilder::Label next, CodeBuilder::Label request, CodeBuilder::Label halt) {
-    auto polled = cb.newLabel(), closed = cb.newLabel(), got = cb.newLabel();
+    auto polled = cb.newLabel(), got = cb.newLabel();
     cb.bind(next);
+    emitForkScan(next);
     cb.op(Op::INPOLL, {kSlot});
     cb.li(kTmp, 0xFFFFFFFEu);
     cb.jump(Op::BNE, {kSlot, kTmp}, polled);
-    emitForkScan(next);
     cb.op(Op::YIELD);
     cb.jump(Op::JMP, {}, next);
     cb.bind(polled);
     cb.jump(Op::BNE, {kSlot, kMinus1}, got);
-    cb.bind(closed);
-    emitForkScan(next);
     cb.li(kTmp, BLUE_CAS_HEAP_ACTIVE);
     cb.op(Op::ATOMADD, {kWord, kTmp, kZero});
     cb.jump(Op::BEQZ, {kWord}, halt);
