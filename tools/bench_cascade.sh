@@ -6,7 +6,9 @@
 #     wall time;
 #  2. a three-stage greedy cascade (draft, refine, moral) in one `bluevm run`, against the same
 #     stages as three `bluevm generate` processes with the host building each prompt from the
-#     previous text (host in the loop): wall time, submits and round trips.
+#     previous text (host in the loop): wall time, submits and round trips;
+#  3. best of N (programs/best_of.cas) with its branches at once on sibling instances against
+#     the same branches one after another (--siblings 0), with stories260K and the upcycled model.
 # Usage: tools/bench_cascade.sh [ROUNDS]   (build first: tools/build.sh; BUILD_DIR overrides build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,3 +92,27 @@ echo "| | wall ms per task (processes included) | submits | round trips |"
 echo "| --- | --- | --- | --- |"
 echo "| one cascade (\`bluevm run\`) | $((cas_total / rounds)) | $(field submits <"$work/three.err") | $(field round_trips <"$work/three.err") |"
 echo "| three \`bluevm generate\` calls | $((gen_total / rounds)) | $gen_submits | $gen_rt inside the calls + 2 stage hand-offs through the host |"
+
+echo
+echo "## Best of N (programs/best_of.cas: fork 4 then fork 3): branches at once on sibling instances against one after another ($rounds rounds each, alternating)"
+echo "| writer model | branches | wall ms (mean) | cycles | submits | same text |"
+echo "| --- | --- | --- | --- | --- | --- |"
+for model in "$M" "$work/big.gguf"; do
+  "$B/compiler/bluec" cascade programs/best_of.cas --model writer="$model" -o "$work/best.bir"
+  at_total=0; seq_total=0
+  for r in $(seq "$rounds"); do
+    for kind in at seq; do
+      args=(); [ "$kind" = seq ] && args=(--siblings 0)
+      "$B/host/bluevm" run "$work/best.bir" --prompt "" --seed "$r" --stats "${args[@]}" >"$work/best_$kind.out" 2>"$work/best_$kind.err"
+      ms=$(field wall_ms <"$work/best_$kind.err")
+      if [ "$kind" = at ]; then at_total=$(echo "$at_total + $ms" | bc); else seq_total=$(echo "$seq_total + $ms" | bc); fi
+    done
+    cmp -s "$work/best_at.out" "$work/best_seq.out" || { echo "best_of: the texts differ at seed $r" >&2; exit 1; }
+  done
+  name=$([ "$model" = "$M" ] && echo stories260K || echo "upcycled (10 layers)")
+  for kind in seq at; do
+    label=$([ "$kind" = at ] && echo "at once (siblings)" || echo "one after another (--siblings 0)")
+    total=$([ "$kind" = at ] && echo "$at_total" || echo "$seq_total")
+    echo "| $name | $label | $(echo "scale=1; $total / $rounds" | bc) | $(field cycles <"$work/best_$kind.err") | $(field submits <"$work/best_$kind.err") | yes |"
+  done
+done
