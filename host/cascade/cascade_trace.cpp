@@ -26,6 +26,11 @@ std::string cascadeTraceLine(const CascadeInfo& info, const CascadeTask& task, c
                           {"entropy_max", st.entropy_max},
                           {"logprob_mean", st.logprobMean()},
                           {"cycles", st.cycles}});
+        if (st.branches) {
+            stages.back()["branches"] = st.branches;
+            stages.back()["kept"] = st.choice;
+            stages.back()["branch_tokens"] = st.branch_tokens;
+        }
     }
     line["stages"] = std::move(stages);
     ordered_json slots = ordered_json::object();
