@@ -28,7 +28,7 @@ constexpr const char* kUsage =
     "       bluec lower --model M.gguf -o OUT.bir [--ctx N] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32]       compile a GGUF model into a generation program\n"
     "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--chunk N]\n"
-    "                   [--kv f16|f32]"
+    "                   [--kv f16|f32] [--forks N (fork stages in flight at once, default 16)]\n"
     "                                        compile a cascade of models\n";
 
 int fail(const std::string& msg) {
@@ -108,6 +108,8 @@ int cascade(int argc, char** argv) {
             ok = parseU32(v, &opt.max_rows) && opt.max_rows > 0;
         } else if (a == "--chunk" && i + 1 < argc) {
             ok = parseU32(v, &opt.chunk) && opt.chunk > 0;
+        } else if (a == "--forks" && i + 1 < argc) {
+            ok = parseU32(v, &opt.fork_records) && opt.fork_records > 0 && opt.fork_records <= 4096;
         } else if (a == "--kv" && (v == "f16" || v == "f32")) {
             opt.kv_type = v == "f16" ? blue::DType::F16 : blue::DType::F32;
         } else if (!a.empty() && a[0] == '-') {

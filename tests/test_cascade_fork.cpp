@@ -10,11 +10,13 @@
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "compiler/cascade/cascade.h"
 #include "host/cascade/cascade_run.h"
 #include "host/cascade/cascade_serving.h"
+#include "tests/child.h"
 #include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 
@@ -31,8 +33,9 @@ std::string stage(const std::string& extra) {
            extra + "}\n";
 }
 
-std::string compile(const TempDir& dir, const std::string& src, const std::string& name) {
+std::string compile(const TempDir& dir, const std::string& src, const std::string& name, uint32_t records = 16) {
     CascadeOptions o;
+    o.fork_records = records;
     o.models["m"] = stories();
     o.module_dir = dir.path;
     auto m = compileCascade(src, name + ".cas", o);
@@ -185,15 +188,22 @@ TEST_CASE("fork: the branches share the budget and an append keeps the slot; lat
     }
 }
 
-TEST_CASE("fork: served beside other requests (more branches than idle instances), answers equal the runner's") {
+TEST_CASE("fork: served beside other requests (more branches than idle instances, forks waiting for a record), answers equal the runner's") {
     TempDir dir;
     std::string bir = compile(dir, stage(" fork 3\n"), "served");
+    std::string one_record = compile(dir, stage(" fork 3\n"), "one", 1);
     auto want = run(bir, false, kTasks, -1, 4);
-    CascadeRunOptions ro;
-    auto runner = CascadeRunner::open(bir, ro);
-    REQUIRE_MESSAGE(runner, runner.message());
-    for (uint32_t instances : {1u, 3u, 8u}) {
+    struct Way {
+        const std::string* bir;
+        uint32_t instances;
+    };
+    for (Way w : {Way{&bir, 1}, Way{&bir, 3}, Way{&bir, 8}, Way{&one_record, 8}}) {
+        const uint32_t instances = w.instances;
         CAPTURE(instances);
+        CAPTURE(*w.bir);
+        CascadeRunOptions ro;
+        auto runner = CascadeRunner::open(*w.bir, ro);
+        REQUIRE_MESSAGE(runner, runner.message());
         CascadeServeOptions so;
         so.instances = instances;
         auto engine = CascadeServingEngine::create(*runner.value(), so);
@@ -222,8 +232,41 @@ TEST_CASE("fork: served beside other requests (more branches than idle instances
             if (instances == 1) CHECK(got[i].result.stages[0].siblings == 0);
         }
         CHECK(engine.value()->metrics().round_trips == 0);
+        engine.value().reset();
+        CHECK(runner.value()->validationErrors() == 0);
     }
-    CHECK(runner.value()->validationErrors() == 0);
+}
+
+TEST_CASE("fork: bluevm run programs/best_of.cas prints the same story with its branches at once and one after another") {
+    TempDir dir;
+    const std::string bir = dir.path + "/best.bir";
+    Child c({std::string(BLUE_BINARY_DIR) + "/compiler/bluec", "cascade", sourceDir() + "/programs/best_of.cas", "-o", bir,
+             "--model", "writer=" + stories(), "--forks", "4"});
+    REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    std::vector<std::string> out;
+    std::vector<nlohmann::json> stats;
+    for (const char* siblings : {"0", "3"}) {
+        Child r({std::string(BLUE_BINARY_DIR) + "/host/bluevm", "run", bir, "--prompt", " Lily", "--seed", "7", "--stats",
+                 "--siblings", siblings});
+        REQUIRE_MESSAGE(r.wait() == 0, r.err_text);
+        out.push_back(r.out_text);
+        stats.push_back(nlohmann::json::parse(r.err_text.substr(0, r.err_text.find('\n'))));
+    }
+    CHECK(out[0] == out[1]);
+    CHECK(out[0].size() > 40);
+    for (size_t k = 0; k < 2; ++k) {
+        CHECK(stats[k]["machine"]["round_trips"] == 0);
+        CHECK(stats[k]["stages"][0]["branches"] == 4);
+        CHECK(stats[k]["stages"][1]["branches"] == 3);
+        CHECK(stats[k]["stages"][0]["by_siblings"] == (k == 0 ? 0 : 3));
+        CHECK(stats[k]["stages"][0]["kept"] == stats[0]["stages"][0]["kept"]);
+    }
+    // At once, the forks take fewer VM cycles than one branch after another.
+    CHECK(stats[1]["machine"]["cycles"].get<uint64_t>() * 2 < stats[0]["machine"]["cycles"].get<uint64_t>());
+    Child bad({std::string(BLUE_BINARY_DIR) + "/compiler/bluec", "cascade", sourceDir() + "/programs/best_of.cas", "-o", bir,
+               "--forks", "0"});
+    CHECK(bad.wait() == 1);
+    CHECK(bad.err_text.find("--forks needs a positive number") != std::string::npos);
 }
 
 TEST_CASE("fork: bad uses are refused with FILE:LINE:COL") {
