@@ -536,6 +536,33 @@ TEST_CASE("cascade: mutated compiled modules are refused at load or by CascadeIn
     CHECK(refused > 0);
 }
 
+TEST_CASE("cascade: every program in programs/ through bluec cascade and bluevm run prints the reference interpreter's slots") {
+    for (std::string name : {"draft_refine", "entropy_skip", "review_loop", "speculative", "best_of"}) {
+        CAPTURE(name);
+        TempDir dir;
+        const std::string src = greedy(program(name)), cas = dir.path + "/" + name + ".cas", bir = dir.path + "/p.bir";
+        std::ofstream(cas) << src;
+        std::vector<std::string> args = {binary("compiler/bluec"), "cascade", cas, "-o", bir};
+        auto parsed = parseCascade(src, name);
+        REQUIRE(parsed);
+        for (const auto& m : parsed->models) args.insert(args.end(), {"--model", m.name + "=" + stories()});
+        Child c(args);
+        REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+        Child r({binary("host/bluevm"), "run", bir, "--prompt", "Once upon a time", "--seed", "3", "--stats",
+                 "--dump-slots", dir.path + "/slots"});
+        REQUIRE_MESSAGE(r.wait() == 0, r.err_text);
+        auto stats = nlohmann::json::parse(r.err_text.substr(0, r.err_text.find('\n')));
+        CHECK(stats["machine"]["round_trips"] == 0);
+        auto ref = runSource(src, true, {{"Once upon a time", 3}});
+        for (size_t k = 0; k < parsed->slots.size(); ++k) {
+            const std::string& slot = parsed->slots[k].name;
+            CAPTURE(slot);
+            CHECK(readFile(dir.path + "/slots/" + slot + ".txt") == ref[0].slot_text[k]);
+        }
+        CHECK(r.out_text.find(ref[0].slot_text.back()) != std::string::npos);
+    }
+}
+
 TEST_CASE("cascade: bluec cascade and bluevm run through the command line, with --stats, --dump-slots and errors") {
     TempDir dir;
     std::string bir = dir.path + "/loop.bir";

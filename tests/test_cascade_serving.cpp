@@ -215,7 +215,7 @@ const std::vector<CascadeTask> kTasks = {
 TEST_CASE(
     "cascade serving: every program through HTTP answers what CascadeRunner computes, to more "
     "clients than instances") {
-    for (const char* name : {"draft_refine", "entropy_skip", "review_loop", "best_of"}) {
+    for (const char* name : {"draft_refine", "entropy_skip", "review_loop", "speculative", "best_of"}) {
         CAPTURE(name);
         TempDir dir;
         const std::string bir = compileProgram(name, dir);
