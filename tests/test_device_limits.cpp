@@ -344,7 +344,10 @@ TEST_CASE(
 
 TEST_CASE("device limits: the kernels' needs are read from their SPIR-V") {
     const std::vector<KernelInfo>& kernels = embeddedKernels();
-    REQUIRE(kernels.size() == kEmbeddedShaderCount);
+    size_t ceilings = 0;  // the peak_ micro-kernels are not BlueVM's needs (host/peak.cpp)
+    for (size_t i = 0; i < kEmbeddedShaderCount; ++i) ceilings += std::string(kEmbeddedShaders[i].name).rfind("peak_", 0) == 0;
+    CHECK(ceilings == 6);
+    REQUIRE(kernels.size() == kEmbeddedShaderCount - ceilings);
     auto find = [&](const std::string& name) -> const KernelInfo& {
         for (const KernelInfo& k : kernels) {
             if (k.name == name) return k;

@@ -1,6 +1,7 @@
-// `bluevm bench --model M.gguf`: prompt-processing and generation speed, the weight-read
-// bandwidth generation reaches as a fraction of this machine's measured memory bandwidth, and
-// aggregate generation speed with many instances sharing the weights.
+// `bluevm bench --model M.gguf`: prompt-processing and generation speed, and aggregate generation
+// speed with many instances sharing the weights, each read against the ceilings measured in the
+// same run: the device's own (host/peak.h: streaming read bandwidth, FP32 FMA) and native code's
+// on this host (host/bench.h), with the ceiling that binds named.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <sstream>
 
 #include "host/bench.h"
+#include "host/peak.h"
 #include "host/cli/commands.h"
 #include "host/cli/progress.h"
 #include "host/llm/engine.h"
@@ -76,7 +78,8 @@ Command addBenchCommand(CLI::App& app) {
     addDeviceLimitsOption(sub);
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_flag("--json", a->json, "print one JSON object instead of the table");
-    sub->add_flag("--no-bandwidth", a->no_bandwidth, "skip measuring this machine's memory bandwidth");
+    sub->add_flag("--no-ceilings,--no-bandwidth", a->no_bandwidth,
+                  "skip measuring the device's and this host's ceilings (read bandwidth, FP32 FMA)");
     return [a] {
         std::vector<uint32_t> counts;
         std::stringstream ss(a->instances);
@@ -116,11 +119,37 @@ Command addBenchCommand(CLI::App& app) {
         j["weight_bytes_per_token"] = wbytes;
         double used = double(wbytes) * tg->tok_per_s / 1e9;
         j["weight_read_gb_per_s"] = used;
+        double dev_read = 0, dev_fma = 0, nat_read = 0, nat_fma = 0;
         if (!a->no_bandwidth) {
+            auto peak = measureDevicePeak(e.device());
+            if (!peak) return fail("measuring the device's ceilings: " + peak.message());
             BandwidthResult bw = measureReadBandwidth();
+            FmaResult fma = measureNativeFma();
+            dev_read = peak->readGBs();
+            dev_fma = peak->fmaGFlops();
+            nat_read = bw.gb_per_s;
+            nat_fma = fma.gflops;
+            j["ceilings"] = {{"device_read_gb_per_s", dev_read},
+                             {"device_read_shape", peak->bestRead() ? peak->bestRead()->what : ""},
+                             {"device_fma_gflops", dev_fma},
+                             {"device_fma_shape", peak->bestFma() ? peak->bestFma()->what : ""},
+                             {"native_read_gb_per_s", nat_read},
+                             {"native_fma_gflops", nat_fma},
+                             {"native_threads", fma.threads},
+                             {"native_isa", fma.isa}};
+            // Kept for scripts that read it: the native read bandwidth.
             j["machine_read_gb_per_s"] = bw.gb_per_s;
             j["machine_read_threads"] = bw.threads;
             j["fraction_of_bandwidth"] = used / bw.gb_per_s;
+            auto of = [](double v, double ceiling) { return ceiling > 0 ? v / ceiling : 0.0; };
+            j["pp"]["of_device_fma"] = of(peak_gflops, dev_fma);
+            j["pp"]["of_native_fma"] = of(peak_gflops, nat_fma);
+            j["tg"]["of_device_read"] = of(used, dev_read);
+            j["tg"]["of_native_read"] = of(used, nat_read);
+            j["tg"]["of_device_fma"] = of(j["tg_gflops"].get<double>(), dev_fma);
+            j["tg"]["of_native_fma"] = of(j["tg_gflops"].get<double>(), nat_fma);
+            // The ceiling generation is nearer to is the one that binds it, if any does.
+            j["tg"]["nearer_ceiling"] = of(used, dev_read) >= of(j["tg_gflops"].get<double>(), dev_fma) ? "read" : "fma";
         }
         double base = 0;
         for (uint32_t n : counts) {
@@ -132,6 +161,8 @@ Command addBenchCommand(CLI::App& app) {
             j["batched"].push_back({{"instances", n}, {"tok_per_s", m->tok_per_s},
                                     {"gflops", gflops},
                                     {"fraction_of_pp_gflops", peak_gflops > 0 ? gflops / peak_gflops : 0},
+                                    {"of_device_fma", dev_fma > 0 ? gflops / dev_fma : 0},
+                                    {"of_native_fma", nat_fma > 0 ? gflops / nat_fma : 0},
                                     {"ratio_to_first", base > 0 ? m->tok_per_s / base : 0},
                                     {"submits_per_1000_tokens", m->tokens ? 1000.0 * double(m->submits) / double(m->tokens) : 0}});
         }
@@ -141,23 +172,31 @@ Command addBenchCommand(CLI::App& app) {
         }
         std::printf("model   %s\ndevice  %s (LP_NUM_THREADS=%s)\n", a->model.c_str(),
                     e.device().info().name.c_str(), j["lavapipe_threads"].get<std::string>().c_str());
-        std::printf("pp%-5u %10.1f tok/s   %8.2f GFLOP/s (the matmul peak: a GEMM over %u rows)\n",
-                    a->prompt, pp->tok_per_s, peak_gflops, a->prompt);
-        std::printf("tg%-5u %10.1f tok/s   %8.2f GFLOP/s (%llu submits)\n", a->gen, tg->tok_per_s,
-                    j["tg_gflops"].get<double>(), (unsigned long long)tg->submits);
-        std::printf("weights read per token %.2f MiB -> %.2f GB/s", double(wbytes) / (1 << 20), used);
-        if (!a->no_bandwidth) {
-            std::printf(" = %.1f%% of this machine's %.1f GB/s (native read, %u threads)",
-                        100.0 * j["fraction_of_bandwidth"].get<double>(), j["machine_read_gb_per_s"].get<double>(),
-                        j["machine_read_threads"].get<unsigned>());
+        const bool ceilings = j.contains("ceilings");
+        if (ceilings) {
+            const auto& c = j["ceilings"];
+            std::printf("ceilings: device read %.1f GB/s, FMA %.1f GFLOP/s (bluevm devices --peak); native (%u threads, "
+                        "%s) read %.1f GB/s, FMA %.1f GFLOP/s\n",
+                        dev_read, dev_fma, c["native_threads"].get<unsigned>(), c["native_isa"].get<std::string>().c_str(),
+                        nat_read, nat_fma);
         }
+        auto fractions = [&](double v, double dev, double nat) {
+            return ceilings ? strFormat(" = %.1f%% of the device's, %.1f%% of native", 100.0 * v / dev, 100.0 * v / nat)
+                            : std::string();
+        };
+        std::printf("pp%-5u %10.1f tok/s   %8.2f GFLOP/s%s\n", a->prompt, pp->tok_per_s, peak_gflops,
+                    fractions(peak_gflops, dev_fma, nat_fma).c_str());
+        std::printf("tg%-5u %10.1f tok/s   %8.2f GFLOP/s%s (%llu submits)\n", a->gen, tg->tok_per_s,
+                    j["tg_gflops"].get<double>(), fractions(j["tg_gflops"].get<double>(), dev_fma, nat_fma).c_str(),
+                    (unsigned long long)tg->submits);
+        std::printf("weights read per token %.2f MiB -> %.2f GB/s%s", double(wbytes) / (1 << 20), used,
+                    fractions(used, dev_read, nat_read).c_str());
+        if (ceilings) std::printf("; nearer to the %s ceiling", j["tg"]["nearer_ceiling"].get<std::string>() == "read" ? "read" : "FMA");
         std::printf("\n");
         for (const auto& b : j["batched"]) {
-            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %8.2f GFLOP/s = %5.1f%% of pp  "
-                        "%.1f submits/1000 tokens\n",
-                        b["instances"].get<uint32_t>(), b["tok_per_s"].get<double>(),
-                        b["ratio_to_first"].get<double>(), b["gflops"].get<double>(),
-                        100.0 * b["fraction_of_pp_gflops"].get<double>(),
+            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %8.2f GFLOP/s%s  %.1f submits/1000 tokens\n",
+                        b["instances"].get<uint32_t>(), b["tok_per_s"].get<double>(), b["ratio_to_first"].get<double>(),
+                        b["gflops"].get<double>(), fractions(b["gflops"].get<double>(), dev_fma, nat_fma).c_str(),
                         b["submits_per_1000_tokens"].get<double>());
         }
         return 0;

@@ -1,14 +1,19 @@
 // `bluevm devices`: lists Vulkan devices with the limits and features BlueVM uses, what it uses
 // each for, the kernel variants it chose and why, and whether it can run there at all. With
 // --device-limits (or BLUE_DEVICE_LIMITS) it shows the device as an emulated profile sees it;
-// --profiles lists the built-in profiles and where their numbers come from.
+// --profiles lists the built-in profiles and where their numbers come from; --peak measures the
+// device's own ceilings (host/peak.h) beside the host's native ones (host/bench.h).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
+#include "host/bench.h"
 #include "host/cli/commands.h"
 #include "host/device.h"
+#include "host/peak.h"
 #include "host/device_profile.h"
 #include "host/pipelines.h"
 
@@ -78,6 +83,54 @@ int printProfiles() {
     return 0;
 }
 
+struct PeakArgs {
+    bool peak = false, json = false;
+    uint32_t mb = 512;
+    std::string device;
+};
+
+// `bluevm devices --peak`: every shape of both ceilings on the device, then the native figures.
+int printPeak(const PeakArgs& a) {
+    DeviceOptions o;
+    o.select = a.device;
+    auto dev = Device::create(o);
+    if (!dev) return fail(dev.message());
+    PeakOptions po;
+    po.read_bytes = uint64_t(a.mb) << 20;
+    auto peak = measureDevicePeak(*dev.value(), po);
+    if (!peak) return fail(peak.message());
+    BandwidthResult bw = measureReadBandwidth(uint64_t(a.mb) << 20);
+    FmaResult fma = measureNativeFma();
+    const DevicePeak& p = peak.value();
+    if (a.json) {
+        nlohmann::json j;
+        j["device"] = dev.value()->info().name;
+        j["read_bytes"] = p.read_bytes;
+        for (const PeakShape& s : p.read) j["read"].push_back({{"shape", s.what}, {"gb_per_s", s.value}});
+        for (const PeakShape& s : p.fma) {
+            j["fma"].push_back({{"shape", s.what}, {"gflops", s.value}, {"skipped", s.skipped}});
+        }
+        j["device_read_gb_per_s"] = p.readGBs();
+        j["device_fma_gflops"] = p.fmaGFlops();
+        j["native"] = {{"read_gb_per_s", bw.gb_per_s}, {"fma_gflops", fma.gflops}, {"threads", fma.threads}, {"isa", fma.isa}};
+        std::printf("%s\n", j.dump().c_str());
+        return 0;
+    }
+    std::printf("%s: ceilings measured with Vulkan micro-kernels\n", dev.value()->info().name.c_str());
+    std::printf("  streaming read of %.0f MiB:\n", mib(p.read_bytes));
+    for (const PeakShape& s : p.read) std::printf("    %8.1f GB/s  %s\n", s.value, s.what.c_str());
+    std::printf("  FP32 multiply-add:\n");
+    for (const PeakShape& s : p.fma) {
+        if (s.skipped.empty()) std::printf("    %8.1f GFLOP/s  %s\n", s.value, s.what.c_str());
+        else std::printf("    %8s GFLOP/s  %s (skipped: %s)\n", "-", s.what.c_str(), s.skipped.c_str());
+    }
+    std::printf("  device ceilings: read %.1f GB/s (%s), FMA %.1f GFLOP/s (%s)\n", p.readGBs(),
+                p.bestRead()->what.c_str(), p.fmaGFlops(), p.bestFma() ? p.bestFma()->what.c_str() : "none");
+    std::printf("native code on this host (%u threads): read %.1f GB/s, FMA %.1f GFLOP/s (%s)\n", fma.threads,
+                bw.gb_per_s, fma.gflops, fma.isa);
+    return 0;
+}
+
 }  // namespace
 
 void addDeviceLimitsOption(CLI::App* sub) {
@@ -95,8 +148,17 @@ Command addDevicesCommand(CLI::App& app) {
     auto profiles = std::make_shared<bool>(false);
     sub->add_flag("--profiles", *profiles,
                   "list the built-in device-limit profiles and their sources");
-    return [profiles] {
+    auto peak = std::make_shared<PeakArgs>();
+    sub->add_flag("--peak", peak->peak,
+                  "measure the device's read bandwidth and FP32 FMA ceilings (every kernel shape) and "
+                  "this host's native ones");
+    sub->add_option("--peak-mb", peak->mb, "--peak: the buffer the read test streams, MiB (default 512)")
+        ->check(CLI::Range(4u, 1u << 20));
+    sub->add_option("--device", peak->device, "--peak: the Vulkan device (index or part of its name)");
+    sub->add_flag("--json", peak->json, "--peak: one JSON object");
+    return [profiles, peak] {
         if (*profiles) return printProfiles();
+        if (peak->peak) return printPeak(*peak);
         auto list = listDevices();
         if (!list) return fail(list.message());
         for (const DeviceInfo& d : list.value()) printDevice(d);
