@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 3
+#define BLUEVM_API_VERSION 4
 
 typedef enum bluevm_status {
     BLUEVM_OK = 0,
@@ -243,6 +243,10 @@ typedef struct bluevm_cascade_options {
     const char* const* model_names;
     const char* const* model_paths;
     size_t n_models;
+    /* Since API 4: when not NULL, every request that ends (stop or length) appends one JSON line
+       to this file: task, seed, every stage's statistics, every slot, and the cascade's `prefer`
+       pair (the same lines as `bluevm run --trace`). */
+    const char* trace_path;
 } bluevm_cascade_options;
 
 void bluevm_cascade_options_init(bluevm_cascade_options* o);

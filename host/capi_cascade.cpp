@@ -14,6 +14,7 @@
 #include "host/bluevm.h"
 #include "host/capi_internal.h"
 #include "host/cascade/cascade_serving.h"
+#include "host/cascade/cascade_trace.h"
 
 using namespace blue::capi;
 
@@ -37,6 +38,8 @@ struct bluevm_cascade {
     std::condition_variable arrived;
     // Submitted and not yet handed out; null while the request runs.
     std::map<uint64_t, std::unique_ptr<bluevm_cascade_result>> requests;
+    std::string trace_path;  // empty: no traces
+    std::mutex trace_mutex;  // one line at a time
 
     ~bluevm_cascade() {
         serving.reset();  // cancels what runs; its callbacks only touch `requests`
@@ -101,7 +104,7 @@ bluevm_status statusOfRefusal(blue::CascadeRefusal why) {
 extern "C" {
 
 void bluevm_cascade_options_init(bluevm_cascade_options* o) {
-    if (o) *o = bluevm_cascade_options{nullptr, 4, 0, 32, nullptr, nullptr, 0};
+    if (o) *o = bluevm_cascade_options{nullptr, 4, 0, 32, nullptr, nullptr, 0, nullptr};
 }
 
 bluevm_status bluevm_cascade_open(const char* path, const bluevm_cascade_options* options,
@@ -125,6 +128,11 @@ bluevm_status bluevm_cascade_open(const char* path, const bluevm_cascade_options
             return failWith(
                 BLUEVM_ERR_INVALID_ARGUMENT,
                 blue::strFormat("chain_cycles must be 2..4096, not %u", o.chain_cycles));
+        }
+        if (o.trace_path) {  // refused now rather than at the first request's end
+            std::FILE* f = std::fopen(o.trace_path, "a");
+            if (!f) return failWith(BLUEVM_ERR_IO, std::string(o.trace_path) + ": cannot open the trace file for appending");
+            std::fclose(f);
         }
         if (o.n_models && (!o.model_names || !o.model_paths)) {
             return failWith(BLUEVM_ERR_INVALID_ARGUMENT,
@@ -160,6 +168,7 @@ bluevm_status bluevm_cascade_open(const char* path, const bluevm_cascade_options
         for (const std::string& s : c->runner->info().stages) c->stage_ptrs.push_back(s.c_str());
         for (const std::string& s : c->runner->info().slots) c->slot_ptrs.push_back(s.c_str());
         c->instances = o.instances;
+        if (o.trace_path) c->trace_path = o.trace_path;
         *out = c.release();
         return ok();
     });
@@ -193,8 +202,15 @@ bluevm_status bluevm_cascade_submit(bluevm_cascade* cascade, const char* task, u
         if (!cascade || !task || !id)
             return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade, task and id must not be NULL");
         bluevm_cascade* c = cascade;
-        auto callback = [c](const blue::CascadeOutcome& o) {
+        auto callback = [c, task = std::string(task), seed](const blue::CascadeOutcome& o) {
             auto r = resultOf(c->runner->info(), o);
+            if (!c->trace_path.empty() &&
+                (o.reason == blue::FinishReason::Stop || o.reason == blue::FinishReason::Length)) {
+                std::lock_guard<std::mutex> lock(c->trace_mutex);
+                blue::Status s = blue::appendTraceLine(
+                    c->trace_path, blue::cascadeTraceLine(c->runner->info(), blue::CascadeTask{task, seed}, o.result));
+                if (!s) std::fprintf(stderr, "bluevm: trace: %s\n", s.message().c_str());
+            }
             {
                 std::lock_guard<std::mutex> lock(c->mutex);
                 auto it = c->requests.find(o.id);

@@ -605,8 +605,9 @@ TEST_CASE(
         REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
     }
     const Expected e = runnerResults(bir, kTasks);
+    const std::string trace = dir.path + "/trace.jsonl";
     Child c({binary("host/bluevm"), "serve", "--cascade", bir, "--model", "draft=" + stories(),
-             "--port", "0", "--instances", "2", "--alias", "cas"});
+             "--port", "0", "--instances", "2", "--alias", "cas", "--trace", trace});
     std::smatch m;
     const std::regex listening("on http://127\\.0\\.0\\.1:([0-9]+) ");
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -641,6 +642,24 @@ TEST_CASE(
     kill(c.pid, SIGTERM);
     CHECK(c.wait(60) == 0);
     CHECK(c.err_text.find("bluevm: server stopped") != std::string::npos);
+    // --trace: one line per request, with its task, seed, stages and slots.
+    std::istringstream lines(readFile(trace));
+    size_t traced = 0;
+    for (std::string line; std::getline(lines, line); ++traced) {
+        json t = json::parse(line);
+        size_t k = 0;
+        while (k < kTasks.size() && !(kTasks[k].text == t["task"] && kTasks[k].seed == t["seed"])) ++k;
+        REQUIRE(k < kTasks.size());
+        CHECK(t["slots"]["story"] == e.answer(k));
+        CHECK(t["stages"].size() == 2);
+    }
+    CHECK(traced == got.size());
+    Child unwritable({binary("host/bluevm"), "serve", "--cascade", bir, "--port", "0", "--trace", "/nonexistent/dir/t.jsonl"});
+    CHECK(unwritable.wait(60) == 1);
+    CHECK(unwritable.err_text == "bluevm: /nonexistent/dir/t.jsonl: cannot open the trace file for appending\n");
+    Child llm_trace({binary("host/bluevm"), "serve", "--model", stories(), "--port", "0", "--trace", trace});
+    CHECK(llm_trace.wait(60) == 1);
+    CHECK(llm_trace.err_text.find("--trace records cascades' stages") != std::string::npos);
 
     Child missing({binary("host/bluevm"), "serve", "--cascade", "/nonexistent.bir", "--port", "0"});
     CHECK(missing.wait(60) == 1);

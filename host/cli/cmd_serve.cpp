@@ -22,7 +22,7 @@ namespace {
 
 struct ServeArgs {
     std::vector<std::string> models;  // one GGUF/.bir, or NAME=PATH overrides with --cascade
-    std::string cascade, host = "127.0.0.1", device, alias;
+    std::string cascade, host = "127.0.0.1", device, alias, trace;
     int port = 8080;
     uint32_t instances = 4, ctx = 0, queue = 0, chain_cycles = 16, threads = 0;
     bool log = false;
@@ -90,6 +90,7 @@ int serveCascade(const ServeArgs& a) {
     bluevm_cascade_options_init(&co);
     co.device = a.device.empty() ? nullptr : a.device.c_str();
     co.instances = a.instances;
+    co.trace_path = a.trace.empty() ? nullptr : a.trace.c_str();
     co.max_queue = a.queue;
     if (a.chain_cycles_given) co.chain_cycles = a.chain_cycles;
     co.model_names = name_ptrs.data();
@@ -120,6 +121,7 @@ int serve(const ServeArgs& a) {
         return fail(a.models.empty() ? "--model (or --cascade) is required"
                                      : "give one --model (several are NAME=PATH overrides of a --cascade)");
     }
+    if (!a.trace.empty()) return fail("--trace records cascades' stages: it applies with --cascade");
     const std::string& model_path = a.models[0];
     const sigset_t signals = blockStopSignals();
     bluevm_model_options mo;
@@ -185,6 +187,8 @@ Command addServeCommand(CLI::App& app) {
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
     sub->add_option("--alias", a->alias, "the model name reported by /v1/models");
+    sub->add_option("--trace", a->trace,
+                    "cascades: append one JSON line per finished request (stages, slots, preference pair) to FILE");
     sub->add_flag("--log", a->log, "log one line per HTTP request on stderr");
     return [a, sub] {
         a->chain_cycles_given = sub->count("--chain-cycles") > 0;
