@@ -512,25 +512,29 @@ TEST_CASE("cascade: mutated sources compile or fail with FILE:LINE:COL; what com
 
 TEST_CASE("cascade: mutated compiled modules are refused at load or by CascadeInfo, or run without a crash") {
     TempDir dir;
-    Module m = compileOk(program("entropy_skip"), {}, dir.path);
-    std::vector<uint8_t> bytes = serializeModule(m);
     std::mt19937 rng(99);
     uint32_t refused = 0, loaded = 0;
-    for (int i = 0; i < 1500; ++i) {
-        std::vector<uint8_t> b = bytes;
-        for (int e = 0; e < 1 + int(rng() % 3); ++e) b[rng() % b.size()] = uint8_t(rng());
-        auto mod = parseModule(b, "mutant");
-        if (!mod || !verifyModule(mod.value())) { ++refused; continue; }
-        auto info = CascadeInfo::fromModule(mod.value());
-        if (!info) { ++refused; continue; }
-        ++loaded;
-        if (loaded % 16 != 0) continue;
-        auto w = WeightSource::open(mod.value(), dir.path);
-        if (!w) continue;  // a damaged external path or offset
-        RefMachine machine(mod.value(), w.value(), MachineOptions{1, 300});
-        machine.pushInput({0, 7, 0, 403, 407});
-        machine.closeInput();
-        (void)machine.run();  // faults and watchdog stops are fine; crashing is not
+    // best_of forks: its mutants run on three instances, so siblings take branches.
+    for (const char* name : {"entropy_skip", "best_of"}) {
+        Module m = compileOk(program(name), {}, dir.path);
+        std::vector<uint8_t> bytes = serializeModule(m);
+        const uint32_t instances = std::string(name) == "best_of" ? 3 : 1;
+        for (int i = 0; i < 750; ++i) {
+            std::vector<uint8_t> b = bytes;
+            for (int e = 0; e < 1 + int(rng() % 3); ++e) b[rng() % b.size()] = uint8_t(rng());
+            auto mod = parseModule(b, "mutant");
+            if (!mod || !verifyModule(mod.value())) { ++refused; continue; }
+            auto info = CascadeInfo::fromModule(mod.value());
+            if (!info) { ++refused; continue; }
+            ++loaded;
+            if (loaded % 16 != 0) continue;
+            auto w = WeightSource::open(mod.value(), dir.path);
+            if (!w) continue;  // a damaged external path or offset
+            RefMachine machine(mod.value(), w.value(), MachineOptions{instances, 300});
+            machine.pushInput({0, 7, 0, 403, 407});
+            machine.closeInput();
+            (void)machine.run();  // faults and watchdog stops are fine; crashing is not
+        }
     }
     MESSAGE("module mutants: " << refused << " refused, " << loaded << " loaded");
     CHECK(refused > 0);
