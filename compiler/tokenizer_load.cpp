@@ -165,8 +165,8 @@ Status readSpecialIds(const GgufFile& f, TokenizerState& s) {
 
 Status readFlags(const GgufFile& f, TokenizerState& s) {
     const bool spm = s.model == TokenizerModel::Spm;
-    bool llama3 = s.pre && s.pre->ignoreMerges();
-    auto bos = f.getBoolOr("tokenizer.ggml.add_bos_token", spm || llama3);
+    bool family_bos = s.pre && s.pre->addBos();
+    auto bos = f.getBoolOr("tokenizer.ggml.add_bos_token", spm || family_bos);
     auto eos = f.getBoolOr("tokenizer.ggml.add_eos_token", false);
     auto space = f.getBoolOr("tokenizer.ggml.add_space_prefix", spm);
     if (!bos) return bos.status();
