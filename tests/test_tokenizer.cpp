@@ -638,9 +638,10 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
 }
 
 TEST_CASE("tokenizer: BPE pre-tokenizer choice changes the pieces merges may join") {
-    // Digits "1234" with a merge "3 4": GPT-2 keeps "1234" as one piece, so 3 and 4 merge; the
-    // default chain (llama.cpp's choice when tokenizer.ggml.pre is absent) cuts "123" | "4" and
-    // DeepSeek Coder cuts every digit, so they cannot.
+    // Digits "1234" with a merge "3 4": GPT-2 and BLOOM keep "1234" as one piece and SuperBPE and
+    // AFMoE cut "1" | "234", so 3 and 4 merge; the default chain (llama.cpp's choice when
+    // tokenizer.ggml.pre is absent) and GPT-4o cut "123" | "4" and DeepSeek Coder cuts every
+    // digit, so they cannot.
     auto make = [](const char* pre) {
         std::vector<std::string> tokens;
         for (int b = 0; b < 256; ++b) tokens.push_back(byteLevel(uint8_t(b)));
@@ -661,7 +662,9 @@ TEST_CASE("tokenizer: BPE pre-tokenizer choice changes the pieces merges may joi
     const Case cases[] = {
         {"gpt2", true},    {"gpt-2", true},      {"deepseek-llm", true},    {"qwen2", false},
         {"llama3", false}, {"llama-bpe", false}, {"deepseek-coder", false}, {"default", false},
-        {nullptr, false},  {"starcoder", false},
+        {nullptr, false},  {"starcoder", false}, {"bloom", true},           {"superbpe", true},
+        {"afmoe", true},   {"gpt-4o", false},    {"tekken", false},         {"kimi-k2", false},
+        {"falcon", false}, {"chameleon", false}, {"deepseek-v3", false},    {"seed-coder", false},
     };
     for (const Case& c : cases) {
         CAPTURE(std::string(c.pre ? c.pre : "(none)"));
