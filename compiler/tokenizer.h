@@ -31,7 +31,8 @@ namespace blue {
 
 constexpr int32_t kNoToken = -1;
 
-enum class TokenizerModel { Spm, Bpe };
+// "llama" = SentencePiece, "gpt2" = byte-level BPE, "bert" = WordPiece, "t5" = Unigram.
+enum class TokenizerModel { Spm, Bpe, Wpm, Ugm };
 
 // Token types as numbered in `tokenizer.ggml.token_type` (llama.cpp's llama_token_type).
 enum class TokenType : uint8_t {
