@@ -102,6 +102,7 @@ struct Family {
     std::vector<const char*> expressions;
     bool ignore_merges = false;  // a whole pre-token that is a token is kept as it is
     bool add_bos = false;        // BOS is added unless tokenizer.ggml.add_bos_token says not
+    bool add_sep = false;  // SEP ends the sequence unless tokenizer.ggml.add_sep_token says not
 };
 
 // Every pre-tokenizer llama.cpp names in tokenizer.ggml.pre, grouped by behaviour.
@@ -109,11 +110,12 @@ const std::vector<Family>& families() {
     static const std::vector<Family> kFamilies = {
         // llama.cpp's choice for BPE vocabularies that name no pre-tokenizer.
         {{"default"}, {R"([\p{P}\$\+<=>\^~\|]+)", kGpt2, R"(\p{N}+)", R"([0-9][0-9][0-9])"}},
-        {{"gpt2",       "gpt-2",      "phi-2",           "mpt",          "olmo",
-          "jais",       "trillion",   "granite-docling", "jina-es",      "jina-de",
-          "jina-v1-en", "jina-v2-es", "jina-v2-de",      "jina-v2-code", "roberta-bpe",
-          "gigachat",   "a.x-4.0",    "mellum",          "exaone4",      "modern-bert"},
+        {{"gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "jina-es",
+          "jina-de", "jina-v2-es", "jina-v2-de", "gigachat", "a.x-4.0", "mellum", "exaone4",
+          "modern-bert"},
          {kGpt2}},
+        // GPT-2's expression for encoder models that end a sequence with SEP.
+        {{"jina-v1-en", "jina-v2-code", "roberta-bpe"}, {kGpt2}, false, false, true},
         {{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
           "jina-v5-nano"},
          {kLlama3},
@@ -224,6 +226,7 @@ Result<std::unique_ptr<PreTokenizer>> PreTokenizer::create(std::string_view name
     p->impl_ = std::make_unique<Impl>();
     p->ignore_merges_ = family->ignore_merges;
     p->add_bos_ = family->add_bos;
+    p->add_sep_ = family->add_sep;
     for (const char* expr : family->expressions) {
         UErrorCode status = U_ZERO_ERROR;
         UParseError parse_error;

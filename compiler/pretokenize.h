@@ -28,6 +28,8 @@ class PreTokenizer {
     bool ignoreMerges() const { return ignore_merges_; }
     // The family's tokenizers add BOS by default (Llama 3, Tekken, Chameleon).
     bool addBos() const { return add_bos_; }
+    // The family's encoders end a sequence with SEP by default (Jina v1/v2-code, RoBERTa).
+    bool addSep() const { return add_sep_; }
 
     // Appends the pieces of `text` to `out` (views into `text`, in order, covering it). Invalid
     // UTF-8 is matched as U+FFFD (a symbol, \p{So}), one byte at a time, and kept as is in the
@@ -43,6 +45,7 @@ class PreTokenizer {
     std::unique_ptr<Impl> impl_;
     bool ignore_merges_ = false;
     bool add_bos_ = false;
+    bool add_sep_ = false;
 };
 
 }  // namespace blue

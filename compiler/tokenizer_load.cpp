@@ -180,7 +180,8 @@ Status readFlags(const GgufFile& f, TokenizerState& s) {
     bool family_bos = s.pre && s.pre->addBos();
     auto bos = f.getBoolOr("tokenizer.ggml.add_bos_token", spm || wpm || family_bos);
     auto eos = f.getBoolOr("tokenizer.ggml.add_eos_token", ugm);
-    auto sep = f.getBoolOr("tokenizer.ggml.add_sep_token", wpm);
+    bool family_sep = s.pre && s.pre->addSep();
+    auto sep = f.getBoolOr("tokenizer.ggml.add_sep_token", wpm || family_sep);
     auto space = f.getBoolOr("tokenizer.ggml.add_space_prefix", spm || ugm);
     auto extra = f.getBoolOr("tokenizer.ggml.remove_extra_whitespaces", false);
     if (!bos) return bos.status();
@@ -190,7 +191,7 @@ Status readFlags(const GgufFile& f, TokenizerState& s) {
     if (!extra) return extra.status();
     s.add_bos = *bos;
     s.add_eos = *eos;
-    s.add_sep = wpm && *sep;
+    s.add_sep = s.model != TokenizerModel::Spm && s.model != TokenizerModel::Ugm && *sep;
     // BPE vocabularies carry spaces in their pre-tokens; WordPiece words start with a space when
     // decoded (dropped at the start of the text, as the SentencePiece prefix is).
     s.add_space_prefix = ((spm || ugm) && *space) || wpm;

@@ -414,22 +414,26 @@ TEST_CASE("tokenizer: every pre-tokenizer name resolves to its family") {
     CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
 }
 
-TEST_CASE("tokenizer: pre-tokenizer flags: whole-word tokens and BOS by family") {
+TEST_CASE("tokenizer: pre-tokenizer flags: whole-word tokens, BOS and SEP by family") {
     struct Flags {
         const char* name;
-        bool ignore_merges, add_bos;
+        bool ignore_merges, add_bos, add_sep;
     };
     const Flags cases[] = {
-        {"llama3", true, true},        {"llama-bpe", true, true},  {"pixtral", true, true},
-        {"tekken", true, true},        {"chameleon", false, true}, {"dbrx", false, false},
-        {"chatglm-bpe", false, false}, {"gpt2", false, false},     {"qwen2", false, false},
-        {"gpt-4o", false, false},      {"superbpe", false, false}, {"default", false, false},
+        {"llama3", true, true, false},        {"llama-bpe", true, true, false},
+        {"pixtral", true, true, false},       {"tekken", true, true, false},
+        {"chameleon", false, true, false},    {"dbrx", false, false, false},
+        {"chatglm-bpe", false, false, false}, {"gpt2", false, false, false},
+        {"qwen2", false, false, false},       {"gpt-4o", false, false, false},
+        {"superbpe", false, false, false},    {"default", false, false, false},
+        {"roberta-bpe", false, false, true},  {"jina-v2-code", false, false, true},
     };
     for (const Flags& c : cases) {
         CAPTURE(std::string(c.name));
         auto p = make(c.name);
         CHECK(p->ignoreMerges() == c.ignore_merges);
         CHECK(p->addBos() == c.add_bos);
+        CHECK(p->addSep() == c.add_sep);
     }
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -744,8 +745,8 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
          {"tokenizer.ggml.merges", "array<string>"}},
         {"pre",
          bpe([](GgufWriter& w) { w.setString("tokenizer.ggml.pre", "llama-5"); }),
-         {"key 'tokenizer.ggml.pre'", "pre-tokenizer 'llama-5' is not supported", "qwen2",
-          "tekken", "kimi-k2"}},
+         {"key 'tokenizer.ggml.pre'", "pre-tokenizer 'llama-5' is not supported", "qwen2", "tekken",
+          "kimi-k2"}},
     };
     for (const Case& c : cases) {
         CAPTURE(std::string(c.what));
@@ -907,8 +908,11 @@ TEST_CASE("tokenizer: random vocabularies never crash the loader") {
         "a",      "b",      " ",    kSp,    kG, "<s>", "</s>", "<|im_start|>",
         "<0x41>", "<0xZZ>", "\xc3", "\xa9", "", "ab"};
     int loaded = 0;
+    std::map<std::string, int> loaded_by_model;
     for (int iter = 0; iter < 300; ++iter) {
-        bool bpe = rng() % 2;
+        const char* kModels[] = {"llama", "gpt2", "bert", "t5"};
+        const std::string model = kModels[rng() % 4];
+        const bool bpe = model == "gpt2";
         std::vector<std::string> tokens;
         std::vector<int32_t> types;
         if (rng() % 2) {  // with every byte: loads more often
@@ -929,12 +933,19 @@ TEST_CASE("tokenizer: random vocabularies never crash the loader") {
         for (size_t i = rng() % 10; i > 0; --i)
             merges.push_back(tokens[rng() % n] + (rng() % 9 ? " " : "") + tokens[rng() % n]);
         GgufWriter w;
-        w.setString("tokenizer.ggml.model", bpe ? "gpt2" : "llama");
+        w.setString("tokenizer.ggml.model", model);
         w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
         w.setArray<int32_t>("tokenizer.ggml.token_type", types);
         w.setArray<float>("tokenizer.ggml.scores", scores);
         if (bpe) w.setStringArray("tokenizer.ggml.merges", std::span<const std::string>(merges));
-        for (const char* key : {"bos", "eos", "unknown", "eot"})
+        if (model == "t5" && rng() % 2) {  // a random character map, its size field often right
+            std::vector<uint8_t> map(4 + 4 * (rng() % 64) + rng() % 16);
+            for (uint8_t& b : map) b = uint8_t(rng());
+            const size_t units = rng() % 64;
+            for (int k = 0; k < 4; ++k) map[size_t(k)] = uint8_t(units * 4 >> (8 * k));
+            w.setArray<uint8_t>("tokenizer.ggml.precompiled_charsmap", map);
+        }
+        for (const char* key : {"bos", "eos", "unknown", "eot", "seperator"})
             if (rng() % 2)
                 w.setI32(std::string("tokenizer.ggml.") + key + "_token_id",
                          int32_t(rng() % (n + 2)) - 1);
@@ -944,7 +955,13 @@ TEST_CASE("tokenizer: random vocabularies never crash the loader") {
             continue;
         }
         ++loaded;
+        ++loaded_by_model[model];
         exercise(*t, rng);
+    }
+    for (const char* model : {"llama", "gpt2", "bert", "t5"}) {
+        MESSAGE(std::string(model)
+                << ": " << loaded_by_model[model] << " random vocabularies loaded");
+        CHECK(loaded_by_model[model] > 3);
     }
     CHECK(loaded > 20);
 }
