@@ -20,16 +20,20 @@ class PreTokenizer {
   public:
     ~PreTokenizer();
 
-    // Names accepted: default, gpt2 / gpt-2 / phi-2, llama3 / llama-v3 / llama-bpe, qwen2 /
-    // deepseek-r1-qwen, deepseek-coder, deepseek-llm, starcoder / smollm. Fails naming the
-    // pre-tokenizer for any other name.
+    // Accepts every tokenizer.ggml.pre value llama.cpp knows (supportedNames()); fails for any
+    // other name with a message that lists them.
     static Result<std::unique_ptr<PreTokenizer>> create(std::string_view name);
 
-    // Llama 3's tokenizer keeps a whole piece that is itself a token instead of merging it.
+    // Llama 3 and Tekken keep a whole piece that is itself a token instead of merging it.
     bool ignoreMerges() const { return ignore_merges_; }
+    // The family's tokenizers add BOS by default (Llama 3, Tekken, Chameleon).
+    bool addBos() const { return add_bos_; }
+    // The family's encoders end a sequence with SEP by default (Jina v1/v2-code, RoBERTa).
+    bool addSep() const { return add_sep_; }
 
     // Appends the pieces of `text` to `out` (views into `text`, in order, covering it). Invalid
-    // UTF-8 is matched as U+FFFD, one byte at a time, and kept as is in the pieces.
+    // UTF-8 is matched as U+FFFD (a symbol, \p{So}), one byte at a time, and kept as is in the
+    // pieces. An expression's empty matches cut the text where they match.
     void split(std::string_view text, std::vector<std::string_view>& out) const;
 
     // Every name create() accepts.
@@ -40,6 +44,8 @@ class PreTokenizer {
     PreTokenizer() = default;
     std::unique_ptr<Impl> impl_;
     bool ignore_merges_ = false;
+    bool add_bos_ = false;
+    bool add_sep_ = false;
 };
 
 }  // namespace blue

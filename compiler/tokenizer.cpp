@@ -100,6 +100,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
         std::string_view raw = text.substr(fr.offset, fr.len);
         if (s.model == TokenizerModel::Spm) {
             spmEncode(s, escapeSpaces(raw, s.add_space_prefix && after_special), out);
+        } else if (s.model == TokenizerModel::Wpm) {
+            wpmEncode(s, raw, out);
+        } else if (s.model == TokenizerModel::Ugm) {
+            ugmEncode(s, raw, s.add_space_prefix && after_special, out);
         } else {
             words.clear();
             s.pre->split(raw, words);
@@ -108,6 +112,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
         after_special = false;
     }
     if (add_special && s.add_eos) out.push_back(s.eos);
+    if (add_special && s.add_sep) out.push_back(s.sep);
     return out;
 }
 

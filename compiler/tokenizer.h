@@ -1,6 +1,6 @@
-// Tokenizers read from GGUF metadata: SentencePiece-style (`tokenizer.ggml.model` = "llama") and
-// byte-level BPE ("gpt2") with the pre-tokenizer named by `tokenizer.ggml.pre`, special tokens,
-// batch and streaming detokenization.
+// Tokenizers read from GGUF metadata: SentencePiece-style (`tokenizer.ggml.model` = "llama"),
+// byte-level BPE ("gpt2") with the pre-tokenizer named by `tokenizer.ggml.pre`, WordPiece
+// ("bert") and Unigram ("t5"); special tokens, batch and streaming detokenization.
 //
 // Behaviour follows llama.cpp's tokenizer so token ids interoperate with llama.cpp and the
 // reference tokenizers it is tested against:
@@ -10,6 +10,9 @@
 // - BPE: the text is split by the pre-tokenizer's regular expressions (ICU, so Unicode categories
 //   are right for all of Unicode), each piece is mapped to GPT-2's byte-level alphabet and merged
 //   by merge rank.
+// - WordPiece: BERT's basic tokenizer, then greedy longest-match-first per word
+// (tokenizer_wpm.cpp).
+// - Unigram: SentencePiece's normalizer, then Viterbi over piece scores (tokenizer_ugm.cpp).
 // - Special-token text (<|im_start|>, </s>, ...) is recognised before either algorithm runs:
 //   user-defined tokens always, control tokens only when asked (parse_special).
 //
@@ -31,7 +34,8 @@ namespace blue {
 
 constexpr int32_t kNoToken = -1;
 
-enum class TokenizerModel { Spm, Bpe };
+// "llama" = SentencePiece, "gpt2" = byte-level BPE, "bert" = WordPiece, "t5" = Unigram.
+enum class TokenizerModel { Spm, Bpe, Wpm, Ugm };
 
 // Token types as numbered in `tokenizer.ggml.token_type` (llama.cpp's llama_token_type).
 enum class TokenType : uint8_t {

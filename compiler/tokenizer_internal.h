@@ -35,6 +35,17 @@ struct TokenizerState {
     std::unique_ptr<PreTokenizer> pre;  // BPE only
     bool ignore_merges = false;         // BPE: a whole pre-token found in the vocabulary is kept
 
+    size_t max_token_len = 0;  // [bytes] longest token text (WordPiece and Unigram matching)
+    float min_score = 0;       // Unigram: lowest normal-token score (the unknown token's base)
+    // WordPiece: continuations spelled "##piece" (Hugging Face) rather than word starts spelled
+    // "\u2581piece" (llama.cpp's converter).
+    bool wpm_hash_continuation = false;
+    // Unigram: SentencePiece's precompiled character map, split into its double array and the
+    // pool of replacement texts (NUL-terminated, indexed by the array's values).
+    std::vector<uint32_t> charsmap_units;
+    std::string charsmap_pool;
+    bool remove_extra_whitespaces = false;  // Unigram
+
     // Token for each byte value: SPM <0xNN> (else the byte as text, else unk); BPE the byte's
     // byte-level character (else unk). Always a valid id (checked at load).
     std::array<int32_t, 256> byte_token{};
@@ -45,6 +56,7 @@ struct TokenizerState {
     int32_t bos = kNoToken, eos = kNoToken, eot = kNoToken, eom = kNoToken;
     int32_t unk = kNoToken, pad = kNoToken, sep = kNoToken;
     bool add_bos = false, add_eos = false, add_space_prefix = false;
+    bool add_sep = false;  // WordPiece: the separator token ends the sequence
 
     int32_t size() const { return int32_t(texts.size()); }
     int32_t find(std::string_view text) const {
@@ -58,6 +70,14 @@ void spmEncode(const TokenizerState& s, std::string_view text, std::vector<int32
 
 // Byte-level BPE: tokenizes one pre-token (raw bytes), appending ids to `out`.
 void bpeEncode(const TokenizerState& s, std::string_view word, std::vector<int32_t>& out);
+
+// WordPiece: tokenizes one raw text fragment, appending ids to `out`.
+void wpmEncode(const TokenizerState& s, std::string_view raw, std::vector<int32_t>& out);
+
+// Unigram: normalizes one raw text fragment (with the space prefix when `add_prefix`) and
+// tokenizes it, appending ids to `out`.
+void ugmEncode(const TokenizerState& s, std::string_view raw, bool add_prefix,
+               std::vector<int32_t>& out);
 
 // The key of a merge pair in TokenizerState::merge_rank (unambiguous for any byte strings).
 std::string mergeKey(std::string_view left, std::string_view right);
@@ -114,7 +134,8 @@ class PairMerger {
             if (left < 0 || right < 0) return;
             const Piece& l = pieces_[size_t(left)];
             const Piece& r = pieces_[size_t(right)];
-            std::optional<double> p = rank(text_.substr(l.offset, l.len), text_.substr(r.offset, r.len));
+            std::optional<double> p =
+                rank(text_.substr(l.offset, l.len), text_.substr(r.offset, r.len));
             if (p) queue_.push({*p, left, right, l.len + r.len});
         };
         for (int32_t i = 1; i < int32_t(pieces_.size()); ++i) push(i - 1, i);

@@ -142,17 +142,28 @@ Status readId(const GgufFile& f, const char* what, int32_t n_vocab, int32_t& id)
 
 Status readSpecialIds(const GgufFile& f, TokenizerState& s) {
     const bool spm = s.model == TokenizerModel::Spm;
+    const bool wpm = s.model == TokenizerModel::Wpm, ugm = s.model == TokenizerModel::Ugm;
     struct Entry {
         const char* what;
         int32_t* id;
         int32_t fallback;  // llama.cpp's default when the key is absent
     };
     const Entry entries[] = {
-        {"bos", &s.bos, spm ? 1 : kNoToken},
-        {"eos", &s.eos, spm ? 2 : kNoToken},
-        {"unknown", &s.unk, spm ? 0 : kNoToken},
-        {"seperator", &s.sep, kNoToken},
-        {"padding", &s.pad, kNoToken},
+        {"bos", &s.bos,
+         spm   ? 1
+         : wpm ? 101
+               : kNoToken},
+        {"eos", &s.eos,
+         spm   ? 2
+         : ugm ? 1
+               : kNoToken},
+        {"unknown", &s.unk,
+         spm   ? 0
+         : wpm ? 100
+         : ugm ? 2
+               : kNoToken},
+        {"seperator", &s.sep, wpm ? 102 : kNoToken},
+        {"padding", &s.pad, wpm || ugm ? 0 : kNoToken},
         {"eot", &s.eot, kNoToken},
         {"eom", &s.eom, kNoToken},
     };
@@ -165,16 +176,31 @@ Status readSpecialIds(const GgufFile& f, TokenizerState& s) {
 
 Status readFlags(const GgufFile& f, TokenizerState& s) {
     const bool spm = s.model == TokenizerModel::Spm;
-    bool llama3 = s.pre && s.pre->ignoreMerges();
-    auto bos = f.getBoolOr("tokenizer.ggml.add_bos_token", spm || llama3);
-    auto eos = f.getBoolOr("tokenizer.ggml.add_eos_token", false);
-    auto space = f.getBoolOr("tokenizer.ggml.add_space_prefix", spm);
+    const bool wpm = s.model == TokenizerModel::Wpm, ugm = s.model == TokenizerModel::Ugm;
+    bool family_bos = s.pre && s.pre->addBos();
+    auto bos = f.getBoolOr("tokenizer.ggml.add_bos_token", spm || wpm || family_bos);
+    auto eos = f.getBoolOr("tokenizer.ggml.add_eos_token", ugm);
+    bool family_sep = s.pre && s.pre->addSep();
+    auto sep = f.getBoolOr("tokenizer.ggml.add_sep_token", wpm || family_sep);
+    auto space = f.getBoolOr("tokenizer.ggml.add_space_prefix", spm || ugm);
+    auto extra = f.getBoolOr("tokenizer.ggml.remove_extra_whitespaces", false);
     if (!bos) return bos.status();
     if (!eos) return eos.status();
+    if (!sep) return sep.status();
     if (!space) return space.status();
+    if (!extra) return extra.status();
     s.add_bos = *bos;
     s.add_eos = *eos;
-    s.add_space_prefix = spm && *space;  // BPE vocabularies carry spaces in their pre-tokens
+    s.add_sep = s.model != TokenizerModel::Spm && s.model != TokenizerModel::Ugm && *sep;
+    // BPE vocabularies carry spaces in their pre-tokens; WordPiece words start with a space when
+    // decoded (dropped at the start of the text, as the SentencePiece prefix is).
+    s.add_space_prefix = ((spm || ugm) && *space) || wpm;
+    s.remove_extra_whitespaces = ugm && *extra;
+    if (s.add_sep && s.sep == kNoToken)
+        return BLUE_ERROR(
+            "%s: 'tokenizer.ggml.add_sep_token' is true but the vocabulary has no "
+            "separator token",
+            f.name().c_str());
     if (s.add_bos && s.bos == kNoToken)
         return BLUE_ERROR(
             "%s: 'tokenizer.ggml.add_bos_token' is true but the vocabulary has no "
@@ -191,7 +217,7 @@ Status readFlags(const GgufFile& f, TokenizerState& s) {
 Status buildByteTokens(const GgufFile& f, TokenizerState& s) {
     for (int b = 0; b < 256; ++b) {
         int32_t id = kNoToken;
-        if (s.model == TokenizerModel::Spm) {
+        if (s.model != TokenizerModel::Bpe) {
             char hex[8];
             std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
             id = s.find(hex);
@@ -251,6 +277,8 @@ std::string decodedPiece(const TokenizerState& s, int32_t id) {
     switch (s.types[size_t(id)]) {
         case TokenType::Normal: {
             if (s.model == TokenizerModel::Bpe) return byteLevelDecode(text);
+            if (s.model == TokenizerModel::Wpm && s.wpm_hash_continuation)
+                return text.starts_with("##") ? text.substr(2) : " " + text;
             std::string out;
             for (size_t i = 0; i < text.size(); ++i) {
                 if (text.compare(i, 3, "\xe2\x96\x81") == 0) {
@@ -295,10 +323,15 @@ Status readModel(const GgufFile& f, TokenizerState& s) {
         s.model = TokenizerModel::Spm;
     } else if (*model == "gpt2") {
         s.model = TokenizerModel::Bpe;
+    } else if (*model == "bert") {
+        s.model = TokenizerModel::Wpm;
+    } else if (*model == "t5") {
+        s.model = TokenizerModel::Ugm;
     } else {
         return BLUE_ERROR(
             "%s: key '%s': tokenizer model '%s' is not supported (supported: "
-            "'llama' = SentencePiece, 'gpt2' = byte-level BPE)",
+            "'llama' = SentencePiece, 'gpt2' = byte-level BPE, 'bert' = WordPiece, 't5' = "
+            "Unigram)",
             f.name().c_str(), kKeyModel, ggufPrintable(*model).c_str());
     }
     return {};
@@ -316,6 +349,50 @@ Status readBpe(const GgufFile& f, TokenizerState& s) {
     return {};
 }
 
+// SentencePiece's precompiled character map: a little-endian u32 size of the double array, the
+// array's units, then the pool of NUL-terminated replacement texts.
+Status readCharsmap(const GgufFile& f, TokenizerState& s) {
+    constexpr const char* kKey = "tokenizer.ggml.precompiled_charsmap";
+    if (!f.has(kKey)) return {};
+    auto bytes = f.getI32Array(kKey);
+    if (!bytes) return bytes.status();
+    if (bytes->empty()) return {};
+    auto byte = [&](size_t i) { return uint8_t((*bytes)[i]); };
+    if (bytes->size() < 4)
+        return BLUE_ERROR("%s: key '%s' is shorter than its header", f.name().c_str(), kKey);
+    size_t array_bytes =
+        size_t(byte(0)) | size_t(byte(1)) << 8 | size_t(byte(2)) << 16 | size_t(byte(3)) << 24;
+    if (array_bytes % 4 != 0 || array_bytes > bytes->size() - 4)
+        return BLUE_ERROR("%s: key '%s': double array of %zu bytes does not fit in %zu",
+                          f.name().c_str(), kKey, array_bytes, bytes->size());
+    s.charsmap_units.resize(array_bytes / 4);
+    for (size_t u = 0; u < s.charsmap_units.size(); ++u) {
+        size_t b = 4 + 4 * u;
+        s.charsmap_units[u] = uint32_t(byte(b)) | uint32_t(byte(b + 1)) << 8 |
+                              uint32_t(byte(b + 2)) << 16 | uint32_t(byte(b + 3)) << 24;
+    }
+    for (size_t i = 4 + array_bytes; i < bytes->size(); ++i) s.charsmap_pool += char(byte(i));
+    s.charsmap_pool += '\0';  // every value indexes a terminated string
+    return {};
+}
+
+// What WordPiece and Unigram matching need: the longest token, the lowest score, the spelling.
+void findMatchLimits(TokenizerState& s) {
+    bool hash = false, marker = false;
+    s.min_score = 0;
+    bool first = true;
+    for (int32_t id = 0; id < s.size(); ++id) {
+        const std::string& t = s.texts[size_t(id)];
+        s.max_token_len = std::max(s.max_token_len, t.size());
+        if (s.types[size_t(id)] != TokenType::Normal) continue;
+        hash |= t.size() > 2 && t.starts_with("##");
+        marker |= t.starts_with("\xe2\x96\x81");
+        if (first || s.scores[size_t(id)] < s.min_score) s.min_score = s.scores[size_t(id)];
+        first = false;
+    }
+    s.wpm_hash_continuation = hash && !marker;
+}
+
 }  // namespace
 
 Result<Tokenizer> Tokenizer::fromGguf(const GgufFile& f) {
@@ -324,6 +401,8 @@ Result<Tokenizer> Tokenizer::fromGguf(const GgufFile& f) {
     BLUE_TRY(readTokens(f, *s));
     BLUE_TRY(readTypes(f, *s));
     if (s->model == TokenizerModel::Bpe) BLUE_TRY(readBpe(f, *s));
+    if (s->model == TokenizerModel::Ugm) BLUE_TRY(readCharsmap(f, *s));
+    findMatchLimits(*s);
     BLUE_TRY(readSpecialIds(f, *s));
     BLUE_TRY(readFlags(f, *s));
     BLUE_TRY(buildByteTokens(f, *s));

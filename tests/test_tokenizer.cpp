@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -508,6 +509,125 @@ TEST_CASE("tokenizer: byte-level BPE merges follow the ranks") {
     CHECK(r->encode("<|endoftext|>", false, true) == std::vector<int32_t>{259});
 }
 
+namespace {
+
+// A vocabulary of `texts` with types (N normal, C control, U unknown) and scores.
+GgufWriter modelWriter(const char* model, const std::vector<std::string>& texts,
+                       const std::string& types, const std::vector<float>& scores = {}) {
+    GgufWriter w;
+    w.setString("tokenizer.ggml.model", model);
+    w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(texts));
+    std::vector<int32_t> t;
+    for (char c : types) t.push_back(c == 'C' ? 3 : c == 'U' ? 2 : 1);
+    w.setArray("tokenizer.ggml.token_type", std::span<const int32_t>(t));
+    if (!scores.empty()) w.setArray("tokenizer.ggml.scores", std::span<const float>(scores));
+    return w;
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer: WordPiece is greedy longest-match-first with an unknown word") {
+    // llama.cpp's spelling: word starts carry U+2581, continuations are bare. Ids 0..3 are BERT's
+    // [PAD] [UNK] [CLS] [SEP]; the defaults add [CLS] first and [SEP] last.
+    const std::string m = "\xe2\x96\x81";
+    GgufWriter w = modelWriter(
+        "bert",
+        {"[PAD]", "[UNK]", "[CLS]", "[SEP]", m + "un", m + "una", "ffable", "ff", "able",
+         m + "hello", m + ",", m + "\u4e2d", m + "\u6587", m + "cafe", "a", m + "!", m + "a"},
+        "CUCCNNNNNNNNNNNNN");
+    w.setU32("tokenizer.ggml.unknown_token_id", 1);
+    w.setU32("tokenizer.ggml.bos_token_id", 2);
+    w.setU32("tokenizer.ggml.seperator_token_id", 3);
+    Result<Tokenizer> t = parseVocab(w);
+    REQUIRE_MESSAGE(t.isOk(), t.message());
+    using Ids = std::vector<int32_t>;
+    // Greedy: "una" is the longest start, then "ffable"; "##ff" "##able" would fit as well.
+    CHECK(t->encode("unaffable", false, false) == Ids{5, 6});
+    CHECK(t->encode("unaff", false, false) == Ids{5, 7});
+    // Lowercased; punctuation is a word of its own; [CLS] and [SEP] around.
+    CHECK(t->encode("Hello, UNAFFABLE!", true, false) == Ids{2, 9, 10, 5, 6, 15, 3});
+    CHECK(t->decode(t->encode("Hello, UNAFFABLE!", false, false)) == "hello , unaffable !");
+    // A word with a part no token covers is one [UNK], whatever matched before it.
+    CHECK(t->encode("unx hello", false, false) == Ids{1, 9});
+    // CJK ideographs are words; accents go after NFD; tabs and line breaks cut words; controls
+    // and invalid UTF-8 are dropped.
+    CHECK(t->encode("\u4e2d\u6587", false, false) == Ids{11, 12});
+    CHECK(t->encode("Caf\u00e9", false, false) == Ids{13});
+    CHECK(t->encode("hello\t\nhello", false, false) == Ids{9, 9});
+    CHECK(t->encode("hel\x01lo\xff", false, false) == Ids{9});
+    // BERT's limit: a word of more than 100 characters is unknown.
+    CHECK(t->encode("aaa", false, false) == Ids{16, 14, 14});
+    CHECK(t->encode(std::string(100, 'a'), false, false).size() == 100);
+    CHECK(t->encode(std::string(101, 'a'), false, false) == Ids{1});
+    CHECK(t->encode("", true, false) == Ids{2, 3});
+
+    // Hugging Face's spelling: continuations carry "##".
+    GgufWriter h = modelWriter("bert",
+                               {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "una", "##ffable", "##ff",
+                                "##able", "hello", ",", "!"},
+                               "CUCCNNNNNNNN");
+    Result<Tokenizer> hf = parseVocab(h);  // llama.cpp's default ids (100..102) lie outside
+    REQUIRE_FALSE(hf.isOk());
+    h.setU32("tokenizer.ggml.unknown_token_id", 1);
+    h.setU32("tokenizer.ggml.bos_token_id", 2);
+    h.setU32("tokenizer.ggml.seperator_token_id", 3);
+    h.setBool("tokenizer.ggml.add_sep_token", false);
+    hf = parseVocab(h);
+    REQUIRE_MESSAGE(hf.isOk(), hf.message());
+    CHECK(hf->encode("hello, unaffable!", true, false) == Ids{2, 9, 10, 5, 6, 11});
+    // Greedy, never backtracking: "una" leaves "ble", which no "##" piece covers, so "unable" is
+    // unknown though "un" "##able" would cover it.
+    CHECK(hf->encode("unaff unable", false, false) == Ids{5, 7, 1});
+    CHECK(hf->decode(Ids{9, 10, 5, 6, 11}) == "hello , unaffable !");
+}
+
+TEST_CASE("tokenizer: Unigram takes the best-scoring segmentation") {
+    const std::string m = "\xe2\x96\x81";
+    GgufWriter w = modelWriter(
+        "t5", {"<pad>", "</s>", "<unk>", m, m + "a", "b", m + "ab", "a", "c", m + "abc"},
+        "CCUNNNNNNN", {0, 0, 0, -2, -1, -2, -5, -3, -4, -7.5f});
+    w.setBool("tokenizer.ggml.remove_extra_whitespaces", true);
+    Result<Tokenizer> t = parseVocab(w);
+    REQUIRE_MESSAGE(t.isOk(), t.message());
+    using Ids = std::vector<int32_t>;
+    // "▁abc" alone scores -7.5, "▁a" "b" "c" -7: Viterbi, not the longest match.
+    CHECK(t->encode("abc", false, false) == Ids{4, 5, 8});
+    CHECK(t->encode("abc", true, false) == Ids{4, 5, 8, 1});  // T5 ends with </s>
+    CHECK(t->encode("ab", false, false) == Ids{4, 5});        // -3 beats "▁ab" at -5
+    CHECK(t->decode(Ids{4, 5, 8}) == "abc");
+    // Characters no piece covers: one <unk> for the run (each scored 10 below the lowest piece).
+    CHECK(t->encode("axyb", false, false) == Ids{4, 2, 5});
+    CHECK(t->encode("a\xff", false, false) == Ids{4, 2});
+    // Extra whitespace removed: leading, trailing, runs; spaces only give nothing.
+    CHECK(t->encode("  a   b  ", false, false) == Ids{4, 3, 5});
+    CHECK(t->encode("   ", true, false) == Ids{1});
+
+    w.setBool("tokenizer.ggml.remove_extra_whitespaces", false);
+    Result<Tokenizer> keep = parseVocab(w);
+    REQUIRE_MESSAGE(keep.isOk(), keep.message());
+    CHECK(keep->encode("a  b", false, false) == Ids{4, 3, 3, 5});
+
+    // A precompiled character map (a Darts-clone double array) mapping "A" to "a": the root's
+    // offset 1 leads to unit 1 ^ 'A' = 64, labelled 'A' with a leaf whose value (unit 64 ^ 1 =
+    // 65) is 0, the start of "a" in the pool.
+    std::vector<uint32_t> units(66, 0);
+    units[0] = 1u << 10;
+    units[64] = 'A' | (1u << 8) | (1u << 10);
+    units[65] = 1u << 31;
+    std::vector<uint8_t> map = {uint8_t(units.size() * 4), uint8_t(units.size() * 4 >> 8), 0, 0};
+    for (uint32_t u : units)
+        for (int k = 0; k < 4; ++k) map.push_back(uint8_t(u >> (8 * k)));
+    map.push_back('a');
+    map.push_back(0);
+    w.setArray("tokenizer.ggml.precompiled_charsmap", std::span<const uint8_t>(map));
+    Result<Tokenizer> mapped = parseVocab(w);
+    REQUIRE_MESSAGE(mapped.isOk(), mapped.message());
+    CHECK(mapped->encode("AbA", false, false) == Ids{4, 5, 7});
+    map.resize(10);  // the array no longer fits
+    w.setArray("tokenizer.ggml.precompiled_charsmap", std::span<const uint8_t>(map));
+    CHECK_FALSE(parseVocab(w).isOk());
+}
+
 TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming the key") {
     struct Case {
         const char* what;
@@ -531,8 +651,8 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
     const std::vector<std::string> dup = {"<unk>", "<s>", "a", "b", "a"};
     const std::vector<Case> cases = {
         {"model",
-         spm([](GgufWriter& w) { w.setString("tokenizer.ggml.model", "bert"); }),
-         {"key 'tokenizer.ggml.model'", "'bert' is not supported"}},
+         spm([](GgufWriter& w) { w.setString("tokenizer.ggml.model", "rwkv"); }),
+         {"key 'tokenizer.ggml.model'", "'rwkv' is not supported", "'t5' = Unigram"}},
         {"no tokens",
          [] {
              GgufWriter w;
@@ -624,8 +744,9 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
          },
          {"tokenizer.ggml.merges", "array<string>"}},
         {"pre",
-         bpe([](GgufWriter& w) { w.setString("tokenizer.ggml.pre", "tekken"); }),
-         {"key 'tokenizer.ggml.pre'", "pre-tokenizer 'tekken' is not supported", "qwen2"}},
+         bpe([](GgufWriter& w) { w.setString("tokenizer.ggml.pre", "llama-5"); }),
+         {"key 'tokenizer.ggml.pre'", "pre-tokenizer 'llama-5' is not supported", "qwen2", "tekken",
+          "kimi-k2"}},
     };
     for (const Case& c : cases) {
         CAPTURE(std::string(c.what));
@@ -638,9 +759,10 @@ TEST_CASE("tokenizer: malformed vocabularies are refused with messages naming th
 }
 
 TEST_CASE("tokenizer: BPE pre-tokenizer choice changes the pieces merges may join") {
-    // Digits "1234" with a merge "3 4": GPT-2 keeps "1234" as one piece, so 3 and 4 merge; the
-    // default chain (llama.cpp's choice when tokenizer.ggml.pre is absent) cuts "123" | "4" and
-    // DeepSeek Coder cuts every digit, so they cannot.
+    // Digits "1234" with a merge "3 4": GPT-2 and BLOOM keep "1234" as one piece and SuperBPE and
+    // AFMoE cut "1" | "234", so 3 and 4 merge; the default chain (llama.cpp's choice when
+    // tokenizer.ggml.pre is absent) and GPT-4o cut "123" | "4" and DeepSeek Coder cuts every
+    // digit, so they cannot.
     auto make = [](const char* pre) {
         std::vector<std::string> tokens;
         for (int b = 0; b < 256; ++b) tokens.push_back(byteLevel(uint8_t(b)));
@@ -661,7 +783,9 @@ TEST_CASE("tokenizer: BPE pre-tokenizer choice changes the pieces merges may joi
     const Case cases[] = {
         {"gpt2", true},    {"gpt-2", true},      {"deepseek-llm", true},    {"qwen2", false},
         {"llama3", false}, {"llama-bpe", false}, {"deepseek-coder", false}, {"default", false},
-        {nullptr, false},  {"starcoder", false},
+        {nullptr, false},  {"starcoder", false}, {"bloom", true},           {"superbpe", true},
+        {"afmoe", true},   {"gpt-4o", false},    {"tekken", false},         {"kimi-k2", false},
+        {"falcon", false}, {"chameleon", false}, {"deepseek-v3", false},    {"seed-coder", false},
     };
     for (const Case& c : cases) {
         CAPTURE(std::string(c.pre ? c.pre : "(none)"));
@@ -784,8 +908,11 @@ TEST_CASE("tokenizer: random vocabularies never crash the loader") {
         "a",      "b",      " ",    kSp,    kG, "<s>", "</s>", "<|im_start|>",
         "<0x41>", "<0xZZ>", "\xc3", "\xa9", "", "ab"};
     int loaded = 0;
+    std::map<std::string, int> loaded_by_model;
     for (int iter = 0; iter < 300; ++iter) {
-        bool bpe = rng() % 2;
+        const char* kModels[] = {"llama", "gpt2", "bert", "t5"};
+        const std::string model = kModels[rng() % 4];
+        const bool bpe = model == "gpt2";
         std::vector<std::string> tokens;
         std::vector<int32_t> types;
         if (rng() % 2) {  // with every byte: loads more often
@@ -806,12 +933,19 @@ TEST_CASE("tokenizer: random vocabularies never crash the loader") {
         for (size_t i = rng() % 10; i > 0; --i)
             merges.push_back(tokens[rng() % n] + (rng() % 9 ? " " : "") + tokens[rng() % n]);
         GgufWriter w;
-        w.setString("tokenizer.ggml.model", bpe ? "gpt2" : "llama");
+        w.setString("tokenizer.ggml.model", model);
         w.setStringArray("tokenizer.ggml.tokens", std::span<const std::string>(tokens));
         w.setArray<int32_t>("tokenizer.ggml.token_type", types);
         w.setArray<float>("tokenizer.ggml.scores", scores);
         if (bpe) w.setStringArray("tokenizer.ggml.merges", std::span<const std::string>(merges));
-        for (const char* key : {"bos", "eos", "unknown", "eot"})
+        if (model == "t5" && rng() % 2) {  // a random character map, its size field often right
+            std::vector<uint8_t> map(4 + 4 * (rng() % 64) + rng() % 16);
+            for (uint8_t& b : map) b = uint8_t(rng());
+            const size_t units = rng() % 64;
+            for (int k = 0; k < 4; ++k) map[size_t(k)] = uint8_t(units * 4 >> (8 * k));
+            w.setArray<uint8_t>("tokenizer.ggml.precompiled_charsmap", map);
+        }
+        for (const char* key : {"bos", "eos", "unknown", "eot", "seperator"})
             if (rng() % 2)
                 w.setI32(std::string("tokenizer.ggml.") + key + "_token_id",
                          int32_t(rng() % (n + 2)) - 1);
@@ -821,7 +955,13 @@ TEST_CASE("tokenizer: random vocabularies never crash the loader") {
             continue;
         }
         ++loaded;
+        ++loaded_by_model[model];
         exercise(*t, rng);
+    }
+    for (const char* model : {"llama", "gpt2", "bert", "t5"}) {
+        MESSAGE(std::string(model)
+                << ": " << loaded_by_model[model] << " random vocabularies loaded");
+        CHECK(loaded_by_model[model] > 3);
     }
     CHECK(loaded > 20);
 }
