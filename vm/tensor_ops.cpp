@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "vm/abi.h"
+#include "vm/kernel_abi.h"
 #include "vm/quant.h"
 #include "vm/tensor_ops_internal.h"
 
@@ -86,6 +87,26 @@ void refSum(const Items& it, const TensorInstr& ti) {
     }
 }
 
+// KERNEL: dst INSTANCE F32 of at most BLUE_KERNEL_RESULT_WORDS elements, src INSTANCE I32 of a
+// length word and at least one token, a kernel index within the module's KERNELS.
+Status checkKernelOp(const Checker& c) {
+    if (c.t(0).cls != BLUE_TC_INSTANCE) return c.fail(0, "a custom kernel's results must be an INSTANCE tensor");
+    BLUE_TRY(c.dtype(0, DType::F32));
+    if (c.t(0).elements() > BLUE_KERNEL_RESULT_WORDS) {
+        return c.fail(0, strFormat("%llu result words per instance, at most %u",
+                                   (unsigned long long)c.t(0).elements(), BLUE_KERNEL_RESULT_WORDS));
+    }
+    if (c.t(1).cls != BLUE_TC_INSTANCE) return c.fail(1, "a custom kernel's slot must be an INSTANCE tensor");
+    BLUE_TRY(c.dtype(1, DType::I32));
+    if (c.t(1).elements() < 2 || c.t(1).elements() > (1u << 20)) {
+        return c.fail(1, "a slot of a length word and 1 to 2^20 - 1 tokens is needed");
+    }
+    if (c.ti.args[2] >= c.m.kernels.size()) {
+        return BLUE_ERROR("kernel %u does not exist (%zu kernels)", c.ti.args[2], c.m.kernels.size());
+    }
+    return Status::ok();
+}
+
 }  // namespace
 
 float bitsToFloat(uint32_t u) {
@@ -124,6 +145,7 @@ Status checkTensorOp(const Module& m, const TensorInstr& ti) {
             BLUE_TRY(c.dtype(0, DType::F32));
             BLUE_TRY(c.dtype(1, DType::F32));
             return Status::ok();
+        case Op::KERNEL: return checkKernelOp(c);
         default: return checkLlmOp(c);
     }
 }
@@ -141,6 +163,7 @@ void runTensorOpRef(const TensorOpEnv& env, const TensorInstr& ti) {
         }
         case Op::MATMUL: refMatmul(it, ti); return;
         case Op::TSUM: refSum(it, ti); return;
+        case Op::KERNEL: assert(false && "refCanRun() refuses modules with custom kernels"); return;
         default:
             if (!runLlmOpRef(it, ti)) assert(false && "tensor op without a reference implementation");
     }

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "compiler/cascade/cascade.h"
+#include "compiler/cascade/lower_kernel.h"
 #include "compiler/code_builder.h"
 #include "compiler/gguf.h"
 #include "compiler/lower_model.h"
@@ -74,6 +75,7 @@ struct Lowerer {
     // step_labels[k] is the code right after step k's checkpoint, where a resume continues.
     uint32_t steps = 0, loop_depth = 0, next_step = 0, ckpt_marker = 0;
     std::vector<CodeBuilder::Label> step_labels;
+    LoweredKernels kernels_;  // custom kernels (lower_kernel.h)
 
     Status errorAt(Loc l, const std::string& msg) const {
         return BLUE_ERROR("%s:%u:%u: %s", p.file.c_str(), l.line, l.col, msg.c_str());
@@ -140,6 +142,7 @@ struct Lowerer {
                          CodeBuilder::Label done);
     void emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label no);
     void emitCopy(uint32_t slot);
+    void emitScore(const Stmt& s);
     void emitOutputs();
     void emitStageRecords(uint32_t stage);
     void emitSlotRecords(size_t slot);
@@ -229,6 +232,7 @@ Status Lowerer::checkCond(const Cond& c, Loc at) const {
         if (c.metric != "length") return errorAt(c.metric_loc, "a slot has one statistic, 'length'; found '" + c.metric + "'");
         return Status::ok();
     }
+    if (int k = kernelIndex(p, c.subject); k >= 0) return checkKernelCond(p, uint32_t(k), c, at);
     int s = stageIndex(c.subject);
     if (s < 0) return errorAt(c.loc, "no stage or slot named '" + c.subject + "'");
     if (!before(p.stages[s].loc, at)) return errorAt(c.loc, "stage '" + c.subject + "' is written after this condition (line " + std::to_string(p.stages[s].loc.line) + ")");
@@ -306,6 +310,7 @@ Status Lowerer::checkNames() {
     }
     if (p.stages.empty()) return errorAt({1, 1}, "the cascade has no stage");
     BLUE_TRY(checkPrefer());
+    BLUE_TRY(checkKernelUses(p, [this](const std::string& n) { return slotIndex(n); }));
     return checkStmts(p.body);
 }
 
@@ -436,7 +441,10 @@ void Lowerer::emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label
     }
     // The subject's value as a float in kF1.
     int slot = slotIndex(c.subject);
-    if (slot >= 0) {
+    if (int k = kernelIndex(p, c.subject); k >= 0) {  // a custom kernel's result word (a float)
+        cb.li(kTmp, kernelMetricWord(c.metric));
+        cb.op(Op::TLD, {kF1, kTmp}, kernels_.kernels[size_t(k)].result_tensor);
+    } else if (slot >= 0) {
         cb.op(Op::LD, {kTmp, kZero}, slot_addr[size_t(slot)]);
         cb.op(Op::UTOF, {kF1, kTmp});
     } else {
@@ -932,6 +940,7 @@ void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
                 cb.bind(end);
                 break;
             }
+            case Stmt::SCORE: emitScore(s); break;
             case Stmt::BREAK: {
                 if (!s.cond) {
                     cb.jump(Op::JMP, {}, loop_ends.back());
@@ -944,6 +953,27 @@ void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
             }
         }
     }
+}
+
+// `score KERNEL over SLOT`: copies the slot (length, then tokens) into the kernel's slot tensor
+// and runs its block; the results stay in the kernel's result tensor for conditions to read.
+void Lowerer::emitScore(const Stmt& s) {
+    const LoweredKernel& lk = kernels_.kernels[s.kernel];
+    const uint32_t slot = slot_addr[size_t(slotIndex(s.score_slot))];
+    auto loop = cb.newLabel(), done = cb.newLabel();
+    cb.op(Op::LD, {kN, kZero}, slot);
+    cb.op(Op::TST, {kN, kZero}, lk.slot_tensor);
+    cb.li(kI, 0);
+    cb.bind(loop);
+    cb.jump(Op::BGEU, {kI, kN}, done);
+    cb.op(Op::LD, {kWord, kI}, slot + 1);
+    cb.op(Op::ADDI, {kTmp, kI}, 1);
+    cb.op(Op::TST, {kWord, kTmp}, lk.slot_tensor);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, loop);
+    cb.bind(done);
+    cb.li(kArgRows, 1);
+    cb.op(Op::RUN, {kArgRows}, kernels_.blocks.at(&s));
 }
 
 // A stage's statistics records (vm/cascade_abi.h).
@@ -1176,6 +1206,8 @@ Result<Module> Lowerer::run() {
             lm.verify_block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix, ForwardHead::Verify, table);
         }
     }
+    BLUE_TRY(lowerKernels(p, [this](const std::string& n) { return slotIndex(n); },
+                          [this](const std::string& text) { return tokensOf(text, true); }, slot_cap, m, &kernels_));
     m.layout.regs = kRegs;
     m.layout.local_words = hist_base + max_ctx;
     m.layout.in_slots = opt.in_slots;

@@ -1,0 +1,44 @@
+// The contract a custom kernel keeps: SPIR-V a module carries (section KERNELS, run by the tensor
+// instruction KERNEL) may declare exactly these resources and nothing else. Plain #defines only,
+// so GLSL kernels may copy them and C++ checks them (vm/kernel.cpp, host/machine_kernel.cpp).
+//
+// A custom kernel runs once per item: one workgroup per instance that asked for its block, the
+// item being gl_WorkGroupID.y (gl_WorkGroupID.x is 0; gl_NumWorkGroups.y is the item count).
+//
+//   layout(local_size_x = X, local_size_y = Y, local_size_z = Z) in;   X*Y*Z <= 256
+//   layout(set = 0, binding = 0) readonly buffer Items   { uint items[]; };    // instance of item i
+//                                                                               // at items[items_base + i]
+//   layout(set = 0, binding = 1) readonly buffer Slots   { uint slots[]; };    // instance n's slot at
+//        slots[in_base + n * in_stride]: [0] its length in tokens, then the tokens (capacity in_stride - 1)
+//   layout(set = 0, binding = 2) buffer Results { float results[]; };          // (or uint) instance n's
+//        BLUE_KERNEL_RESULT_WORDS words at results[out_base + n * out_stride]
+//   layout(push_constant) uniform Args { uint items_base, in_base, in_stride, out_base, out_stride,
+//                                        param; };                              // a prefix may be declared
+//
+// Bindings 0 and 1 must be declared readonly; any of the three may be left out. No other set,
+// binding, image, sampler, uniform buffer or physical pointer; no capability beyond Shader (and
+// Matrix, implied by it), so that every Vulkan 1.2 device runs it; workgroup (shared) memory at
+// most BLUE_KERNEL_MAX_SHARED bytes, the minimum every Vulkan device offers.
+#ifndef BLUE_VM_KERNEL_ABI_H
+#define BLUE_VM_KERNEL_ABI_H
+
+#define BLUE_KERNEL_BIND_ITEMS 0
+#define BLUE_KERNEL_BIND_SLOTS 1
+#define BLUE_KERNEL_BIND_RESULTS 2
+#define BLUE_KERNEL_BINDINGS 3
+
+#define BLUE_KERNEL_PC_ITEMS_BASE 0
+#define BLUE_KERNEL_PC_IN_BASE 1
+#define BLUE_KERNEL_PC_IN_STRIDE 2
+#define BLUE_KERNEL_PC_OUT_BASE 3
+#define BLUE_KERNEL_PC_OUT_STRIDE 4
+#define BLUE_KERNEL_PC_PARAM 5
+#define BLUE_KERNEL_PUSH_WORDS 6
+
+#define BLUE_KERNEL_RESULT_WORDS 16       // most result words per instance
+#define BLUE_KERNEL_MAX_INVOCATIONS 256u  // local_size_x * y * z
+#define BLUE_KERNEL_MAX_SHARED 16384u     // bytes of workgroup memory
+#define BLUE_KERNEL_MAX_WORDS (1u << 20)  // SPIR-V words per kernel (4 MiB)
+#define BLUE_KERNEL_MAX_COUNT 64u         // kernels per module
+
+#endif  // BLUE_VM_KERNEL_ABI_H
