@@ -9,8 +9,10 @@
 #include "host/machine_impl.h"
 #include "host/vk_check.h"
 #include "shaders/blue_config.h"
+#include "vm/isa.h"
 #include "vm/kernel.h"
 #include "vm/kernel_abi.h"
+#include "vm/verify.h"
 
 namespace blue {
 
@@ -79,8 +81,9 @@ Status GpuMachine::Impl::createCustomKernels() {
         BLUE_TRY_ASSIGN(KernelShape shape, checkKernelSpirv(k.spirv, what));
         for (int axis = 0; axis < 3; ++axis) {
             if (shape.local[axis] > info.max_workgroup_size[axis]) {
-                return BLUE_ERROR("%s: workgroup size %u along %c is more than this device allows (%u)", what.c_str(),
-                                  shape.local[axis], "xyz"[axis], info.max_workgroup_size[axis]);
+                return BLUE_ERROR(
+                    "%s: workgroup size %u along %c is more than this device allows (%u)",
+                    what.c_str(), shape.local[axis], "xyz"[axis], info.max_workgroup_size[axis]);
             }
         }
         VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
@@ -97,7 +100,7 @@ Status GpuMachine::Impl::createCustomKernels() {
         VkPipeline pipeline = VK_NULL_HANDLE;
         VkResult r = vkCreateComputePipelines(d, VK_NULL_HANDLE, 1, &pi, nullptr, &pipeline);
         vkDestroyShaderModule(d, module, nullptr);
-        BLUE_VK_TRY_ON(dev, r);
+        BLUE_VK_TRY(r);
         custom_pipelines[size_t(desc.custom)] = pipeline;
     }
 
@@ -124,11 +127,14 @@ Status GpuMachine::Impl::createCustomKernels() {
         for (const TensorInstr& t : instrs) {
             if (t.op == Op::KERNEL && int32_t(t.args[2]) == desc.custom) ti = &t;
         }
-        if (!ti) return BLUE_ERROR("block '%s': no KERNEL instruction for its dispatch", m.blocks[desc.block].name.c_str());
+        if (!ti)
+            return BLUE_ERROR("block '%s': no KERNEL instruction for its dispatch",
+                              m.blocks[desc.block].name.c_str());
         const TensorPlace& out = pages.places[ti->args[0]];
         const TensorPlace& in = pages.places[ti->args[1]];
-        Range items = alignedRange(VkDeviceSize(layout.at(BLUE_O_LISTS) + uint64_t(desc.block) * 3 * ninst) * 4,
-                                   VkDeviceSize(ninst) * 4, align);
+        Range items = alignedRange(
+            VkDeviceSize(layout.at(BLUE_O_LISTS) + uint64_t(desc.block) * 3 * ninst) * 4,
+            VkDeviceSize(ninst) * 4, align);
         Range slots = alignedRange(in.offset, in.slice * ninst, align);
         Range results = alignedRange(out.offset, out.slice * ninst, align);
         VkDescriptorBufferInfo bi[BLUE_KERNEL_BINDINGS] = {

@@ -28,7 +28,9 @@
 namespace blue::test {
 namespace {
 
-std::string stories() { return sharedDir() + "/models/stories260K/stories260K.gguf"; }
+std::string stories() {
+    return sharedDir() + "/models/stories260K/stories260K.gguf";
+}
 
 std::string readText(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -48,7 +50,9 @@ void writeWords(const std::string& path, const std::vector<uint32_t>& w) {
 }
 
 // A kernel that keeps the contract: counts token `param` in the slot.
-std::string goodKernel() { return readText(std::string(BLUE_SOURCE_DIR) + "/programs/kernel_count.comp"); }
+std::string goodKernel() {
+    return readText(std::string(BLUE_SOURCE_DIR) + "/programs/kernel_count.comp");
+}
 
 std::vector<uint32_t> goodSpirv() {
     auto w = compileGlslKernel(goodKernel(), "count.comp");
@@ -82,50 +86,61 @@ TEST_CASE("kernel: malformed and hostile kernels are refused with a message nami
     std::string head = kHead, body = kBody;
     const Bad bad[] = {
         {"GLSL syntax error", head + "void main() { results[0] = ; }\n", "k.comp:6:"},
-        {"wrong binding", std::string("#version 450\nlayout(local_size_x = 1) in;\n"
-                                      "layout(set = 0, binding = 5) buffer R { float r[]; };\n"
-                                      "void main() { r[0] = 1.0; }\n"),
+        {"wrong binding",
+         std::string("#version 450\nlayout(local_size_x = 1) in;\n"
+                     "layout(set = 0, binding = 5) buffer R { float r[]; };\n"
+                     "void main() { r[0] = 1.0; }\n"),
          "binding 5: the contract has bindings 0 (items), 1 (slots) and 2 (results) only"},
-        {"extra descriptor set", head + "layout(set = 1, binding = 0) buffer X { uint x[]; };\n"
-                                        "void main() { x[0] = slots[0]; results[0] = 1.0; }\n",
+        {"extra descriptor set",
+         head + "layout(set = 1, binding = 0) buffer X { uint x[]; };\n"
+                "void main() { x[0] = slots[0]; results[0] = 1.0; }\n",
          "a buffer in descriptor set 1"},
-        {"binding declared twice", head + "layout(set = 0, binding = 2) buffer R2 { uint r2[]; };\n"
-                                          "void main() { r2[0] = items[0]; results[0] = 1.0; }\n",
+        {"binding declared twice",
+         head + "layout(set = 0, binding = 2) buffer R2 { uint r2[]; };\n"
+                "void main() { r2[0] = items[0]; results[0] = 1.0; }\n",
          "binding 2 is declared twice"},
-        {"writable slots", std::string("#version 450\nlayout(local_size_x = 1) in;\n"
-                                       "layout(set = 0, binding = 1) buffer Slots { uint slots[]; };\n"
-                                       "void main() { slots[0] = 7u; }\n"),
+        {"writable slots",
+         std::string("#version 450\nlayout(local_size_x = 1) in;\n"
+                     "layout(set = 0, binding = 1) buffer Slots { uint slots[]; };\n"
+                     "void main() { slots[0] = 7u; }\n"),
          "binding 1 (slots) must be declared readonly"},
-        {"push constants beyond the contract", head + "layout(push_constant) uniform P { uint w[16]; } p;\n"
-                                                      "void main() { results[0] = float(p.w[15]); }\n",
+        {"push constants beyond the contract",
+         head + "layout(push_constant) uniform P { uint w[16]; } p;\n"
+                "void main() { results[0] = float(p.w[15]); }\n",
          "push constants of 64 bytes; the contract gives 24"},
-        {"huge local size", std::string("#version 450\nlayout(local_size_x = 1024) in;\n"
-                                        "layout(set = 0, binding = 2) buffer R { float r[]; };\n"
-                                        "void main() { r[gl_LocalInvocationID.x] = 1.0; }\n"),
+        {"huge local size",
+         std::string("#version 450\nlayout(local_size_x = 1024) in;\n"
+                     "layout(set = 0, binding = 2) buffer R { float r[]; };\n"
+                     "void main() { r[gl_LocalInvocationID.x] = 1.0; }\n"),
          "workgroup size 1024x1x1 is 1024 invocations; the contract allows 1 to 256"},
-        {"uniform buffer", std::string("#version 450\nlayout(local_size_x = 1) in;\n"
-                                       "layout(set = 0, binding = 0) uniform U { uint u; };\n"
-                                       "layout(set = 0, binding = 2) buffer R { float r[]; };\n"
-                                       "void main() { r[0] = float(u); }\n"),
+        {"uniform buffer",
+         std::string("#version 450\nlayout(local_size_x = 1) in;\n"
+                     "layout(set = 0, binding = 0) uniform U { uint u; };\n"
+                     "layout(set = 0, binding = 2) buffer R { float r[]; };\n"
+                     "void main() { r[0] = float(u); }\n"),
          "binding 0 is a uniform buffer"},
-        {"image", std::string("#version 450\nlayout(local_size_x = 1) in;\n"
-                              "layout(set = 0, binding = 2, r32f) uniform image2D img;\n"
-                              "void main() { imageStore(img, ivec2(0), vec4(1.0)); }\n"),
+        {"image",
+         std::string("#version 450\nlayout(local_size_x = 1) in;\n"
+                     "layout(set = 0, binding = 2, r32f) uniform image2D img;\n"
+                     "void main() { imageStore(img, ivec2(0), vec4(1.0)); }\n"),
          "storage class UniformConstant"},
-        {"a capability the device may lack", std::string("#version 450\n#extension GL_ARB_gpu_shader_int64 : require\n"
-                                                         "layout(local_size_x = 1) in;\n"
-                                                         "layout(set = 0, binding = 2) buffer R { uint64_t r[]; };\n"
-                                                         "void main() { r[0] = 1ul; }\n"),
+        {"a capability the device may lack",
+         std::string("#version 450\n#extension GL_ARB_gpu_shader_int64 : require\n"
+                     "layout(local_size_x = 1) in;\n"
+                     "layout(set = 0, binding = 2) buffer R { uint64_t r[]; };\n"
+                     "void main() { r[0] = 1ul; }\n"),
          "declares SPIR-V capability 11"},
-        {"too much shared memory", head + "shared float big[8192];\n"
-                                          "void main() { big[gl_LocalInvocationID.x] = 1.0; results[0] = big[3]; }\n",
+        {"too much shared memory",
+         head + "shared float big[8192];\n"
+                "void main() { big[gl_LocalInvocationID.x] = 1.0; results[0] = big[3]; }\n",
          "uses 32768 bytes of workgroup (shared) memory; the contract allows 16384"},
-        {"specialization constants", head + "layout(constant_id = 0) const uint N = 4u;\n"
-                                            "void main() { results[0] = float(N); }\n",
+        {"specialization constants",
+         head + "layout(constant_id = 0) const uint N = 4u;\n"
+                "void main() { results[0] = float(N); }\n",
          "declares specialization constants"},
     };
     for (const Bad& b : bad) {
-        CAPTURE(b.what);
+        INFO(b.what);
         TempDir dir;
         std::string path = dir.path + "/k.comp";
         writeText(path, b.source);
@@ -139,14 +154,21 @@ TEST_CASE("kernel: malformed and hostile kernels are refused with a message nami
     // SPIR-V files: not SPIR-V, truncated, invalid for spirv-val, another execution model.
     std::vector<uint32_t> good = goodSpirv();
     REQUIRE(checkKernelSpirv(good, "good"));
-    std::vector<uint32_t> truncated(good.begin(), good.begin() + long(good.size() / 2));
-    if (truncated.size() > 5 && findOp(good, 54 /* OpFunction */)) {
-        truncated.push_back((40u << 16) | 54u);  // an instruction claiming more words than are left
+    // Cut inside the first instruction of 3 or more words past the middle: its length word
+    // claims words the file no longer has.
+    std::vector<uint32_t> truncated;
+    for (size_t at = 5; at < good.size(); at += good[at] >> 16) {
+        if (at > good.size() / 2 && (good[at] >> 16) >= 3) {
+            truncated.assign(good.begin(), good.begin() + long(at + 2));
+            break;
+        }
     }
+    REQUIRE(!truncated.empty());
     std::vector<uint32_t> no_memory_model = good;
     size_t mm = findOp(good, 14);
     REQUIRE(mm);
-    no_memory_model.erase(no_memory_model.begin() + long(mm), no_memory_model.begin() + long(mm + (good[mm] >> 16)));
+    no_memory_model.erase(no_memory_model.begin() + long(mm),
+                          no_memory_model.begin() + long(mm + (good[mm] >> 16)));
     std::vector<uint32_t> vertex = good;
     size_t ep = findOp(good, 15);
     REQUIRE(ep);
@@ -164,7 +186,7 @@ TEST_CASE("kernel: malformed and hostile kernels are refused with a message nami
         {"wrong execution model", vertex, "execution model 0, not GLCompute (5)"},
     };
     for (const BadSpv& b : spv) {
-        CAPTURE(b.what);
+        INFO(b.what);
         TempDir dir;
         std::string path = dir.path + "/k.spv";
         writeWords(path, b.words);
@@ -201,7 +223,9 @@ Module kernelModule(std::vector<uint32_t> spirv) {
     return m;
 }
 
-TEST_CASE("kernel: the KERNELS section round-trips, the verifier checks KERNEL's operands, --ref refuses") {
+TEST_CASE(
+    "kernel: the KERNELS section round-trips, the verifier checks KERNEL's operands, --ref "
+    "refuses") {
     Module m = kernelModule(goodSpirv());
     REQUIRE_MESSAGE(verifyModule(m), verifyModule(m).message());
     std::vector<uint8_t> bytes = serializeModule(m);
@@ -224,12 +248,18 @@ TEST_CASE("kernel: the KERNELS section round-trips, the verifier checks KERNEL's
         const char* message;
     };
     const Case cases[] = {
-        {"kernel index out of range", [](Module& k) { k.tcode[3] = 1; }, "kernel 1 does not exist (1 kernels)"},
-        {"results not INSTANCE", [](Module& k) { k.tensors[0].cls = BLUE_TC_GLOBAL; }, "results must be an INSTANCE tensor"},
-        {"too many result words", [](Module& k) { k.tensors[0].ne[0] = 17; }, "17 result words per instance, at most 16"},
-        {"slot not I32", [](Module& k) { k.tensors[1].dtype = DType::F32; }, "type F32, expected I32"},
-        {"an unnamed kernel", [](Module& k) { k.kernels[0].name.clear(); }, "a name of 1 to 64 characters"},
-        {"corrupt SPIR-V", [](Module& k) { k.kernels[0].spirv[0] ^= 1; }, "kernel 0 'count': not SPIR-V"},
+        {"kernel index out of range", [](Module& k) { k.tcode[3] = 1; },
+         "kernel 1 does not exist (1 kernels)"},
+        {"results not INSTANCE", [](Module& k) { k.tensors[0].cls = BLUE_TC_GLOBAL; },
+         "results must be an INSTANCE tensor"},
+        {"too many result words", [](Module& k) { k.tensors[0].ne[0] = 17; },
+         "17 result words per instance, at most 16"},
+        {"slot not I32", [](Module& k) { k.tensors[1].dtype = DType::F32; },
+         "type F32, expected I32"},
+        {"an unnamed kernel", [](Module& k) { k.kernels[0].name.clear(); },
+         "a name of 1 to 64 characters"},
+        {"corrupt SPIR-V", [](Module& k) { k.kernels[0].spirv[0] ^= 1; },
+         "kernel 0 'count': not SPIR-V"},
     };
     for (const Case& c : cases) {
         CAPTURE(c.what);
@@ -241,14 +271,18 @@ TEST_CASE("kernel: the KERNELS section round-trips, the verifier checks KERNEL's
     }
 }
 
-TEST_CASE("kernel: a module whose embedded SPIR-V was corrupted after compilation is refused at load") {
+TEST_CASE(
+    "kernel: a module whose embedded SPIR-V was corrupted after compilation is refused at load") {
     Module m = kernelModule(goodSpirv());
     std::vector<uint8_t> bytes = serializeModule(m);
     // Where the SPIR-V lies in the file: find its first words.
     const std::vector<uint32_t>& spirv = m.kernels[0].spirv;
     size_t at = 0;
     for (size_t i = 0; i + 8 <= bytes.size(); i += 4) {
-        if (std::memcmp(bytes.data() + i, spirv.data(), 8) == 0) { at = i; break; }
+        if (std::memcmp(bytes.data() + i, spirv.data(), 8) == 0) {
+            at = i;
+            break;
+        }
     }
     REQUIRE(at > 0);
     TempDir dir;
@@ -266,7 +300,8 @@ TEST_CASE("kernel: a module whose embedded SPIR-V was corrupted after compilatio
     bool patched = false;
     for (size_t w = 5; w < words && !patched;) {
         uint32_t n = spirv[w] >> 16, op = spirv[w] & 0xFFFF;
-        if (op == 71 && n == 4 && spirv[w + 2] == 33 && spirv[w + 3] == 2) {  // OpDecorate %x Binding 2
+        if (op == 71 && n == 4 && spirv[w + 2] == 33 &&
+            spirv[w + 3] == 2) {  // OpDecorate %x Binding 2
             uint32_t seven = 7;
             std::memcpy(binding.data() + at + (w + 3) * 4, &seven, 4);
             patched = true;
@@ -276,7 +311,8 @@ TEST_CASE("kernel: a module whose embedded SPIR-V was corrupted after compilatio
     REQUIRE(patched);
     auto r = load(binding);
     REQUIRE_FALSE(r);
-    CHECK_MESSAGE(r.message().find("kernel 0 'count': binding 7") != std::string::npos, r.message());
+    CHECK_MESSAGE(r.message().find("kernel 0 'count': binding 7") != std::string::npos,
+                  r.message());
     auto count = bytes;
     uint32_t huge = 0x7FFFFFFF;
     std::memcpy(count.data() + at - 4, &huge, 4);  // the SPIR-V word count
@@ -349,7 +385,8 @@ std::string fill(std::string s, const std::map<std::string, std::string>& vars) 
 }
 
 // Compiles the cascade in `dir` (the kernel file beside it) and runs one task on the GPU.
-CascadeResult runKernelCascade(const TempDir& dir, const std::string& source, bool reference = false) {
+CascadeResult runKernelCascade(const TempDir& dir, const std::string& source,
+                               bool reference = false) {
     std::string cas = dir.path + "/k.cas";
     writeText(cas, source);
     CascadeOptions o;
@@ -389,11 +426,13 @@ uint32_t stageRuns(const CascadeResult& r, const std::string& name) {
     return 0;
 }
 
-TEST_CASE("kernel: a GLSL kernel's result over a slot drives a condition both ways on the GPU; a .spv kernel too") {
+TEST_CASE(
+    "kernel: a GLSL kernel's result over a slot drives a condition both ways on the GPU; a .spv "
+    "kernel too") {
     TempDir dir;
     writeText(dir.path + "/count.comp", goodKernel());
-    std::map<std::string, std::string> vars = {{"MODEL", stories()}, {"KERNEL", "count.comp"},
-                                               {"THRESHOLD", "0"}, {"LENGTH", "0"}};
+    std::map<std::string, std::string> vars = {
+        {"MODEL", stories()}, {"KERNEL", "count.comp"}, {"THRESHOLD", "0"}, {"LENGTH", "0"}};
     // First run: learn the story's tokens (greedy, so every run writes the same story).
     CascadeResult first = runKernelCascade(dir, fill(kCascade, vars));
     const std::vector<int32_t>& story = first.slots[0];
@@ -457,14 +496,18 @@ TEST_CASE("kernel: cascade sources with kernels fail with FILE:LINE:COL naming t
          "k.cas:2:12: kernel 'k': "},
         {model + "kernel k = \"missing.comp\"\nslot story[8]\n" + stage + "score k over story\n",
          "cannot open the kernel file"},
-        {model + "slot story[8]\n" + stage + "score k over story\n", "k.cas:8:7: no kernel 'k' is declared"},
+        {model + "slot story[8]\n" + stage + "score k over story\n",
+         "k.cas:8:7: no kernel 'k' is declared"},
         {model + "kernel k = \"count.comp\"\nslot story[8]\n" + stage + "score k over nothing\n",
          "k.cas:9:14: no slot named 'nothing'"},
-        {model + "kernel k = \"count.comp\"\nslot story[8]\n" + stage + "if k.value > 1 {\n    run s\n}\nscore k over story\n",
+        {model + "kernel k = \"count.comp\"\nslot story[8]\n" + stage +
+             "if k.value > 1 {\n    run s\n}\nscore k over story\n",
          "is not run by a `score` statement before this condition"},
-        {model + "kernel k = \"count.comp\"\nslot story[8]\n" + stage + "score k over story\nif k.value16 > 1 {\n    run s\n}\n",
+        {model + "kernel k = \"count.comp\"\nslot story[8]\n" + stage +
+             "score k over story\nif k.value16 > 1 {\n    run s\n}\n",
          "a kernel's results are 'value' (word 0) and 'value1'..'value15'"},
-        {model + "kernel k = \"count.comp\"\nslot story[8]\n" + stage + "score k over story param \"once upon\"\n",
+        {model + "kernel k = \"count.comp\"\nslot story[8]\n" + stage +
+             "score k over story param \"once upon\"\n",
          "a text param must be exactly one token"},
         {model + "kernel story = \"count.comp\"\nslot story[8]\n", "'story' is already a kernel"},
     };

@@ -5,15 +5,19 @@
 // A custom kernel runs once per item: one workgroup per instance that asked for its block, the
 // item being gl_WorkGroupID.y (gl_WorkGroupID.x is 0; gl_NumWorkGroups.y is the item count).
 //
-//   layout(local_size_x = X, local_size_y = Y, local_size_z = Z) in;   X*Y*Z <= 256
-//   layout(set = 0, binding = 0) readonly buffer Items   { uint items[]; };    // instance of item i
-//                                                                               // at items[items_base + i]
-//   layout(set = 0, binding = 1) readonly buffer Slots   { uint slots[]; };    // instance n's slot at
-//        slots[in_base + n * in_stride]: [0] its length in tokens, then the tokens (capacity in_stride - 1)
-//   layout(set = 0, binding = 2) buffer Results { float results[]; };          // (or uint) instance n's
-//        BLUE_KERNEL_RESULT_WORDS words at results[out_base + n * out_stride]
-//   layout(push_constant) uniform Args { uint items_base, in_base, in_stride, out_base, out_stride,
-//                                        param; };                              // a prefix may be declared
+//   layout(local_size_x = X, local_size_y = Y, local_size_z = Z) in;  // X*Y*Z <= 256
+//   layout(set = 0, binding = 0) readonly buffer Items { uint items[]; };
+//   layout(set = 0, binding = 1) readonly buffer Slots { uint slots[]; };
+//   layout(set = 0, binding = 2) buffer Results { float results[]; };  // or uint
+//   layout(push_constant) uniform Args {
+//       uint items_base, in_base, in_stride, out_base, out_stride, param;  // a prefix may do
+//   } args;
+//
+//   item i's instance:  n = items[items_base + i]
+//   n's slot:           slots[in_base + n * in_stride]: its length in tokens, then the tokens
+//                       (capacity in_stride - 1)
+//   n's results:        BLUE_KERNEL_RESULT_WORDS words from results[out_base + n * out_stride]
+//   param:              the `score ... param` value (a number, or a text's one token)
 //
 // Bindings 0 and 1 must be declared readonly; any of the three may be left out. No other set,
 // binding, image, sampler, uniform buffer or physical pointer; no capability beyond Shader (and

@@ -23,8 +23,10 @@ constexpr size_t kMaxSourceBytes = 1 << 20;
 std::string firstError(const char* log, const std::string& file) {
     std::string s = log ? log : "";
     size_t at = s.find("ERROR: ");
-    if (at == std::string::npos) at = 0;
-    else at += 7;
+    if (at == std::string::npos)
+        at = 0;
+    else
+        at += 7;
     std::string line = s.substr(at, s.find('\n', at) - at);
     if (line.compare(0, 2, "0:") == 0) return file + ":" + line.substr(2);
     return file + ": " + (line.empty() ? "glslang failed without a message" : line);
@@ -58,7 +60,8 @@ Result<std::vector<uint32_t>> compileGlslKernel(std::string_view source, const s
         program = glslang_program_create();
         glslang_program_add_shader(program, shader);
         if (!glslang_program_link(program, in.messages)) {
-            status = BLUE_ERROR("%s", firstError(glslang_program_get_info_log(program), file).c_str());
+            status =
+                BLUE_ERROR("%s", firstError(glslang_program_get_info_log(program), file).c_str());
         } else {
             glslang_program_SPIRV_generate(program, GLSLANG_STAGE_COMPUTE);
             words.resize(glslang_program_SPIRV_get_size(program));
@@ -75,17 +78,20 @@ Result<std::vector<uint32_t>> loadKernelFile(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     if (!f) return BLUE_ERROR("%s: cannot open the kernel file", path.c_str());
     std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (bytes.size() > kMaxSourceBytes * 4) return BLUE_ERROR("%s: the kernel file is larger than 4 MiB", path.c_str());
+    if (bytes.size() > kMaxSourceBytes * 4)
+        return BLUE_ERROR("%s: the kernel file is larger than 4 MiB", path.c_str());
     std::vector<uint32_t> words;
     bool spv = path.size() >= 4 && path.compare(path.size() - 4, 4, ".spv") == 0;
     if (spv) {
         if (bytes.size() % 4) {
-            return BLUE_ERROR("%s: not SPIR-V: %zu bytes is not a whole number of 32-bit words", path.c_str(), bytes.size());
+            return BLUE_ERROR("%s: not SPIR-V: %zu bytes is not a whole number of 32-bit words",
+                              path.c_str(), bytes.size());
         }
         words.resize(bytes.size() / 4);
         if (!bytes.empty()) std::memcpy(words.data(), bytes.data(), bytes.size());
     } else {
-        if (bytes.size() > kMaxSourceBytes) return BLUE_ERROR("%s: GLSL source larger than 1 MiB", path.c_str());
+        if (bytes.size() > kMaxSourceBytes)
+            return BLUE_ERROR("%s: GLSL source larger than 1 MiB", path.c_str());
         BLUE_TRY_ASSIGN(words, compileGlslKernel(bytes, path));
     }
     auto shape = checkKernelSpirv(words, path);

@@ -19,7 +19,9 @@ Status errorAt(const Program& p, Loc l, const std::string& msg) {
     return BLUE_ERROR("%s:%u:%u: %s", p.file.c_str(), l.line, l.col, msg.c_str());
 }
 
-bool before(Loc a, Loc b) { return a.line < b.line || (a.line == b.line && a.col < b.col); }
+bool before(Loc a, Loc b) {
+    return a.line < b.line || (a.line == b.line && a.col < b.col);
+}
 
 void forEachScore(const std::vector<Stmt>& body, const std::function<void(const Stmt&)>& f) {
     for (const Stmt& s : body) {
@@ -44,19 +46,24 @@ uint32_t kernelMetricWord(const std::string& metric) {
 
 Status checkKernelCond(const Program& p, uint32_t k, const Cond& c, Loc at) {
     bool valid = c.metric == "value";
-    if (!valid && c.metric.size() > 5 && c.metric.compare(0, 5, "value") == 0 && c.metric.size() <= 7) {
+    if (!valid && c.metric.size() > 5 && c.metric.compare(0, 5, "value") == 0 &&
+        c.metric.size() <= 7) {
         std::string digits = c.metric.substr(5);
         valid = digits.find_first_not_of("0123456789") == std::string::npos && digits[0] != '0' &&
                 std::stoul(digits) < BLUE_KERNEL_RESULT_WORDS;
     }
     if (!valid) {
-        return errorAt(p, c.metric_loc, strFormat("a kernel's results are 'value' (word 0) and 'value1'..'value%u'; found '%s'",
-                                                  BLUE_KERNEL_RESULT_WORDS - 1, c.metric.c_str()));
+        return errorAt(
+            p, c.metric_loc,
+            strFormat("a kernel's results are 'value' (word 0) and 'value1'..'value%u'; found '%s'",
+                      BLUE_KERNEL_RESULT_WORDS - 1, c.metric.c_str()));
     }
     bool scored = false;
     forEachScore(p.body, [&](const Stmt& s) { scored |= s.kernel == k && before(s.loc, at); });
     if (!scored) {
-        return errorAt(p, c.loc, "kernel '" + c.subject + "' is not run by a `score` statement before this condition");
+        return errorAt(
+            p, c.loc,
+            "kernel '" + c.subject + "' is not run by a `score` statement before this condition");
     }
     return Status::ok();
 }
@@ -64,7 +71,8 @@ Status checkKernelCond(const Program& p, uint32_t k, const Cond& c, Loc at) {
 Status checkKernelUses(const Program& p, const SlotLookup& slot_index) {
     Status st = Status::ok();
     forEachScore(p.body, [&](const Stmt& s) {
-        if (st && slot_index(s.score_slot) < 0) st = errorAt(p, s.score_slot_loc, "no slot named '" + s.score_slot + "'");
+        if (st && slot_index(s.score_slot) < 0)
+            st = errorAt(p, s.score_slot_loc, "no slot named '" + s.score_slot + "'");
     });
     return st;
 }
@@ -103,8 +111,10 @@ Status lowerKernels(const Program& p, const SlotLookup& slot_index, const Tokeni
         if (!st || s.score_param_text.empty()) return;
         std::vector<uint32_t> ids = tokens(s.score_param_text);
         if (ids.size() != 1) {
-            st = errorAt(p, s.score_param_loc, strFormat("param \"%s\" is %zu tokens; a text param must be exactly one token",
-                                                         s.score_param_text.c_str(), ids.size()));
+            st = errorAt(
+                p, s.score_param_loc,
+                strFormat("param \"%s\" is %zu tokens; a text param must be exactly one token",
+                          s.score_param_text.c_str(), ids.size()));
         }
     });
     BLUE_TRY(st);

@@ -20,8 +20,8 @@ struct LoweredKernel {
 };
 
 struct LoweredKernels {
-    std::vector<LoweredKernel> kernels;        // per Program::kernels
-    std::map<const Stmt*, uint32_t> blocks;    // per `score` statement: its block
+    std::vector<LoweredKernel> kernels;      // per Program::kernels
+    std::map<const Stmt*, uint32_t> blocks;  // per `score` statement: its block
 };
 
 // Slot index by name (0: input), -1 when there is none; the lowering's own lookup.
