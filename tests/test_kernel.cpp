@@ -5,6 +5,7 @@
 // the kernel's result equals what the host computes from the slot's tokens, and it drives a
 // condition both ways.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstring>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "compiler/gguf.h"
 #include "compiler/tokenizer.h"
 #include "host/cascade/cascade_run.h"
+#include "tests/child.h"
 #include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 #include "vm/abi.h"
@@ -520,6 +522,39 @@ TEST_CASE("kernel: cascade sources with kernels fail with FILE:LINE:COL naming t
         REQUIRE_FALSE(r);
         CHECK_MESSAGE(r.message().find(b.message) != std::string::npos, r.message());
     }
+}
+
+TEST_CASE(
+    "kernel: programs/kernel_score.cas through bluec cascade and bluevm run; --ref refuses it") {
+    TempDir dir;
+    std::string bir = dir.path + "/score.bir";
+    auto bin = [](const std::string& rel) { return std::string(BLUE_BINARY_DIR) + "/" + rel; };
+    {
+        Child c({bin("compiler/bluec"), "cascade",
+                 std::string(BLUE_SOURCE_DIR) + "/programs/kernel_score.cas", "-o", bir, "--model",
+                 "tiny=" + stories()});
+        REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    }
+    Child c({bin("host/bluevm"), "run", bir, "--prompt", "Once upon a time", "--stats"});
+    REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    auto stats = nlohmann::json::parse(c.err_text.substr(0, c.err_text.find('\n')));
+    CHECK(stats["machine"]["round_trips"] == 0);
+    // The branch taken agrees with the story's count of " the" (the program's threshold is 3).
+    size_t story_at = c.out_text.find("--- story ---\n"),
+           ending_at = c.out_text.find("\n--- ending ---");
+    REQUIRE(story_at != std::string::npos);
+    REQUIRE(ending_at != std::string::npos);
+    std::string story = c.out_text.substr(story_at + 14, ending_at - story_at - 14);
+    uint32_t the = 0;
+    for (size_t at = story.find(" the "); at != std::string::npos; at = story.find(" the ", at + 1))
+        ++the;
+    MESSAGE("story: " << story << " (" << the << " times ' the ')");
+    bool plain = stats["stages"][1]["runs"] == 1, rich = stats["stages"][2]["runs"] == 1;
+    CHECK(plain != rich);
+    CHECK(plain == (the >= 3));
+    Child r({bin("host/bluevm"), "run", bir, "--prompt", "Once upon a time", "--ref"});
+    CHECK(r.wait() != 0);
+    CHECK_MESSAGE(r.err_text.find("custom kernels ('count')") != std::string::npos, r.err_text);
 }
 
 }  // namespace
