@@ -132,15 +132,21 @@ Status GpuMachine::Impl::createCustomKernels() {
                               m.blocks[desc.block].name.c_str());
         const TensorPlace& out = pages.places[ti->args[0]];
         const TensorPlace& in = pages.places[ti->args[1]];
+        // The written slot (`filter`); without one, binding 3 repeats the results (the verifier
+        // made sure the kernel does not declare it).
+        const bool writes = ti->args[4] != 0xFFFFFFFFu;
+        const TensorPlace& slot_out = pages.places[writes ? ti->args[4] : ti->args[0]];
         Range items = alignedRange(
             VkDeviceSize(layout.at(BLUE_O_LISTS) + uint64_t(desc.block) * 3 * ninst) * 4,
             VkDeviceSize(ninst) * 4, align);
         Range slots = alignedRange(in.offset, in.slice * ninst, align);
         Range results = alignedRange(out.offset, out.slice * ninst, align);
+        Range written = alignedRange(slot_out.offset, slot_out.slice * ninst, align);
         VkDescriptorBufferInfo bi[BLUE_KERNEL_BINDINGS] = {
             {control.buffer, items.offset, items.size},
             {page_buffers[in.page].buffer, slots.offset, slots.size},
-            {page_buffers[out.page].buffer, results.offset, results.size}};
+            {page_buffers[out.page].buffer, results.offset, results.size},
+            {page_buffers[slot_out.page].buffer, written.offset, written.size}};
         VkWriteDescriptorSet w[BLUE_KERNEL_BINDINGS] = {};
         for (uint32_t k = 0; k < BLUE_KERNEL_BINDINGS; ++k) {
             w[k] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
@@ -158,6 +164,8 @@ Status GpuMachine::Impl::createCustomKernels() {
         push[BLUE_KERNEL_PC_OUT_BASE] = results.base_word;
         push[BLUE_KERNEL_PC_OUT_STRIDE] = uint32_t(out.slice / 4);
         push[BLUE_KERNEL_PC_PARAM] = ti->args[3];
+        push[BLUE_KERNEL_PC_OUT_SLOT_BASE] = written.base_word;
+        push[BLUE_KERNEL_PC_OUT_SLOT_STRIDE] = uint32_t(slot_out.slice / 4);
     }
     return Status::ok();
 }

@@ -92,7 +92,7 @@ TEST_CASE("kernel: malformed and hostile kernels are refused with a message nami
          std::string("#version 450\nlayout(local_size_x = 1) in;\n"
                      "layout(set = 0, binding = 5) buffer R { float r[]; };\n"
                      "void main() { r[0] = 1.0; }\n"),
-         "binding 5: the contract has bindings 0 (items), 1 (slots) and 2 (results) only"},
+         "binding 5: the contract has bindings 0 (items), 1 (slots), 2 (results) and 3 (out) only"},
         {"extra descriptor set",
          head + "layout(set = 1, binding = 0) buffer X { uint x[]; };\n"
                 "void main() { x[0] = slots[0]; results[0] = 1.0; }\n",
@@ -109,7 +109,7 @@ TEST_CASE("kernel: malformed and hostile kernels are refused with a message nami
         {"push constants beyond the contract",
          head + "layout(push_constant) uniform P { uint w[16]; } p;\n"
                 "void main() { results[0] = float(p.w[15]); }\n",
-         "push constants of 64 bytes; the contract gives 24"},
+         "push constants of 64 bytes; the contract gives 32"},
         {"huge local size",
          std::string("#version 450\nlayout(local_size_x = 1024) in;\n"
                      "layout(set = 0, binding = 2) buffer R { float r[]; };\n"
@@ -219,8 +219,8 @@ Module kernelModule(std::vector<uint32_t> spirv) {
     slot.cls = BLUE_TC_INSTANCE;
     slot.ne = {33, 1, 1, 1};
     m.tensors = {result, slot};
-    m.tcode = {encodeTensorHeader(uint8_t(Op::KERNEL), 4), 0, 1, 0, 7};
-    m.blocks.push_back({"score", 0, 5, 1});
+    m.tcode = {encodeTensorHeader(uint8_t(Op::KERNEL), 5), 0, 1, 0, 7, 0xFFFFFFFFu};
+    m.blocks.push_back({"score", 0, 6, 1});
     m.kernels.push_back({"count", std::move(spirv)});
     return m;
 }
@@ -250,6 +250,17 @@ TEST_CASE(
         const char* message;
     };
     const Case cases[] = {
+        {"a kernel that writes a slot, run without one",
+         [](Module& k) {
+             auto w = compileGlslKernel(
+                 readText(std::string(BLUE_SOURCE_DIR) + "/programs/kernel_drop.comp"),
+                 "drop.comp");
+             REQUIRE(w);
+             k.kernels[0].spirv = w.value();
+         },
+         "kernel 'count' declares binding 3 (a slot it writes), but the instruction names no slot"},
+        {"a written slot of the wrong type", [](Module& k) { k.tcode[5] = 0; },
+         "operand 4 (tensor 'result'): type F32, expected I32"},
         {"kernel index out of range", [](Module& k) { k.tcode[3] = 1; },
          "kernel 1 does not exist (1 kernels)"},
         {"results not INSTANCE", [](Module& k) { k.tensors[0].cls = BLUE_TC_GLOBAL; },
@@ -487,6 +498,8 @@ TEST_CASE("kernel: cascade sources with kernels fail with FILE:LINE:COL naming t
     TempDir dir;
     writeText(dir.path + "/count.comp", goodKernel());
     writeText(dir.path + "/bad.comp", std::string(kHead) + "void main() { results[0] = ; }\n");
+    writeText(dir.path + "/drop.comp",
+              readText(std::string(BLUE_SOURCE_DIR) + "/programs/kernel_drop.comp"));
     std::string model = "model tiny = \"" + stories() + "\"\n";
     std::string stage = "stage s {\n    prompt \"Once\"\n    write story\n    max_tokens 4\n}\n";
     struct Bad {
@@ -512,6 +525,15 @@ TEST_CASE("kernel: cascade sources with kernels fail with FILE:LINE:COL naming t
              "score k over story param \"once upon\"\n",
          "a text param must be exactly one token"},
         {model + "kernel story = \"count.comp\"\nslot story[8]\n", "'story' is already a kernel"},
+        {model + "kernel k = \"count.comp\"\nslot story[8]\n" + stage +
+             "filter story with k into story\n",
+         "k.cas:9:26: kernel 'k' declares no binding 3, the slot a `filter` writes"},
+        {model + "kernel k = \"drop.comp\"\nslot story[8]\n" + stage + "score k over story\n",
+         "k.cas:9:1: kernel 'k' writes a slot (binding 3): run it with `filter SLOT with k into "
+         "TARGET`"},
+        {model + "kernel k = \"drop.comp\"\nslot story[8]\n" + stage +
+             "filter story with k into input\n",
+         "k.cas:9:26: the input slot is read-only"},
     };
     for (const Bad& b : bad) {
         CAPTURE(b.source);
@@ -552,9 +574,73 @@ TEST_CASE(
     bool plain = stats["stages"][1]["runs"] == 1, rich = stats["stages"][2]["runs"] == 1;
     CHECK(plain != rich);
     CHECK(plain == (the >= 3));
+    // The filter example compiles and runs too: `bare` is the story without its commas.
+    std::string fbir = dir.path + "/filter.bir";
+    Child f({bin("compiler/bluec"), "cascade",
+             std::string(BLUE_SOURCE_DIR) + "/programs/kernel_filter.cas", "-o", fbir, "--model",
+             "tiny=" + stories()});
+    REQUIRE_MESSAGE(f.wait() == 0, f.err_text);
+    Child fr({bin("host/bluevm"), "run", fbir, "--prompt", "Once upon a time"});
+    REQUIRE_MESSAGE(fr.wait() == 0, fr.err_text);
+    size_t s_at = fr.out_text.find("--- story ---\n"), b_at = fr.out_text.find("\n--- bare ---\n");
+    size_t m_at = fr.out_text.find("\n--- more ---");
+    REQUIRE(s_at != std::string::npos);
+    REQUIRE(b_at != std::string::npos);
+    REQUIRE(m_at != std::string::npos);
+    std::string fstory = fr.out_text.substr(s_at + 14, b_at - s_at - 14);
+    std::string bare = fr.out_text.substr(b_at + 14, m_at - b_at - 14);
+    CHECK(fstory.find(',') != std::string::npos);
+    CHECK(bare.find(',') == std::string::npos);
+    std::string no_commas;
+    for (char ch : fstory) {
+        if (ch != ',') no_commas += ch;
+    }
+    // A slot's text drops its first token's leading space ("▁there" after a leading ",").
+    no_commas.erase(0, no_commas.find_first_not_of(' '));
+    CHECK(bare == no_commas);
     Child r({bin("host/bluevm"), "run", bir, "--prompt", "Once upon a time", "--ref"});
     CHECK(r.wait() != 0);
     CHECK_MESSAGE(r.err_text.find("custom kernels ('count')") != std::string::npos, r.err_text);
+}
+
+TEST_CASE("kernel: `filter` writes the slot a kernel produced; the host checks it token by token") {
+    TempDir dir;
+    writeText(dir.path + "/drop.comp",
+              readText(std::string(BLUE_SOURCE_DIR) + "/programs/kernel_drop.comp"));
+    std::string src = std::string("model tiny = \"") + stories() + R"("
+kernel drop = "drop.comp"
+slot story[64]
+slot kept[64]
+slot short[8]
+stage tell {
+    prompt "Once upon a time" + input
+    write story
+    max_tokens 48
+    temperature 0
+}
+filter story with drop into kept param " the"
+filter story with drop into short param " the"
+if drop.value >= 1 {
+    run tell
+}
+output story, kept, short
+)";
+    CascadeResult r = runKernelCascade(dir, src);
+    REQUIRE(r.slots.size() == 3);
+    // The first run's story is gone (`run tell` rewrites it), but greedy gives the same story.
+    const std::vector<int32_t>& story = r.slots[0];
+    const int32_t the = int32_t(theToken());
+    std::vector<int32_t> expected;
+    for (int32_t t : story) {
+        if (t != the) expected.push_back(t);
+    }
+    CHECK(r.slots[1] == expected);
+    // A target smaller than what the kernel wrote keeps its capacity's worth.
+    CHECK(r.slots[2] ==
+          std::vector<int32_t>(expected.begin(),
+                               expected.begin() + long(std::min<size_t>(8, expected.size()))));
+    // drop.value (tokens dropped) drove the condition: `tell` ran again exactly when one was.
+    CHECK(stageRuns(r, "tell") == (expected.size() < story.size() ? 2u : 1u));
 }
 
 }  // namespace

@@ -304,9 +304,10 @@ Status checkBuffer(const Reader& r, uint32_t var, uint32_t pointee, uint32_t sc,
             strFormat("a buffer in descriptor set %u (binding %u): the contract has set 0 only",
                       set, binding));
     if (binding >= BLUE_KERNEL_BINDINGS) {
-        return r.fail(strFormat(
-            "binding %u: the contract has bindings 0 (items), 1 (slots) and 2 (results) only",
-            binding));
+        return r.fail(
+            strFormat("binding %u: the contract has bindings 0 (items), 1 (slots), 2 (results) and "
+                      "3 (out) only",
+                      binding));
     }
     bool ssbo = sc == kScStorageBuffer || r.decorated(pointee, kDecBufferBlock);
     if (!ssbo)
@@ -316,7 +317,8 @@ Status checkBuffer(const Reader& r, uint32_t var, uint32_t pointee, uint32_t sc,
     if (shape->bindings & (1u << binding))
         return r.fail(strFormat("binding %u is declared twice", binding));
     shape->bindings |= 1u << binding;
-    if (binding != BLUE_KERNEL_BIND_RESULTS && !r.readonly(var, pointee)) {
+    const bool input = binding == BLUE_KERNEL_BIND_ITEMS || binding == BLUE_KERNEL_BIND_SLOTS;
+    if (input && !r.readonly(var, pointee)) {
         return r.fail(strFormat("binding %u (%s) must be declared readonly", binding,
                                 binding == BLUE_KERNEL_BIND_ITEMS ? "items" : "slots"));
     }
@@ -355,7 +357,7 @@ Status checkVariables(const Reader& r, KernelShape* shape) {
                 if (bytes == 0 || bytes > BLUE_KERNEL_PUSH_WORDS * 4) {
                     return r.fail(strFormat(
                         "push constants of %llu bytes; the contract gives %u (items_base, in_base, "
-                        "in_stride, out_base, out_stride, param)",
+                        "in_stride, out_base, out_stride, param, out_slot_base, out_slot_stride)",
                         (unsigned long long)bytes, BLUE_KERNEL_PUSH_WORDS * 4));
                 }
                 shape->push_bytes = uint32_t(bytes);

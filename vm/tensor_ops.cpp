@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "vm/abi.h"
+#include "vm/kernel.h"
 #include "vm/kernel_abi.h"
 #include "vm/quant.h"
 #include "vm/tensor_ops_internal.h"
@@ -103,6 +104,22 @@ Status checkKernelOp(const Checker& c) {
     }
     if (c.ti.args[2] >= c.m.kernels.size()) {
         return BLUE_ERROR("kernel %u does not exist (%zu kernels)", c.ti.args[2], c.m.kernels.size());
+    }
+    const bool writes = c.ti.args[4] != 0xFFFFFFFFu;
+    if (writes) {
+        if (c.t(4).cls != BLUE_TC_INSTANCE) return c.fail(4, "a custom kernel's written slot must be an INSTANCE tensor");
+        BLUE_TRY(c.dtype(4, DType::I32));
+        if (c.t(4).elements() < 2 || c.t(4).elements() > (1u << 20)) {
+            return c.fail(4, "a slot of a length word and 1 to 2^20 - 1 tokens is needed");
+        }
+    }
+    // A kernel that declares the written slot (binding 3) needs one bound: the instruction names it.
+    const KernelDecl& k = c.m.kernels[c.ti.args[2]];
+    auto shape = reflectKernelSpirv(k.spirv, "kernel '" + k.name + "'");
+    if (!shape) return shape.status();
+    if ((shape->bindings >> BLUE_KERNEL_BIND_OUT & 1) && !writes) {
+        return BLUE_ERROR("kernel '%s' declares binding 3 (a slot it writes), but the instruction names no slot",
+                          k.name.c_str());
     }
     return Status::ok();
 }

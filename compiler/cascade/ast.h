@@ -70,10 +70,14 @@ struct Stmt {
     uint32_t score_param = 0;
     std::string score_param_text;  // `param "text"`: the text's one token is the param
     Loc score_param_loc;
+    // `filter SLOT with KERNEL into TARGET`: the slot the kernel writes (empty for `score`).
+    std::string score_into;
+    Loc score_into_loc;
 };
 
 // `kernel NAME = "file.comp"` (GLSL compute) or "file.spv" (SPIR-V): a custom tensor op over a
-// slot, run by `score`; its results are `NAME.value` (word 0) and `NAME.value1`..`value15`.
+// slot, run by `score` (or by `filter`, which also writes a slot); its results are `NAME.value`
+// (word 0) and `NAME.value1`..`value15`.
 struct KernelUse {
     std::string name, path;  // path as written (relative to the source file)
     Loc loc, path_loc;

@@ -32,6 +32,7 @@
 //   kernel count = "count.comp"             # a custom kernel: GLSL compute (.comp) or SPIR-V (.spv)
 //   score count over story param " the"     # run it over a slot (param: a number or one token's text)
 //   if count.value > 2 { ... }              # its results: value (word 0), value1 .. value15
+//   filter story with drop into bare param ","  # a kernel that also writes a slot (binding 3)
 //   output story                            # the slots the run prints (default: the last written)
 //   prefer story over sketch                # traces: a preference pair (chosen over rejected)
 //

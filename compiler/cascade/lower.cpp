@@ -957,6 +957,7 @@ void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
 
 // `score KERNEL over SLOT`: copies the slot (length, then tokens) into the kernel's slot tensor
 // and runs its block; the results stay in the kernel's result tensor for conditions to read.
+// `filter SLOT with KERNEL into TARGET` then copies the slot the kernel wrote into TARGET.
 void Lowerer::emitScore(const Stmt& s) {
     const LoweredKernel& lk = kernels_.kernels[s.kernel];
     const uint32_t slot = slot_addr[size_t(slotIndex(s.score_slot))];
@@ -974,6 +975,23 @@ void Lowerer::emitScore(const Stmt& s) {
     cb.bind(done);
     cb.li(kArgRows, 1);
     cb.op(Op::RUN, {kArgRows}, kernels_.blocks.at(&s));
+    if (s.score_into.empty()) return;
+    // `filter`: the kernel's slot into the target, its length clamped to the target's capacity.
+    const uint32_t target = slot_addr[size_t(slotIndex(s.score_into))];
+    auto copy = cb.newLabel(), copied = cb.newLabel();
+    cb.op(Op::TLD, {kN, kZero}, lk.out_tensor);
+    cb.li(kTmp, slot_cap[size_t(slotIndex(s.score_into))]);
+    cb.op(Op::MINU, {kN, kN, kTmp});
+    cb.op(Op::ST, {kN, kZero}, target);
+    cb.li(kI, 0);
+    cb.bind(copy);
+    cb.jump(Op::BGEU, {kI, kN}, copied);
+    cb.op(Op::ADDI, {kTmp, kI}, 1);
+    cb.op(Op::TLD, {kWord, kTmp}, lk.out_tensor);
+    cb.op(Op::ST, {kWord, kI}, target + 1);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, copy);
+    cb.bind(copied);
 }
 
 // A stage's statistics records (vm/cascade_abi.h).

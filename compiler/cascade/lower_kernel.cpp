@@ -8,6 +8,7 @@
 #include "compiler/cascade/kernel_source.h"
 #include "vm/abi.h"
 #include "vm/isa.h"
+#include "vm/kernel.h"
 #include "vm/kernel_abi.h"
 #include "vm/weights.h"
 
@@ -73,6 +74,11 @@ Status checkKernelUses(const Program& p, const SlotLookup& slot_index) {
     forEachScore(p.body, [&](const Stmt& s) {
         if (st && slot_index(s.score_slot) < 0)
             st = errorAt(p, s.score_slot_loc, "no slot named '" + s.score_slot + "'");
+        if (st && !s.score_into.empty()) {
+            int into = slot_index(s.score_into);
+            if (into < 0) st = errorAt(p, s.score_into_loc, "no slot named '" + s.score_into + "'");
+            if (into == 0) st = errorAt(p, s.score_into_loc, "the input slot is read-only");
+        }
     });
     return st;
 }
@@ -85,11 +91,30 @@ Status lowerKernels(const Program& p, const SlotLookup& slot_index, const Tokeni
         const KernelUse& ku = p.kernels[k];
         auto words = loadKernelFile(resolveModulePath(src_dir, ku.path));
         if (!words) return errorAt(p, ku.path_loc, "kernel '" + ku.name + "': " + words.message());
+        auto shape = reflectKernelSpirv(words.value(), ku.path);
+        if (!shape) return errorAt(p, ku.path_loc, "kernel '" + ku.name + "': " + shape.message());
+        const bool declares_out = shape->bindings >> BLUE_KERNEL_BIND_OUT & 1;
         m.kernels.push_back({ku.name, std::move(words.value())});
-        uint32_t cap = 1;
+        uint32_t cap = 1, out_cap = 0;
+        Status use = Status::ok();
         forEachScore(p.body, [&](const Stmt& s) {
-            if (s.kernel == k) cap = std::max(cap, slot_cap[size_t(slot_index(s.score_slot))]);
+            if (s.kernel != k) return;
+            cap = std::max(cap, slot_cap[size_t(slot_index(s.score_slot))]);
+            if (!s.score_into.empty())
+                out_cap = std::max(out_cap, slot_cap[size_t(slot_index(s.score_into))]);
+            if (use && s.score_into.empty() && declares_out) {
+                use = errorAt(p, s.loc,
+                              "kernel '" + ku.name +
+                                  "' writes a slot (binding 3): run it with `filter SLOT with " +
+                                  ku.name + " into TARGET`");
+            }
+            if (use && !s.score_into.empty() && !declares_out) {
+                use = errorAt(
+                    p, s.score_into_loc,
+                    "kernel '" + ku.name + "' declares no binding 3, the slot a `filter` writes");
+            }
         });
+        BLUE_TRY(use);
         LoweredKernel& lk = out->kernels[k];
         lk.slot_words = 1 + cap;
         TensorDecl slot;
@@ -105,6 +130,15 @@ Status lowerKernels(const Program& p, const SlotLookup& slot_index, const Tokeni
         result.ne = {BLUE_KERNEL_RESULT_WORDS, 1, 1, 1};
         m.tensors.push_back(result);
         lk.result_tensor = uint32_t(m.tensors.size() - 1);
+        if (out_cap) {
+            TensorDecl out_slot;
+            out_slot.name = "kernel/" + ku.name + "/out";
+            out_slot.dtype = DType::I32;
+            out_slot.cls = BLUE_TC_INSTANCE;
+            out_slot.ne = {1 + out_cap, 1, 1, 1};
+            m.tensors.push_back(out_slot);
+            lk.out_tensor = uint32_t(m.tensors.size() - 1);
+        }
     }
     Status st = Status::ok();
     forEachScore(p.body, [&](const Stmt& s) {
@@ -125,9 +159,11 @@ Status lowerKernels(const Program& p, const SlotLookup& slot_index, const Tokeni
         b.name = strFormat("score/%s/%u", p.kernels[s.kernel].name.c_str(), n++);
         b.tcode_offset = uint32_t(m.tcode.size());
         b.nargs = 1;  // arg[0]: one row per instance
-        m.tcode.push_back(encodeTensorHeader(uint8_t(Op::KERNEL), 4));
+        m.tcode.push_back(encodeTensorHeader(uint8_t(Op::KERNEL), 5));
         uint32_t param = s.score_param_text.empty() ? s.score_param : tokens(s.score_param_text)[0];
-        for (uint32_t w : {lk.result_tensor, lk.slot_tensor, s.kernel, param}) m.tcode.push_back(w);
+        uint32_t written = s.score_into.empty() ? 0xFFFFFFFFu : lk.out_tensor;
+        for (uint32_t w : {lk.result_tensor, lk.slot_tensor, s.kernel, param, written})
+            m.tcode.push_back(w);
         b.tcode_words = uint32_t(m.tcode.size()) - b.tcode_offset;
         m.blocks.push_back(b);
         out->blocks[&s] = uint32_t(m.blocks.size() - 1);

@@ -17,6 +17,7 @@ struct LoweredKernel {
     uint32_t slot_tensor = 0;    // INSTANCE I32 [1 + capacity]: the slot copied in by `score`
     uint32_t result_tensor = 0;  // INSTANCE F32 [BLUE_KERNEL_RESULT_WORDS]
     uint32_t slot_words = 0;
+    uint32_t out_tensor = 0xFFFFFFFFu;  // INSTANCE I32 [1 + capacity]: the slot `filter` writes
 };
 
 struct LoweredKernels {

@@ -204,7 +204,7 @@ private:
             "break", "run", "output", "budget", "context", "and", "or", "not", "contains", "speculate",
             "speculate_tokens", "select", "prefer"};
         if (reserved.count(name)) return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot or stage");
-        if (name == "kernel" || name == "score") return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot, stage or kernel");
+        if (name == "kernel" || name == "score" || name == "filter") return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot, stage or kernel");
         if (name.size() > 64) return errorAt(l, "name longer than 64 characters");
         return Status::ok();
     }
@@ -301,10 +301,18 @@ private:
         return endOfLine();
     }
 
-    // `score KERNEL over SLOT [param N | param "text"]`: runs a custom kernel over a slot's tokens.
+    // `score KERNEL over SLOT [param N | param "text"]`: runs a custom kernel over a slot's tokens;
+    // `filter SLOT with KERNEL into TARGET [param ...]` also writes the kernel's slot into TARGET.
     Status scoreStmt(Stmt* s) {
+        bool filter = peek().text == "filter";
         ++pos_;
         s->kind = Stmt::SCORE;
+        if (filter) {
+            s->score_slot_loc = peek().loc;
+            BLUE_TRY_ASSIGN(s->score_slot, ident("a slot name"));
+            if (!isWord("with")) return errorAt(peek().loc, "expected 'with' and a kernel after the slot, found " + describe(peek()));
+            ++pos_;
+        }
         Loc kl = peek().loc;
         BLUE_TRY_ASSIGN(std::string name, ident("a kernel name"));
         bool found = false;
@@ -312,10 +320,17 @@ private:
             if (prog_->kernels[i].name == name) { s->kernel = uint32_t(i); found = true; }
         }
         if (!found) return errorAt(kl, "no kernel '" + name + "' is declared before this line (`kernel NAME = \"FILE.comp\"`)");
-        if (!isWord("over")) return errorAt(peek().loc, "expected 'over' and a slot after the kernel, found " + describe(peek()));
-        ++pos_;
-        s->score_slot_loc = peek().loc;
-        BLUE_TRY_ASSIGN(s->score_slot, ident("a slot name"));
+        if (filter) {
+            if (!isWord("into")) return errorAt(peek().loc, "expected 'into' and the slot to write after the kernel, found " + describe(peek()));
+            ++pos_;
+            s->score_into_loc = peek().loc;
+            BLUE_TRY_ASSIGN(s->score_into, ident("the slot to write"));
+        } else {
+            if (!isWord("over")) return errorAt(peek().loc, "expected 'over' and a slot after the kernel, found " + describe(peek()));
+            ++pos_;
+            s->score_slot_loc = peek().loc;
+            BLUE_TRY_ASSIGN(s->score_slot, ident("a slot name"));
+        }
         if (isWord("param")) {
             ++pos_;
             s->score_param_loc = peek().loc;
@@ -418,7 +433,7 @@ private:
             }
             return endOfLine();
         }
-        if (t.text == "score") return scoreStmt(s);
+        if (t.text == "score" || t.text == "filter") return scoreStmt(s);
         if (t.text == "kernel") return errorAt(t.loc, "'kernel' belongs at the top level, not inside a block");
         if (t.text == "model" || t.text == "slot" || t.text == "budget" || t.text == "context" || t.text == "output" ||
             t.text == "prefer") {
