@@ -63,7 +63,8 @@ struct Stmt {
     std::unique_ptr<Cond> cond;  // IF; BREAK (null: unconditional)
     std::vector<Stmt> body, else_body;  // IF, REPEAT
     uint32_t count = 0;  // REPEAT
-    // SCORE (`score KERNEL over SLOT [param N]`): index into Program::kernels, the slot, `param`.
+    // SCORE (`score KERNEL over SLOT [param N]`, `filter SLOT with KERNEL into TARGET`): index
+    // into Program::kernels, the slot read, `param`.
     uint32_t kernel = 0;
     std::string score_slot;
     Loc score_slot_loc;
