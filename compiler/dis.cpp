@@ -100,6 +100,11 @@ struct Printer {
     void tensors() {
         static const char* kClasses[] = {"weight", "rows", "instance", "global"};
         for (const std::string& e : m.externs) line(".extern " + quoteString(e));
+        // Custom kernels' SPIR-V has no assembly syntax: named so a reader knows KERNEL's index.
+        for (size_t k = 0; k < m.kernels.size(); ++k) {
+            line(strFormat("; kernel %zu '%s': %zu SPIR-V words (not reassembled)", k,
+                           m.kernels[k].name.c_str(), m.kernels[k].spirv.size()));
+        }
         for (const TensorDecl& t : m.tensors) {
             std::string s = ".tensor " + t.name + " " + kClasses[t.cls & 3] + " " +
                             std::string(dtypeName(t.dtype)) + " [";

@@ -17,6 +17,7 @@ namespace blue {
 GpuMachine::Impl::~Impl() {
     VkDevice d = dev.device();
     vkDeviceWaitIdle(d);
+    destroyCustomKernels();
     for (VkFence f : fences) vkDestroyFence(d, f, nullptr);
     if (queries) vkDestroyQueryPool(d, queries, nullptr);
     if (timing) vkDestroyQueryPool(d, timing, nullptr);
@@ -304,6 +305,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     BLUE_TRY(impl->initControl());
     BLUE_TRY(impl->uploadWeights(weights));
     BLUE_TRY(impl->createDescriptors());
+    BLUE_TRY(impl->createCustomKernels());
 
     BLUE_TRY(impl->createChains());
     pipelines.saveCache();

@@ -7,6 +7,7 @@
 #include "host/machine_impl.h"
 #include "host/sync.h"
 #include "host/vk_check.h"
+#include "vm/kernel_abi.h"
 
 namespace blue {
 
@@ -114,6 +115,10 @@ Status GpuMachine::Impl::createChains() {
     cycles_now =
         opt.max_submit_ms > 0 ? std::min(opt.chain_cycles, kFirstChainCycles) : opt.chain_cycles;
     for (const DispatchDesc& desc : dispatches) {
+        if (desc.custom >= 0) {
+            op_pipelines.push_back(custom_pipelines[size_t(desc.custom)]);
+            continue;
+        }
         Result<VkPipeline> p = pipelines.get(desc.pipeline);
         if (!p) return p.status();
         op_pipelines.push_back(p.value());
@@ -210,6 +215,26 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
                     open_block = dispatches[d].block;
                     w.beginCondition(control.buffer, VkDeviceSize(layout.at(BLUE_O_BLOCKS) +
                                                                   open_block * BLUE_BLOCK_WORDS + BLUE_B_INSTS) * 4);
+                }
+                if (dispatches[d].custom >= 0) {
+                    // A custom kernel has a pipeline layout of its own: bind its set and push its
+                    // words, then give set 0 back to the built-in kernels (set 1 is rebound too,
+                    // as the layouts are not compatible).
+                    if (w.cb) {
+                        vkCmdBindDescriptorSets(w.cb, VK_PIPELINE_BIND_POINT_COMPUTE, custom_layout, 0, 1,
+                                                &custom_sets[d], 0, nullptr);
+                        vkCmdPushConstants(w.cb, custom_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                           BLUE_KERNEL_PUSH_WORDS * 4, custom_push[d].data());
+                    }
+                    w.dispatchIndirect(op_pipelines[d], control.buffer, indirect + d * 12);
+                    if (w.cb) {
+                        vkCmdBindDescriptorSets(w.cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipelines.layout(), 0,
+                                                1, &set, 0, nullptr);
+                    }
+                    bound_set = VK_NULL_HANDLE;
+                    stamp(w.cb, dispatches[d].pipeline);
+                    ++n;
+                    continue;
                 }
                 if (w.cb && operand_sets[d] != bound_set) {
                     vkCmdBindDescriptorSets(w.cb, VK_PIPELINE_BIND_POINT_COMPUTE,

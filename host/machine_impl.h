@@ -35,6 +35,16 @@ struct GpuMachine::Impl {
     std::vector<VkPipeline> op_pipelines;  // per dispatch
     VkPipeline seq_pipeline = VK_NULL_HANDLE, plan_pipeline = VK_NULL_HANDLE;
 
+    // Custom kernels (host/machine_kernel.cpp): their own set layout and pipeline layout (the
+    // contract of vm/kernel_abi.h, nothing of the built-in bindings), one pipeline per kernel and
+    // one descriptor set per KERNEL dispatch.
+    VkDescriptorSetLayout custom_set_layout = VK_NULL_HANDLE;
+    VkPipelineLayout custom_layout = VK_NULL_HANDLE;
+    VkDescriptorPool custom_pool = VK_NULL_HANDLE;
+    std::vector<VkPipeline> custom_pipelines;   // per module kernel (null: unused)
+    std::vector<VkDescriptorSet> custom_sets;   // per dispatch (null: a built-in op)
+    std::vector<std::array<uint32_t, 8>> custom_push;  // per dispatch: the contract's push words
+
     // Chain length: each chain is recorded with chain_len[c] cycles; `cycles_now` is the length
     // the watchdog bound currently asks for (at most opt.chain_cycles). A chain whose length
     // differs is re-recorded before its next submission (it is idle then).
@@ -73,6 +83,8 @@ struct GpuMachine::Impl {
     Status uploadWeights(const WeightSource& weights);
     Status createDescriptors();
     Status createOperandSets();
+    Status createCustomKernels();  // machine_kernel.cpp
+    void destroyCustomKernels();
     void publishInput(uint32_t chain);
     void drainOutput(uint32_t chain, const OutputSink& sink, bool keep, RunReport* report,
                      GpuStats* stats);

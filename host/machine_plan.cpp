@@ -253,7 +253,10 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             DispatchDesc d;
             d.block = b;
             d.pipeline = kernelName(m, uint32_t(ti.op), ti.args);
-            if (!Pipelines::exists(d.pipeline)) {
+            if (ti.op == Op::KERNEL) {  // the module's own SPIR-V, not a built-in kernel
+                d.custom = int32_t(ti.args[2]);
+                d.pipeline = "kernel/" + m.kernels[ti.args[2]].name;
+            } else if (!Pipelines::exists(d.pipeline)) {
                 return BLUE_ERROR("block '%s': no GPU kernel for %s with these operand types",
                                   m.blocks[b].name.c_str(), std::string(info.name).c_str());
             }

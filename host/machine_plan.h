@@ -68,6 +68,8 @@ struct DispatchDesc {
     // the texel views the dispatch's descriptor set 1 binds.
     std::array<uint32_t, BLUE_MAX_TEX_OPERANDS> operand_pages{};
     static constexpr uint32_t kNoPage = 0xFFFFFFFFu;
+    // KERNEL: the module's custom kernel it runs (host/machine_kernel.cpp); -1 for built-in ops.
+    int32_t custom = -1;
 };
 
 // Rows of a weight matrix one MATMUL invocation computes, by weight type.

@@ -48,9 +48,10 @@ TEST_CASE("asm: the generated program uses every opcode of the table and round-t
     std::vector<uint8_t> used = opcodesUsed(m.value());
     for (const OpInfo* op = opTableBegin(); op != opTableEnd(); ++op) {
         CAPTURE(op->name);
-        CHECK(std::binary_search(used.begin(), used.end(), uint8_t(op->op)));
+        // KERNEL needs a module's custom kernel (tests/test_kernel.cpp; see everyOpSource).
+        CHECK(std::binary_search(used.begin(), used.end(), uint8_t(op->op)) == (op->op != Op::KERNEL));
     }
-    CHECK(used.size() == size_t(opTableEnd() - opTableBegin()));
+    CHECK(used.size() == size_t(opTableEnd() - opTableBegin()) - 1);
     checkRoundTrip(m.value(), "every_op");
 }
 

@@ -491,4 +491,13 @@ RunReport RefMachine::run() {
     return report;
 }
 
+Status refCanRun(const Module& m) {
+    if (m.kernels.empty()) return Status::ok();
+    std::string names;
+    for (const KernelDecl& k : m.kernels) names += (names.empty() ? "'" : ", '") + k.name + "'";
+    return BLUE_ERROR("the module runs custom kernels (%s), which are SPIR-V: the reference interpreter (--ref) cannot run "
+                      "them; run it on a Vulkan device instead",
+                      names.c_str());
+}
+
 }  // namespace blue

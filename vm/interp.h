@@ -59,6 +59,10 @@ std::string describeFaults(const Module& m, const std::vector<InstanceReport>& i
 // The watchdog message naming the instances still live.
 std::string describeUnfinished(const std::vector<InstanceReport>& insts, uint64_t cycles);
 
+// Whether the reference interpreter can run `m`: it cannot run custom kernels' SPIR-V (KERNEL), so
+// a module that carries any is refused with a message naming them.
+Status refCanRun(const Module& m);
+
 class RefMachine {
 public:
     // `m` must have passed verifyModule and, with `weights`, outlive the machine.

@@ -3,11 +3,13 @@
 // anything is allocated, and errors name the section and byte offset.
 #include "vm/module.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include "vm/abi.h"
+#include "vm/kernel_abi.h"
 
 namespace blue {
 
@@ -31,6 +33,7 @@ const char* sectionName(uint32_t id) {
         case SectionId::DATA: return "DATA";
         case SectionId::META: return "META";
         case SectionId::SYMS: return "SYMS";
+        case SectionId::KERNELS: return "KERNELS";
     }
     return nullptr;
 }
@@ -119,6 +122,17 @@ std::vector<uint8_t> symsBytes(const Module& m) {
         w.u32(uint32_t(s.kind));
         w.u32(s.value);
         w.str(s.name);
+    }
+    return std::move(w.bytes);
+}
+
+std::vector<uint8_t> kernelsBytes(const Module& m) {
+    Writer w;
+    w.u32(uint32_t(m.kernels.size()));
+    for (const KernelDecl& k : m.kernels) {
+        w.str(k.name);
+        w.u32(uint32_t(k.spirv.size()));
+        w.words(k.spirv);
     }
     return std::move(w.bytes);
 }
@@ -296,6 +310,29 @@ Status readSyms(Cursor& c, Module* m) {
     return Status::ok();
 }
 
+// Kernel SPIR-V is only read here; checkKernelSpirv (run by the verifier) judges it.
+Status readKernels(Cursor& c, Module* m) {
+    uint32_t n = 0;
+    if (c.count(&n, 8, "kernel")) {
+        m->kernels.resize(n);
+        for (KernelDecl& k : m->kernels) {
+            uint32_t words = 0;
+            c.str(&k.name);
+            uint64_t at = c.pos();
+            if (!c.u32(&words)) break;
+            if (words > BLUE_KERNEL_MAX_WORDS) {
+                c.fail(strFormat("kernel '%s': %u SPIR-V words at offset 0x%llx, more than %u", k.name.c_str(), words,
+                                 (unsigned long long)at, BLUE_KERNEL_MAX_WORDS));
+                break;
+            }
+            k.spirv.resize(words);
+            for (uint32_t& w : k.spirv) c.u32(&w);
+        }
+    }
+    if (!c.done()) return Status::error(c.error());
+    return Status::ok();
+}
+
 Status readSectionTable(std::span<const uint8_t> bytes, const std::string& name,
                         std::vector<SectionRef>* out) {
     uint32_t count = 0;
@@ -369,6 +406,7 @@ Status readSection(std::span<const uint8_t> bytes, const SectionRef& s, const st
         case SectionId::EXTERN: return readStrings(c, &m->externs, "extern file");
         case SectionId::META: return readMeta(c, m);
         case SectionId::SYMS: return readSyms(c, m);
+        case SectionId::KERNELS: return readKernels(c, m);
         case SectionId::DATA:
             m->data.assign(bytes.begin() + s.offset, bytes.begin() + s.offset + s.size);
             return Status::ok();
@@ -420,12 +458,14 @@ std::vector<uint8_t> serializeModule(const Module& m) {
     if (!m.externs.empty()) sections.emplace_back(SectionId::EXTERN, stringsBytes(m.externs));
     if (!m.meta.empty()) sections.emplace_back(SectionId::META, metaBytes(m));
     if (!m.syms.empty()) sections.emplace_back(SectionId::SYMS, symsBytes(m));
+    if (!m.kernels.empty()) sections.emplace_back(SectionId::KERNELS, kernelsBytes(m));
     if (!m.data.empty()) sections.emplace_back(SectionId::DATA, m.data);
 
     Writer w;
     w.u32(kMagic);
+    uint16_t minor = m.kernels.empty() ? m.minor : std::max(m.minor, kModuleMinorKernels);
     w.raw(&m.major, 2);
-    w.raw(&m.minor, 2);
+    w.raw(&minor, 2);
     w.u32(uint32_t(sections.size()));
     w.u32(0);
     w.u64(0);  // file size, patched below

@@ -3,7 +3,8 @@
 // On disk (little endian): a 32-byte header, a section table, then the sections.
 //
 //   offset 0   "BLIR"            magic
-//          4   u16 major, minor  format version (this code writes 1.0 and reads major 1)
+//          4   u16 major, minor  format version (this code writes 1.0, or 1.1 for a module with
+//                                custom kernels, and reads major 1)
 //          8   u32 section count
 //         12   u32 flags         must be 0
 //         16   u64 file size     must equal the real size
@@ -21,12 +22,16 @@
 #include <vector>
 
 #include "vm/dtype.h"
+#include "vm/kernel.h"
 #include "vm/status.h"
 
 namespace blue {
 
 constexpr uint16_t kModuleMajor = 1;
 constexpr uint16_t kModuleMinor = 0;
+// Minor version of a module that carries custom kernels (section KERNELS, opcode KERNEL): a 1.0
+// reader refuses its unknown section by name instead of running a module it cannot run.
+constexpr uint16_t kModuleMinorKernels = 1;
 
 enum class SectionId : uint32_t {
     LAYOUT = 1,   // Layout: 11 u32 words
@@ -39,6 +44,7 @@ enum class SectionId : uint32_t {
     DATA = 8,     // embedded tensor data
     META = 10,    // key/value strings
     SYMS = 11,    // names of labels, constants and strings (for the disassembler)
+    KERNELS = 12, // custom kernels: {u32 count, then per kernel {string name, u32 words, SPIR-V}}
 };
 
 // Per-instance resources and machine parameters, laid out by the compiler.
@@ -101,6 +107,7 @@ struct Module {
     std::vector<uint8_t> data;
     std::vector<std::pair<std::string, std::string>> meta;
     std::vector<Symbol> syms;
+    std::vector<KernelDecl> kernels;  // custom kernels, run by KERNEL (vm/kernel.h)
 
     uint32_t instrCount() const { return uint32_t(code.size() / 2); }
     // Returns the string stored at a constant-pool word offset, if one fits there.

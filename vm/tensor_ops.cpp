@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "vm/abi.h"
+#include "vm/kernel.h"
+#include "vm/kernel_abi.h"
 #include "vm/quant.h"
 #include "vm/tensor_ops_internal.h"
 
@@ -86,6 +88,42 @@ void refSum(const Items& it, const TensorInstr& ti) {
     }
 }
 
+// KERNEL: dst INSTANCE F32 of at most BLUE_KERNEL_RESULT_WORDS elements, src INSTANCE I32 of a
+// length word and at least one token, a kernel index within the module's KERNELS.
+Status checkKernelOp(const Checker& c) {
+    if (c.t(0).cls != BLUE_TC_INSTANCE) return c.fail(0, "a custom kernel's results must be an INSTANCE tensor");
+    BLUE_TRY(c.dtype(0, DType::F32));
+    if (c.t(0).elements() > BLUE_KERNEL_RESULT_WORDS) {
+        return c.fail(0, strFormat("%llu result words per instance, at most %u",
+                                   (unsigned long long)c.t(0).elements(), BLUE_KERNEL_RESULT_WORDS));
+    }
+    if (c.t(1).cls != BLUE_TC_INSTANCE) return c.fail(1, "a custom kernel's slot must be an INSTANCE tensor");
+    BLUE_TRY(c.dtype(1, DType::I32));
+    if (c.t(1).elements() < 2 || c.t(1).elements() > (1u << 20)) {
+        return c.fail(1, "a slot of a length word and 1 to 2^20 - 1 tokens is needed");
+    }
+    if (c.ti.args[2] >= c.m.kernels.size()) {
+        return BLUE_ERROR("kernel %u does not exist (%zu kernels)", c.ti.args[2], c.m.kernels.size());
+    }
+    const bool writes = c.ti.args[4] != 0xFFFFFFFFu;
+    if (writes) {
+        if (c.t(4).cls != BLUE_TC_INSTANCE) return c.fail(4, "a custom kernel's written slot must be an INSTANCE tensor");
+        BLUE_TRY(c.dtype(4, DType::I32));
+        if (c.t(4).elements() < 2 || c.t(4).elements() > (1u << 20)) {
+            return c.fail(4, "a slot of a length word and 1 to 2^20 - 1 tokens is needed");
+        }
+    }
+    // A kernel that declares the written slot (binding 3) needs one bound: the instruction names it.
+    const KernelDecl& k = c.m.kernels[c.ti.args[2]];
+    auto shape = reflectKernelSpirv(k.spirv, "kernel '" + k.name + "'");
+    if (!shape) return shape.status();
+    if ((shape->bindings >> BLUE_KERNEL_BIND_OUT & 1) && !writes) {
+        return BLUE_ERROR("kernel '%s' declares binding 3 (a slot it writes), but the instruction names no slot",
+                          k.name.c_str());
+    }
+    return Status::ok();
+}
+
 }  // namespace
 
 float bitsToFloat(uint32_t u) {
@@ -124,6 +162,7 @@ Status checkTensorOp(const Module& m, const TensorInstr& ti) {
             BLUE_TRY(c.dtype(0, DType::F32));
             BLUE_TRY(c.dtype(1, DType::F32));
             return Status::ok();
+        case Op::KERNEL: return checkKernelOp(c);
         default: return checkLlmOp(c);
     }
 }
@@ -141,6 +180,7 @@ void runTensorOpRef(const TensorOpEnv& env, const TensorInstr& ti) {
         }
         case Op::MATMUL: refMatmul(it, ti); return;
         case Op::TSUM: refSum(it, ti); return;
+        case Op::KERNEL: assert(false && "refCanRun() refuses modules with custom kernels"); return;
         default:
             if (!runLlmOpRef(it, ti)) assert(false && "tensor op without a reference implementation");
     }

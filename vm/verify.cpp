@@ -4,6 +4,7 @@
 #include <set>
 
 #include "vm/abi.h"
+#include "vm/kernel_abi.h"
 #include "vm/tensor_ops.h"
 
 namespace blue {
@@ -225,6 +226,25 @@ Status verifyBlocks(const Module& m) {
     return Status::ok();
 }
 
+// Every custom kernel: a name, and SPIR-V that passes spirv-val and the contract (vm/kernel.h).
+// The module is untrusted, so this runs on every load, not only when bluec embedded the kernel.
+Status verifyKernels(const Module& m) {
+    if (m.kernels.size() > BLUE_KERNEL_MAX_COUNT) {
+        return BLUE_ERROR("kernels: %zu custom kernels, at most %u", m.kernels.size(), BLUE_KERNEL_MAX_COUNT);
+    }
+    std::set<std::string> names;
+    for (uint32_t k = 0; k < m.kernels.size(); ++k) {
+        const KernelDecl& kd = m.kernels[k];
+        if (kd.name.empty() || kd.name.size() > 64) {
+            return BLUE_ERROR("kernel %u: a name of 1 to 64 characters is needed", k);
+        }
+        if (!names.insert(kd.name).second) return BLUE_ERROR("kernel %u '%s': name used twice", k, kd.name.c_str());
+        auto shape = checkKernelSpirv(kd.spirv, strFormat("kernel %u '%s'", k, kd.name.c_str()));
+        if (!shape) return shape.status();
+    }
+    return Status::ok();
+}
+
 Status verifySyms(const Module& m) {
     for (const Symbol& s : m.syms) {
         bool ok = false;
@@ -278,6 +298,7 @@ Status verifyModule(const Module& m) {
     std::set<std::string> names;
     for (uint32_t i = 0; i < m.tensors.size(); ++i) BLUE_TRY(verifyTensor(m, i, &names));
     for (uint32_t i = 0; i < m.instrCount(); ++i) BLUE_TRY(verifyInstr(m, i));
+    BLUE_TRY(verifyKernels(m));
     BLUE_TRY(verifyBlocks(m));
     BLUE_TRY(verifySyms(m));
     return Status::ok();

@@ -66,12 +66,31 @@ struct Stage {
 };
 
 struct Stmt {
-    enum Kind { STAGE, RUN, IF, REPEAT, BREAK } kind = STAGE;
+    enum Kind { STAGE, RUN, IF, REPEAT, BREAK, SCORE } kind = STAGE;
     Loc loc;
     uint32_t stage = 0;  // STAGE, RUN: index into Program::stages
     std::unique_ptr<Cond> cond;  // IF; BREAK (null: unconditional)
     std::vector<Stmt> body, else_body;  // IF, REPEAT
     uint32_t count = 0;  // REPEAT
+    // SCORE (`score KERNEL over SLOT [param N]`, `filter SLOT with KERNEL into TARGET`): index
+    // into Program::kernels, the slot read, `param`.
+    uint32_t kernel = 0;
+    std::string score_slot;
+    Loc score_slot_loc;
+    uint32_t score_param = 0;
+    std::string score_param_text;  // `param "text"`: the text's one token is the param
+    Loc score_param_loc;
+    // `filter SLOT with KERNEL into TARGET`: the slot the kernel writes (empty for `score`).
+    std::string score_into;
+    Loc score_into_loc;
+};
+
+// `kernel NAME = "file.comp"` (GLSL compute) or "file.spv" (SPIR-V): a custom tensor op over a
+// slot, run by `score` (or by `filter`, which also writes a slot); its results are `NAME.value`
+// (word 0) and `NAME.value1`..`value15`.
+struct KernelUse {
+    std::string name, path;  // path as written (relative to the source file)
+    Loc loc, path_loc;
 };
 
 struct ModelDecl {
@@ -88,6 +107,7 @@ struct SlotDecl {
 struct Program {
     std::string file;  // for messages
     std::vector<ModelDecl> models;
+    std::vector<KernelUse> kernels;
     std::vector<SlotDecl> slots;  // without `input`
     uint32_t input_capacity = 256;
     Loc input_loc;

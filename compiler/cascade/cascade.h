@@ -29,6 +29,10 @@
 //       break if story contains "The end"
 //   }
 //   if sketch.tokens >= 40 and not (story.length > 150) { ... } else { ... }
+//   kernel count = "count.comp"             # a custom kernel: GLSL compute (.comp) or SPIR-V (.spv)
+//   score count over story param " the"     # run it over a slot (param: a number or one token's text)
+//   if count.value > 2 { ... }              # its results: value (word 0), value1 .. value15
+//   filter story with drop into bare param ","  # a kernel that also writes a slot (binding 3)
 //   output story                            # the slots the run prints (default: the last written)
 //   prefer story over sketch                # traces: a preference pair (chosen over rejected)
 //
@@ -40,8 +44,10 @@
 //   }                                       # or `join first`, or `join judge MODEL` (the highest
 //                                           # mean log-likelihood under MODEL after the prompt)
 //
-// Conditions compare `STAGE.tokens`, `.entropy_mean`, `.entropy_max`, `.logprob_mean`, `.runs`
-// or `SLOT.length` with a number (<, <=, >, >=, ==, !=), or test `SLOT contains "text"`.
+// Conditions compare `STAGE.tokens`, `.entropy_mean`, `.entropy_max`, `.logprob_mean`, `.runs`,
+// `SLOT.length` or `KERNEL.value`..`.value15` (after a `score` of it) with a number (<, <=, >,
+// >=, ==, !=), or test `SLOT contains "text"`. A kernel keeps the contract of vm/kernel_abi.h;
+// bluec compiles and checks it (compiler/cascade/kernel_source.h) and every loader checks it again.
 // Literal text is tokenized when the cascade is compiled, with the models' shared vocabulary;
 // models with different vocabularies are refused (tokens pass between stages as they are).
 #pragma once

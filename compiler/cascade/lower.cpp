@@ -104,6 +104,7 @@ Status Lowerer::checkCond(const Cond& c, Loc at) const {
         if (c.metric != "length") return errorAt(c.metric_loc, "a slot has one statistic, 'length'; found '" + c.metric + "'");
         return Status::ok();
     }
+    if (int k = kernelIndex(p, c.subject); k >= 0) return checkKernelCond(p, uint32_t(k), c, at);
     int s = stageIndex(c.subject);
     if (s < 0) return errorAt(c.loc, "no stage or slot named '" + c.subject + "'");
     if (!before(p.stages[s].loc, at)) return errorAt(c.loc, "stage '" + c.subject + "' is written after this condition (line " + std::to_string(p.stages[s].loc.line) + ")");
@@ -194,6 +195,7 @@ Status Lowerer::checkNames() {
     }
     if (p.stages.empty()) return errorAt({1, 1}, "the cascade has no stage");
     BLUE_TRY(checkPrefer());
+    BLUE_TRY(checkKernelUses(p, [this](const std::string& n) { return slotIndex(n); }));
     return checkStmts(p.body);
 }
 
@@ -344,7 +346,10 @@ void Lowerer::emitCond(const Cond& c, CodeBuilder::Label yes, CodeBuilder::Label
     }
     // The subject's value as a float in kF1.
     int slot = slotIndex(c.subject);
-    if (slot >= 0) {
+    if (int k = kernelIndex(p, c.subject); k >= 0) {  // a custom kernel's result word (a float)
+        cb.li(kTmp, kernelMetricWord(c.metric));
+        cb.op(Op::TLD, {kF1, kTmp}, kernels_.kernels[size_t(k)].result_tensor);
+    } else if (slot >= 0) {
         cb.op(Op::LD, {kTmp, kZero}, slot_addr[size_t(slot)]);
         cb.op(Op::UTOF, {kF1, kTmp});
     } else {
@@ -881,6 +886,7 @@ void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
                 cb.bind(end);
                 break;
             }
+            case Stmt::SCORE: emitScore(s); break;
             case Stmt::BREAK: {
                 if (!s.cond) {
                     cb.jump(Op::JMP, {}, loop_ends.back());
@@ -893,6 +899,45 @@ void Lowerer::emitStmts(const std::vector<Stmt>& body, uint32_t depth) {
             }
         }
     }
+}
+
+// `score KERNEL over SLOT`: copies the slot (length, then tokens) into the kernel's slot tensor
+// and runs its block; the results stay in the kernel's result tensor for conditions to read.
+// `filter SLOT with KERNEL into TARGET` then copies the slot the kernel wrote into TARGET.
+void Lowerer::emitScore(const Stmt& s) {
+    const LoweredKernel& lk = kernels_.kernels[s.kernel];
+    const uint32_t slot = slot_addr[size_t(slotIndex(s.score_slot))];
+    auto loop = cb.newLabel(), done = cb.newLabel();
+    cb.op(Op::LD, {kN, kZero}, slot);
+    cb.op(Op::TST, {kN, kZero}, lk.slot_tensor);
+    cb.li(kI, 0);
+    cb.bind(loop);
+    cb.jump(Op::BGEU, {kI, kN}, done);
+    cb.op(Op::LD, {kWord, kI}, slot + 1);
+    cb.op(Op::ADDI, {kTmp, kI}, 1);
+    cb.op(Op::TST, {kWord, kTmp}, lk.slot_tensor);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, loop);
+    cb.bind(done);
+    cb.li(kArgRows, 1);
+    cb.op(Op::RUN, {kArgRows}, kernels_.blocks.at(&s));
+    if (s.score_into.empty()) return;
+    // `filter`: the kernel's slot into the target, its length clamped to the target's capacity.
+    const uint32_t target = slot_addr[size_t(slotIndex(s.score_into))];
+    auto copy = cb.newLabel(), copied = cb.newLabel();
+    cb.op(Op::TLD, {kN, kZero}, lk.out_tensor);
+    cb.li(kTmp, slot_cap[size_t(slotIndex(s.score_into))]);
+    cb.op(Op::MINU, {kN, kN, kTmp});
+    cb.op(Op::ST, {kN, kZero}, target);
+    cb.li(kI, 0);
+    cb.bind(copy);
+    cb.jump(Op::BGEU, {kI, kN}, copied);
+    cb.op(Op::ADDI, {kTmp, kI}, 1);
+    cb.op(Op::TLD, {kWord, kTmp}, lk.out_tensor);
+    cb.op(Op::ST, {kWord, kI}, target + 1);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, copy);
+    cb.bind(copied);
 }
 
 // A stage's statistics records (vm/cascade_abi.h).
@@ -1142,6 +1187,8 @@ Result<Module> Lowerer::run() {
             lm.verify_block = addForwardBlock(m, cb, lm.gguf, lm.cfg, opt.kv_type, lm.ctx, uint32_t(k), prefix, ForwardHead::Verify, table);
         }
     }
+    BLUE_TRY(lowerKernels(p, [this](const std::string& n) { return slotIndex(n); },
+                          [this](const std::string& text) { return tokensOf(text, true); }, slot_cap, m, &kernels_));
     m.layout.regs = kRegs;
     m.layout.local_words = hist_base + max_ctx + (max_fork ? 1 + branch_cap : 0);
     if (max_fork) {

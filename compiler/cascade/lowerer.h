@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/cascade/cascade.h"
+#include "compiler/cascade/lower_kernel.h"
 #include "compiler/code_builder.h"
 #include "compiler/gguf.h"
 #include "compiler/model_config.h"
@@ -68,6 +69,7 @@ struct Lowerer {
     uint32_t fork_records = 0, max_fork = 0, branch_slot = 0, branch_cap = 0;
     std::vector<CodeBuilder::Label> branch_labels;  // by stage (0: not a fork)
     std::vector<uint32_t> stage_judge;              // by stage: the judge's model index
+    LoweredKernels kernels_;                        // custom kernels (lower_kernel.h)
     std::vector<CodeBuilder::Label> loop_ends;
     // Durable slots (vm/cascade_abi.h): stage statements are steps 1..steps in source order;
     // step_labels[k] is the code right after step k's checkpoint, where a resume continues.
@@ -133,6 +135,7 @@ struct Lowerer {
     void emitProgram();
     void emitStmts(const std::vector<Stmt>& body, uint32_t depth);
     void emitStage(uint32_t s);
+    void emitScore(const Stmt& s);
     void emitPrompt(uint32_t s);
     void emitRunStart(uint32_t s);
     void emitSampling(uint32_t s);

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "compiler/cascade/cascade.h"
+#include "vm/kernel_abi.h"
 #include "vm/llm_abi.h"
 
 namespace blue {
@@ -204,6 +205,7 @@ private:
             "break", "run", "output", "budget", "context", "and", "or", "not", "contains", "speculate",
             "speculate_tokens", "select", "prefer", "fork", "join"};
         if (reserved.count(name)) return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot or stage");
+        if (name == "kernel" || name == "score" || name == "filter") return errorAt(l, "'" + name + "' is a keyword and cannot name a model, slot, stage or kernel");
         if (name.size() > 64) return errorAt(l, "name longer than 64 characters");
         return Status::ok();
     }
@@ -212,6 +214,7 @@ private:
         for (const auto& m : prog_->models) if (m.name == name) return errorAt(l, "'" + name + "' is already a model (line " + std::to_string(m.loc.line) + ")");
         for (const auto& s : prog_->slots) if (s.name == name) return errorAt(l, "'" + name + "' is already a slot (line " + std::to_string(s.loc.line) + ")");
         for (const auto& s : prog_->stages) if (s.name == name) return errorAt(l, "'" + name + "' is already a stage (line " + std::to_string(s.loc.line) + ")");
+        for (const auto& k : prog_->kernels) if (k.name == name) return errorAt(l, "'" + name + "' is already a kernel (line " + std::to_string(k.loc.line) + ")");
         if (name == "input") return errorAt(l, "'input' is the task's slot; declare its capacity with `slot input[N]`");
         return Status::ok();
     }
@@ -275,10 +278,71 @@ private:
             return endOfLine();
         }
         if (t.text == "prefer") return prefer(p);
+        if (t.text == "kernel") return kernelDecl(p);
         Stmt s;
         BLUE_TRY(statement(&s));
         p.body.push_back(std::move(s));
         return Status::ok();
+    }
+
+    // `kernel NAME = "PATH"`: a custom kernel (GLSL .comp or SPIR-V .spv; loaded in lower.cpp).
+    Status kernelDecl(Program& p) {
+        Loc l = peek().loc;
+        ++pos_;
+        KernelUse k;
+        k.loc = peek().loc;
+        BLUE_TRY_ASSIGN(k.name, ident("a kernel name"));
+        BLUE_TRY(unique(k.name, k.loc));
+        BLUE_TRY(expectSym("=", "after the kernel's name"));
+        k.path_loc = peek().loc;
+        BLUE_TRY_ASSIGN(k.path, string("the kernel's file (.comp GLSL or .spv SPIR-V)"));
+        if (k.path.empty()) return errorAt(k.path_loc, "empty kernel path");
+        if (p.kernels.size() >= BLUE_KERNEL_MAX_COUNT) return errorAt(l, strFormat("more than %u kernels", BLUE_KERNEL_MAX_COUNT));
+        p.kernels.push_back(std::move(k));
+        return endOfLine();
+    }
+
+    // `score KERNEL over SLOT [param N | param "text"]`: runs a custom kernel over a slot's tokens;
+    // `filter SLOT with KERNEL into TARGET [param ...]` also writes the kernel's slot into TARGET.
+    Status scoreStmt(Stmt* s) {
+        bool filter = peek().text == "filter";
+        ++pos_;
+        s->kind = Stmt::SCORE;
+        if (filter) {
+            s->score_slot_loc = peek().loc;
+            BLUE_TRY_ASSIGN(s->score_slot, ident("a slot name"));
+            if (!isWord("with")) return errorAt(peek().loc, "expected 'with' and a kernel after the slot, found " + describe(peek()));
+            ++pos_;
+        }
+        Loc kl = peek().loc;
+        BLUE_TRY_ASSIGN(std::string name, ident("a kernel name"));
+        bool found = false;
+        for (size_t i = 0; i < prog_->kernels.size(); ++i) {
+            if (prog_->kernels[i].name == name) { s->kernel = uint32_t(i); found = true; }
+        }
+        if (!found) return errorAt(kl, "no kernel '" + name + "' is declared before this line (`kernel NAME = \"FILE.comp\"`)");
+        if (filter) {
+            if (!isWord("into")) return errorAt(peek().loc, "expected 'into' and the slot to write after the kernel, found " + describe(peek()));
+            ++pos_;
+            s->score_into_loc = peek().loc;
+            BLUE_TRY_ASSIGN(s->score_into, ident("the slot to write"));
+        } else {
+            if (!isWord("over")) return errorAt(peek().loc, "expected 'over' and a slot after the kernel, found " + describe(peek()));
+            ++pos_;
+            s->score_slot_loc = peek().loc;
+            BLUE_TRY_ASSIGN(s->score_slot, ident("a slot name"));
+        }
+        if (isWord("param")) {
+            ++pos_;
+            s->score_param_loc = peek().loc;
+            if (peek().kind == Tok::STRING) {
+                s->score_param_text = next().text;
+                if (s->score_param_text.empty()) return errorAt(s->score_param_loc, "empty param text");
+            } else {
+                BLUE_TRY_ASSIGN(s->score_param, count("the kernel's param (a number or a one-token text)", 0, 0xFFFFFFFFu));
+            }
+        }
+        return endOfLine();
     }
 
     // `prefer CHOSEN over REJECTED` (slot names; checked in lower.cpp).
@@ -370,6 +434,8 @@ private:
             }
             return endOfLine();
         }
+        if (t.text == "score" || t.text == "filter") return scoreStmt(s);
+        if (t.text == "kernel") return errorAt(t.loc, "'kernel' belongs at the top level, not inside a block");
         if (t.text == "model" || t.text == "slot" || t.text == "budget" || t.text == "context" || t.text == "output" ||
             t.text == "prefer") {
             return errorAt(t.loc, "'" + t.text + "' belongs at the top level, not inside a block");

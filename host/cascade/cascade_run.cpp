@@ -151,6 +151,7 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
     RunReport report;
     CheckpointStream stream(module_, info_, on_checkpoint);
     if (options_.reference) {
+        BLUE_TRY(refCanRun(module_));
         RefMachine machine(module_, *weights_, MachineOptions{instances, max_cycles});
         if (on_checkpoint) machine.setOnOutput([&](std::span<const OutputRecord> recs) { stream.feed(recs); });
         for (auto& msg : messages) machine.pushInput(msg);

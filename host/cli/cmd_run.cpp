@@ -101,6 +101,7 @@ int finish(const Module& m, const RunReport& report, const std::vector<std::stri
 
 int runReference(const Module& m, const WeightSource& w, const RunArgs& args,
                  const std::vector<std::vector<uint32_t>>& inputs) {
+    if (Status can = refCanRun(m); !can) return fail(can.message());
     RefMachine machine(m, w, MachineOptions{args.instances, args.max_cycles});
     for (const auto& msg : inputs) machine.pushInput(msg);
     machine.closeInput();
