@@ -84,6 +84,9 @@ struct CascadeInfo {
     uint32_t steps = 0;               // stage statements (checkpoint step ids 1..steps)
     uint32_t loops = 0;               // loop nesting levels (counters in checkpoints)
     int32_t prefer_chosen = -1, prefer_rejected = -1;  // `prefer`: indices into slots, or -1
+    // The slot whose final writes the program streams (the last output; vm/cascade_abi.h), or -1
+    // for a module compiled before streaming.
+    int32_t stream_slot = -1;
     static Result<CascadeInfo> fromModule(const Module& m);
 };
 
