@@ -221,7 +221,8 @@ bluevm_status bluevm_engine_health(const bluevm_engine* engine, bluevm_health* o
 /* A compiled cascade (`bluec cascade X.cas -o X.bir`): several models taking turns over a
  * per-request thinking buffer, every decision made on the GPU. A bluevm_cascade keeps N instances
  * of it on one device; tasks are batched continuously like an engine's requests. A cascade
- * reports its slots at the end of a request, so each request's result arrives whole:
+ * reports its slots at the end of a request, so each request's result arrives whole (the answer
+ * slot's final writes can also be read as they stream, bluevm_cascade_stream):
  *
  *   bluevm_cascade* c; bluevm_cascade_result* r;
  *   bluevm_cascade_options o; bluevm_cascade_options_init(&o); o.instances = 4;
@@ -285,6 +286,15 @@ bluevm_status bluevm_cascade_submit(bluevm_cascade* cascade, const char* task, u
  * forgotten. BLUEVM_ERR_TIMEOUT: it still runs. */
 bluevm_status bluevm_cascade_wait(bluevm_cascade* cascade, uint64_t id, int timeout_ms,
                                   bluevm_cascade_result** out);
+/* Streaming: waits up to timeout_ms (as bluevm_cascade_wait) for answer text the cascade
+ * streamed (the final writes of its answer slot; vm/cascade_abi.h) or for the request's end.
+ * *text and *len: the text streamed since the previous call, whole UTF-8 characters (valid until
+ * the next call for the id, its wait or release); *ended (may be NULL): nonzero once the request
+ * has ended (bluevm_cascade_wait then returns its result at once). The result's answer begins
+ * with everything this returned: the rest of the answer is what follows. BLUEVM_ERR_TIMEOUT:
+ * nothing new and not ended. */
+bluevm_status bluevm_cascade_stream(bluevm_cascade* cascade, uint64_t id, int timeout_ms,
+                                    const char** text, size_t* len, int* ended);
 /* Ends a request early (its result finishes with BLUEVM_FINISH_CANCELLED). */
 bluevm_status bluevm_cascade_cancel(bluevm_cascade* cascade, uint64_t id);
 /* Forgets a request (cancelling it if it still runs). */

@@ -40,6 +40,12 @@ struct bluevm_cascade {
     std::map<uint64_t, std::unique_ptr<bluevm_cascade_result>> requests;
     std::string trace_path;  // empty: no traces
     std::mutex trace_mutex;  // one line at a time
+    // Streamed answer text per request: arrived and not yet taken, and the last text handed out
+    // by bluevm_cascade_stream (kept until the next call).
+    struct Streamed {
+        std::string fresh, handed;
+    };
+    std::map<uint64_t, Streamed> streamed;
 
     ~bluevm_cascade() {
         serving.reset();  // cancels what runs; its callbacks only touch `requests`
@@ -219,10 +225,17 @@ bluevm_status bluevm_cascade_submit(bluevm_cascade* cascade, const char* task, u
             c->arrived.notify_all();
         };
         blue::CascadeRefusal why = blue::CascadeRefusal::None;
+        auto on_text = [c](uint64_t rid, const std::string& text) {
+            {
+                std::lock_guard<std::mutex> lock(c->mutex);
+                if (c->requests.count(rid)) c->streamed[rid].fresh += text;  // else: released
+            }
+            c->arrived.notify_all();
+        };
         // Held across submit so that a wait cannot look for the id before it is registered; the
-        // callback takes the same lock on the driver thread, later.
+        // callbacks take the same lock on the driver thread, later.
         std::lock_guard<std::mutex> lock(c->mutex);
-        auto submitted = c->serving->submit(task, seed, callback, &why);
+        auto submitted = c->serving->submit(task, seed, callback, &why, on_text);
         if (!submitted) return failWith(statusOfRefusal(why), submitted.message());
         c->requests[submitted.value()] = nullptr;
         *id = submitted.value();
@@ -262,6 +275,50 @@ bluevm_status bluevm_cascade_wait(bluevm_cascade* cascade, uint64_t id, int time
             return failWith(BLUEVM_ERR_TIMEOUT, "the request has not ended within the timeout");
         *out = it->second.release();
         cascade->requests.erase(it);
+        cascade->streamed.erase(id);
+        return ok();
+    });
+}
+
+bluevm_status bluevm_cascade_stream(bluevm_cascade* cascade, uint64_t id, int timeout_ms,
+                                    const char** text, size_t* len, int* ended) {
+    return guarded([&] {
+        if (!cascade || !text || !len)
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "cascade, text and len must not be NULL");
+        *text = "";
+        *len = 0;
+        if (ended) *ended = 0;
+        std::unique_lock<std::mutex> lock(cascade->mutex);
+        auto news = [&] {
+            auto at = cascade->requests.find(id);
+            if (at == cascade->requests.end() || at->second != nullptr) return true;
+            auto s = cascade->streamed.find(id);
+            return s != cascade->streamed.end() && !s->second.fresh.empty();
+        };
+        if (cascade->requests.find(id) == cascade->requests.end()) {
+            return failWith(BLUEVM_ERR_NOT_FOUND,
+                            blue::strFormat("no cascade request %llu", (unsigned long long)id));
+        }
+        if (timeout_ms < 0) {
+            cascade->arrived.wait(lock, news);
+        } else if (timeout_ms > 0) {
+            cascade->arrived.wait_for(lock, std::chrono::milliseconds(timeout_ms), news);
+        }
+        auto it = cascade->requests.find(id);
+        if (it == cascade->requests.end()) {
+            return failWith(BLUEVM_ERR_NOT_FOUND,
+                            blue::strFormat("cascade request %llu was released while waiting",
+                                            (unsigned long long)id));
+        }
+        auto& s = cascade->streamed[id];
+        s.handed = std::move(s.fresh);
+        s.fresh.clear();
+        const bool done = it->second != nullptr;
+        if (s.handed.empty() && !done)
+            return failWith(BLUEVM_ERR_TIMEOUT, "nothing streamed within the timeout");
+        *text = s.handed.c_str();
+        *len = s.handed.size();
+        if (ended) *ended = done ? 1 : 0;
         return ok();
     });
 }
@@ -294,6 +351,7 @@ bluevm_status bluevm_cascade_release(bluevm_cascade* cascade, uint64_t id) {
             }
             running = it->second == nullptr;
             cascade->requests.erase(it);
+            cascade->streamed.erase(id);
         }
         cascade->arrived.notify_all();  // a wait on it ends with NOT_FOUND
         if (running) cascade->serving->cancel(id);

@@ -391,6 +391,7 @@ Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport
     stats_.wall_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - im.started)
             .count();
+    if (im.opt.record_clock) clock_.push_back({stats_.cycles, stats_.wall_ms});
     return true;
 }
 

@@ -39,6 +39,16 @@ struct GpuOptions {
     double max_submit_ms = -1;
     // Called while create() uploads the weights: bytes done of the total (progress bars).
     std::function<void(uint64_t done, uint64_t total)> on_load;
+    // Keep clock(): one point per drained chain (one-shot runs; a server would grow it forever).
+    bool record_clock = false;
+};
+
+// A point of a run's clock: `cycles` VM cycles were done `ms` after the first submit (the host
+// saw the chain that ran them complete then; with chains in flight this is at or after the
+// GPU finished them). Stage times are interpolated between such points (cascade --stats).
+struct CycleTime {
+    uint64_t cycles = 0;
+    double ms = 0;
 };
 
 // Time spent per kernel when GpuOptions::profile is on.
@@ -114,6 +124,8 @@ public:
     size_t pendingInput() const;  // messages queued but not yet in the input ring
     // Sets host flag word `index` (one per instance), read by the INFLAG instruction.
     void setFlag(uint32_t index, uint32_t value);
+    // With GpuOptions::record_clock: (cycles done, ms) after each drained chain, in order.
+    const std::vector<CycleTime>& clock() const { return clock_; }
 
     // Reads a tensor back in the reference machine's packing: its slices (rows, instances or
     // the whole tensor) back to back, without the GPU's texel padding. Weights held in the GPU
@@ -125,6 +137,7 @@ private:
     explicit GpuMachine(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
     GpuStats stats_;
+    std::vector<CycleTime> clock_;
 };
 
 }  // namespace blue

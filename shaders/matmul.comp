@@ -56,6 +56,35 @@ void main() {
             for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += dot(a, xa[c]) + dot(b, xq[c]);
         }
     }
+#elif defined(WTYPE_Q4_0) && defined(MM_GEMM)
+    // GEMM tile: shaped like the plain types' loop (one x texel per item per step, every weight
+    // dot reused by MM_BT items) instead of the masked decode below, whose pre-scaled x per item
+    // spills at 16 items. A block's quant texel and scale stay in registers over its 8 steps.
+    for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MM_R];
+        for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
+        for (uint s = 0u; s < 8u; ++s) {
+            uint xt = g * 64u + s * 8u;
+            if (xt >= g_xt) break;
+            uvec4 q[MM_R];
+            float d[MM_R];
+            for (uint r = 0u; r < MM_R; ++r) {
+                q[r] = wTexel(wbase, bpr, rows[r], g, 1u + s);
+                d[r] = halfOf(head[r].t0, s);
+            }
+            // Step j: elements 4j..4j+3 of the block, the low nibbles of word j (j < 4) or the
+            // high nibbles of word j - 4.
+            for (uint j = 0u; j < 8u; ++j) {
+                uvec4 shift = uvec4(0u, 8u, 16u, 24u) + 4u * (j >> 2);
+                vec4 wv[MM_R];
+                for (uint r = 0u; r < MM_R; ++r) wv[r] = d[r] * (vec4((uvec4(q[r][j & 3u]) >> shift) & 15u) - 8.0);
+                for (uint c = 0u; c < MM_BT; ++c) {
+                    vec4 xv = xLoad(xb[c], xt + j);
+                    for (uint r = 0u; r < MM_R; ++r) acc[r][c] += dot(wv[r], xv);
+                }
+            }
+        }
+    }
 #elif defined(WTYPE_Q6_K) || defined(WTYPE_Q4_0)
     // Masked decode: quants stay in place in their words and are masked per byte, and x is
     // pre-scaled by each byte's place value (exact powers of two), so no shifts per element.

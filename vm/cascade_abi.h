@@ -104,4 +104,25 @@
 #define BLUE_CAS_BR_LEN 6        // tokens kept (stop strings removed), then the tokens
 #define BLUE_CAS_BRANCH_WORDS 7
 
+// ---- more output-ring records: streamed text and stage times -------------------------------
+// Streamed answer text: between OUTBEGIN and the final records, the program writes
+//   OUTS BLUE_CAS_STREAM_MARKER, OUTU n, then n OUTT tokens
+// whenever the stream slot (`cascade.stream` metadata: the last `output` slot) grew by tokens
+// that are final: written by a stage statement after which no replacing write of the slot
+// (`write SLOT`, or a select stage writing it) can follow on any path, and no longer removable by
+// a stop string (the last (longest stop's tokens - 1) tokens of a run are held back until the
+// run ends). Each record continues the previous ones: together they are a prefix of the slot's
+// final tokens (the first of them catches up with what an earlier, non-final write left there).
+// Statements that are not final stream nothing; their text arrives with the final records.
+// A resumed request (durable slots) starts its stream again from the slot's first token.
+#define BLUE_CAS_STREAM_MARKER "cascade.stream"
+
+// Stage time: after every run of a stage (not a skip), the program writes
+//   OUTS BLUE_CAS_STAGE_TIME_MARKER, OUTU stage index, OUTU the VM cycle the run started in,
+//   OUTU the cycles it took (as BLUE_CAS_ST_CYCLES)
+// so the host can map the run onto the times it measured for the chains that ran those cycles
+// (the GPU has no portable clock; --stats prints the result as `ms`).
+#define BLUE_CAS_STAGE_TIME_MARKER "cascade.stage_time"
+#define BLUE_CAS_STAGE_TIME_RECORDS 4  // marker, stage, start cycle, cycles
+
 #endif  // BLUE_VM_CASCADE_ABI_H

@@ -100,6 +100,9 @@ struct CascadeInfo {
     uint32_t loops = 0;               // loop nesting levels (counters in checkpoints)
     int32_t prefer_chosen = -1, prefer_rejected = -1;  // `prefer`: indices into slots, or -1
     uint32_t max_fork = 0;            // the most branches a stage forks (0: none)
+    // The slot whose final writes the program streams (the last output; vm/cascade_abi.h), or -1
+    // for a module compiled before streaming.
+    int32_t stream_slot = -1;
     static Result<CascadeInfo> fromModule(const Module& m);
 };
 

@@ -464,6 +464,7 @@ void Lowerer::emitStage(uint32_t s) {
     cb.op(Op::LD, {kTmp2, kZero}, stats + BLUE_CAS_ST_CYCLES);
     cb.op(Op::SUB, {kTmp, kTmp, kTmp2});
     cb.op(Op::ST, {kTmp, kZero}, stats + BLUE_CAS_ST_CYCLES);
+    emitStageEnd(s);
     cb.bind(end);
 }
 
@@ -622,6 +623,7 @@ void Lowerer::emitGenerate(uint32_t s, const GenInto& into, CodeBuilder::Label d
         cb.bind(decode);
         cb.op(Op::LD, {kTok, kZero}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
         accept(kZero, BLUE_LM_SAMPLING + BLUE_SP_OUT_ENTROPY, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
+        if (!into.branch) emitStreamFlush(streamHold(s));  // a branch's tokens are not the slot's
         cb.li(kTmp, lm.ctx);
         cb.jump(Op::BGEU, {kPos, kTmp}, done);
         cb.op(Op::ST, {kTok, kPos}, hist_base);
@@ -749,6 +751,7 @@ void Lowerer::emitSpeculation(uint32_t s, const std::function<void(uint8_t, uint
     cb.op(Op::MOV, {kDraftNext, kPrompt});
     cb.li(kSpecK, st.speculate_tokens);
     cb.bind(step);
+    emitStreamFlush(streamHold(s));
     cb.li(kTmp, st.max_tokens);
     cb.jump(Op::BGEU, {kGen, kTmp}, done);
     if (p.budget) {
@@ -1076,11 +1079,119 @@ void Lowerer::emitCheckpoint(uint32_t step, uint32_t stage) {
     emitSlotRecords(size_t(slot));
 }
 
+// ---- streaming the answer slot and stage times (vm/cascade_abi.h) --------------------------
+
+// Step ids in source order, as emitStmts assigns them.
+void Lowerer::numberSteps(const std::vector<Stmt>& body, uint32_t* n) {
+    for (const Stmt& s : body) {
+        if (s.kind == Stmt::STAGE || s.kind == Stmt::RUN) step_of[&s] = ++*n;
+        numberSteps(s.body, n);
+        numberSteps(s.else_body, n);
+    }
+}
+
+// Whether a statement in `body` (nested ones included) replaces the stream slot's contents.
+bool Lowerer::replacesStream(const std::vector<Stmt>& body) const {
+    for (const Stmt& s : body) {
+        if (s.kind == Stmt::STAGE || s.kind == Stmt::RUN) {
+            const Stage& st = p.stages[s.stage];
+            if (!st.append && uint32_t(slotIndex(st.target)) == stream_slot) return true;
+        }
+        if (s.kind == Stmt::SCORE && !s.score_into.empty() && uint32_t(slotIndex(s.score_into)) == stream_slot) return true;
+        if (replacesStream(s.body) || replacesStream(s.else_body)) return true;
+    }
+    return false;
+}
+
+// Marks the stage statements of `body` whose write of the stream slot is final: no replacing
+// write can follow on any path (`after`: one can follow the end of `body`). Streamed text is
+// never retracted, so only those stream. Returns whether one can follow the start of `body`.
+// Conservative: a skip rule or a condition that would keep a later write from running is not
+// evaluated, and a `write` inside a loop of more than one round can reach itself.
+bool Lowerer::planStream(const std::vector<Stmt>& body, bool after) {
+    bool r = after;
+    for (auto it = body.rbegin(); it != body.rend(); ++it) {
+        const Stmt& s = *it;
+        switch (s.kind) {
+            case Stmt::STAGE:
+            case Stmt::RUN: {
+                const Stage& st = p.stages[s.stage];
+                const bool writes = uint32_t(slotIndex(st.target)) == stream_slot;
+                if (writes && !r) stream_steps[step_of[&s]] = true;
+                r = r || (writes && !st.append);
+                break;
+            }
+            case Stmt::IF: {
+                const bool yes = planStream(s.body, r), no = planStream(s.else_body, r);
+                r = yes || no;
+                break;
+            }
+            case Stmt::REPEAT: {
+                // From inside the body, the next round's whole body can follow.
+                const bool cont = r || (s.count > 1 && replacesStream(s.body));
+                r = planStream(s.body, cont) || r;
+                break;
+            }
+            case Stmt::SCORE:  // a `filter` into the stream slot replaces it (and streams nothing)
+                r = r || (!s.score_into.empty() && uint32_t(slotIndex(s.score_into)) == stream_slot);
+                break;
+            case Stmt::BREAK: break;  // leads to the loop's end, whose future `r` already covers
+        }
+    }
+    return r;
+}
+
+// Tokens of a run a stop string may still remove after the next token: the longest stop's, less one.
+uint32_t Lowerer::streamHold(uint32_t stage) const {
+    size_t hold = 0;
+    for (const std::string& stop : p.stages[stage].stops) hold = std::max(hold, tokensOf(stop, true).size() - 1);
+    return uint32_t(hold);
+}
+
+// In a stage statement whose write is final: streams the stream slot's tokens from kStreamed up
+// to its length less min(hold, kGen) (the run's tokens a stop string may still remove). Uses
+// kTmp, kN and kWord only (kTok and the RUN arguments stay live).
+void Lowerer::emitStreamFlush(uint32_t hold) {
+    if (!stream_slot || !stream_steps[next_step]) return;
+    const uint32_t slot = slot_addr[stream_slot];
+    auto loop = cb.newLabel(), done = cb.newLabel();
+    cb.op(Op::LD, {kN, kZero}, slot);
+    if (hold) {
+        cb.li(kTmp, hold);
+        cb.op(Op::MINU, {kTmp, kTmp, kGen});
+        cb.jump(Op::BLTU, {kN, kTmp}, done);
+        cb.op(Op::SUB, {kN, kN, kTmp});
+    }
+    cb.jump(Op::BGEU, {kStreamed, kN}, done);
+    cb.op(Op::OUTS, {}, stream_marker);
+    cb.op(Op::SUB, {kTmp, kN, kStreamed});
+    cb.op(Op::OUTU, {kTmp});
+    cb.bind(loop);
+    cb.op(Op::LD, {kWord, kStreamed}, slot + 1);
+    cb.op(Op::OUTT, {kWord});
+    cb.op(Op::ADDI, {kStreamed, kStreamed}, 1);
+    cb.jump(Op::BLTU, {kStreamed, kN}, loop);
+    cb.bind(done);
+}
+
+// After a stage run: its time record (kTmp2: the start cycle, kTmp: the cycles), then the rest of
+// a final write's tokens.
+void Lowerer::emitStageEnd(uint32_t stage) {
+    cb.op(Op::OUTS, {}, time_marker);
+    cb.li(kWord, stage);
+    cb.op(Op::OUTU, {kWord});
+    cb.op(Op::OUTU, {kTmp2});
+    cb.op(Op::OUTU, {kTmp});
+    emitStreamFlush(0);
+}
+
 void Lowerer::emitProgram() {
     auto next = cb.newLabel(), halt = cb.newLabel(), reject = cb.newLabel(), clear = cb.newLabel();
     finish_label = cb.newLabel();
     cancel_label = cb.newLabel();
     ckpt_marker = m.addConstString(BLUE_CAS_CHECKPOINT_MARKER);
+    stream_marker = m.addConstString(BLUE_CAS_STREAM_MARKER);
+    time_marker = m.addConstString(BLUE_CAS_STAGE_TIME_MARKER);
     step_labels.assign(steps + 1, 0);
     for (uint32_t k = 1; k <= steps; ++k) step_labels[k] = cb.newLabel();
     cb.li(kZero, 0);
@@ -1111,6 +1222,7 @@ void Lowerer::emitProgram() {
     for (size_t k = 1; k < slot_addr.size(); ++k) cb.op(Op::ST, {kZero, kZero}, slot_addr[k]);
     cb.li(kRuns, 0);
     cb.li(kTotal, 0);
+    cb.li(kStreamed, 0);
     emitRestore();
     emitStmts(p.body, 0);
     cb.bind(finish_label);
@@ -1216,6 +1328,15 @@ Result<Module> Lowerer::run() {
     m.layout.in_slot_words = uint32_t(request_words);
     m.layout.max_rows = opt.max_rows;
     m.layout.max_steps = 4096;
+    {
+        // The stream slot is the answer's: the last output (see CascadeInfo::stream_slot).
+        const std::string& last = p.outputs.empty() ? p.stages.back().target : p.outputs.back();
+        stream_slot = uint32_t(slotIndex(last));
+        uint32_t n = 0;
+        numberSteps(p.body, &n);
+        stream_steps.assign(steps + 1, false);
+        planStream(p.body, false);
+    }
     emitProgram();
     BLUE_TRY(cb.finish());
     std::vector<std::string> names, stages, slots, caps, outputs;
@@ -1240,7 +1361,8 @@ Result<Module> Lowerer::run() {
               {"cascade.input_capacity", std::to_string(p.input_capacity)},
               {"cascade.vocab", vocabFingerprint(vocab())},
               {"cascade.steps", std::to_string(steps)},
-              {"cascade.loops", std::to_string(loop_depth)}};
+              {"cascade.loops", std::to_string(loop_depth)},
+              {"cascade.stream", std::to_string(stream_slot - 1)}};
     if (max_fork) m.meta.push_back({"cascade.fork", std::to_string(max_fork)});
     if (p.prefer_loc.line) {
         m.meta.push_back({"cascade.prefer", std::to_string(slotIndex(p.prefer_chosen) - 1) + "," +
@@ -1345,6 +1467,11 @@ Result<CascadeInfo> CascadeInfo::fromModule(const Module& m) {
     // them (steps 0).
     if (const std::string* v = m.metaValue("cascade.steps"); v && !number(*v, &info.steps)) return Status::error("cascade module: bad step count");
     if (const std::string* v = m.metaValue("cascade.loops"); v && !number(*v, &info.loops)) return Status::error("cascade module: bad loop depth");
+    if (const std::string* v = m.metaValue("cascade.stream")) {
+        uint32_t slot = 0;
+        if (!number(*v, &slot) || slot >= info.slots.size()) return BLUE_ERROR("cascade module: bad stream slot '%s'", v->c_str());
+        info.stream_slot = int32_t(slot);
+    }
     if (const std::string* v = m.metaValue("cascade.fork"); v && (!number(*v, &info.max_fork) || info.max_fork > 64)) {
         return Status::error("cascade module: bad cascade.fork");
     }

@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@ enum Reg : uint8_t {
     kFork, kBranch, kCap, kOwn,        // fork and join: the record, the branch, its token cap,
     kLoop0 = 40,                       // branches done; loop counters up to kLoop0 + 16
     kParent = 58, kMark,               // a branch's parent instance and its cancel mark
+    kStreamed,                         // tokens of the stream slot streamed so far (vm/cascade_abi.h)
 };
 inline constexpr uint32_t kRegs = 64;
 
@@ -75,6 +77,11 @@ struct Lowerer {
     // step_labels[k] is the code right after step k's checkpoint, where a resume continues.
     uint32_t steps = 0, loop_depth = 0, next_step = 0, ckpt_marker = 0;
     std::vector<CodeBuilder::Label> step_labels;
+    // Streaming (vm/cascade_abi.h, BLUE_CAS_STREAM_MARKER): the stream slot (0: none) and, per
+    // step id, whether that stage statement's write of it is final (planStream).
+    uint32_t stream_slot = 0, stream_marker = 0, time_marker = 0;
+    std::vector<bool> stream_steps;
+    std::map<const Stmt*, uint32_t> step_of;
 
     Status errorAt(Loc l, const std::string& msg) const {
         return BLUE_ERROR("%s:%u:%u: %s", p.file.c_str(), l.line, l.col, msg.c_str());
@@ -136,6 +143,13 @@ struct Lowerer {
     void emitStmts(const std::vector<Stmt>& body, uint32_t depth);
     void emitStage(uint32_t s);
     void emitScore(const Stmt& s);
+    // Streaming the answer slot and stage times (lower.cpp).
+    void numberSteps(const std::vector<Stmt>& body, uint32_t* n);
+    bool replacesStream(const std::vector<Stmt>& body) const;
+    bool planStream(const std::vector<Stmt>& body, bool after);
+    uint32_t streamHold(uint32_t stage) const;
+    void emitStreamFlush(uint32_t hold);
+    void emitStageEnd(uint32_t stage);
     void emitPrompt(uint32_t s);
     void emitRunStart(uint32_t s);
     void emitSampling(uint32_t s);

@@ -1,6 +1,7 @@
 // CascadeRunner (see cascade_run.h).
 #include "host/cascade/cascade_run.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -148,12 +149,18 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
     }
     uint64_t max_cycles = options_.max_cycles ? options_.max_cycles : 10000000;
     std::vector<OutputRecord> records;
+    std::vector<CycleTime> clock;
     RunReport report;
     CheckpointStream stream(module_, info_, on_checkpoint);
     if (options_.reference) {
         BLUE_TRY(refCanRun(module_));
         RefMachine machine(module_, *weights_, MachineOptions{instances, max_cycles});
         if (on_checkpoint) machine.setOnOutput([&](std::span<const OutputRecord> recs) { stream.feed(recs); });
+        // The interpreter's clock: host time after each cycle.
+        const auto started = std::chrono::steady_clock::now();
+        machine.setAfterCycle([&](uint64_t cycle) {
+            clock.push_back({cycle + 1, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count()});
+        });
         for (auto& msg : messages) machine.pushInput(msg);
         machine.closeInput();
         report = machine.run();
@@ -168,6 +175,7 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
         opt.chain_cycles = options_.chain_cycles;
         opt.max_submit_ms = options_.max_submit_ms;
         opt.profile = options_.profile;
+        opt.record_clock = true;
         auto machine = GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
         if (!machine) return machine.status();
         for (auto& msg : messages) {
@@ -184,13 +192,18 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
         report = std::move(rep.value());
         gpu_stats_ = machine.value()->stats();
         stats_json_ = gpu_stats_.json();
+        clock = machine.value()->clock();
     }
     if (std::string faults = describeFaults(module_, report.instances); !faults.empty()) {
         return Status::error("the cascade program faulted (a compiler bug):\n" + faults);
     }
     if (!report.status) return report.status;
     if (!stream.status()) return stream.status();
-    return decode(records, tasks.size());
+    auto results = decode(records, tasks.size());
+    if (results) {
+        for (CascadeResult& r : results.value()) cascadeStageTimes(r, clock);
+    }
+    return results;
 }
 
 Result<std::vector<CascadeResult>> CascadeRunner::decode(std::span<const OutputRecord> records, size_t tasks) const {
@@ -226,6 +239,9 @@ Result<bool> CascadeDecoder::push(const OutputRecord& rec, uint32_t* tag, Cascad
     }
     if (c.tag < 0) return bad("record outside a request");
     CascadeResult& r = c.result;
+    auto side = pushSide(c, rec);
+    if (!side) return Status(side.status()).prefix(strFormat("cascade output of instance %u", rec.inst));
+    if (side.value()) return false;
     if (module_) {  // checkpoints (durable slots) come between OUTBEGIN and the final records
         CheckpointDecoder& ck = checkpoints_.try_emplace(rec.inst, *module_, info_).first->second;
         auto fed = ck.feed(rec);
@@ -278,6 +294,60 @@ Result<bool> CascadeDecoder::push(const OutputRecord& rec, uint32_t* tag, Cascad
     return false;
 }
 
+Result<bool> CascadeDecoder::pushSide(Cursor& c, const OutputRecord& rec) {
+    using Side = Cursor::Side;
+    CascadeResult& r = c.result;
+    switch (c.side) {
+        case Side::None: {
+            std::string marker;
+            if (rec.kind != BLUE_OUT_STR || !module_ || !module_->constString(rec.value, &marker)) return false;
+            auto at = checkpoints_.find(rec.inst);
+            if (at != checkpoints_.end() && at->second.inside()) return false;
+            if (marker == BLUE_CAS_STREAM_MARKER) {
+                if (info_.stream_slot < 0) return Status::error("a stream record, but the module names no stream slot");
+                c.side = Side::StreamCount;
+            } else if (marker == BLUE_CAS_STAGE_TIME_MARKER) {
+                c.side = Side::Time;
+                c.side_left = BLUE_CAS_STAGE_TIME_RECORDS - 1;
+                r.runs.emplace_back();
+            } else {
+                return false;
+            }
+            return true;
+        }
+        case Side::StreamCount: {
+            const uint32_t cap = info_.slot_capacity[size_t(info_.stream_slot)];
+            if (rec.kind != BLUE_OUT_UINT || rec.value == 0 || rec.value > cap - std::min<size_t>(cap, r.streamed.size())) {
+                return Status::error("stream record: expected a token count that fits the stream slot");
+            }
+            c.side = Side::StreamTokens;
+            c.side_left = rec.value;
+            return true;
+        }
+        case Side::StreamTokens:
+            if (rec.kind != BLUE_OUT_TOKEN) return Status::error("stream record: expected a token");
+            r.streamed.push_back(int32_t(rec.value));
+            if (--c.side_left == 0) c.side = Side::None;
+            return true;
+        case Side::Time: {
+            if (rec.kind != BLUE_OUT_UINT) return Status::error("stage-time record: expected a number");
+            CascadeResult::StageRun& run = r.runs.back();
+            const uint32_t field = BLUE_CAS_STAGE_TIME_RECORDS - c.side_left;  // 1: stage, 2: start, 3: cycles
+            if (field == 1 && rec.value >= info_.stages.size()) return Status::error("stage-time record: no such stage");
+            (field == 1 ? run.stage : field == 2 ? run.start : run.cycles) = rec.value;
+            if (--c.side_left == 0) c.side = Side::None;
+            return true;
+        }
+    }
+    return false;
+}
+
+std::span<const int32_t> CascadeDecoder::streamed(uint32_t inst) const {
+    auto it = cursors_.find(inst);
+    if (it == cursors_.end() || it->second.tag < 0) return {};
+    return it->second.result.streamed;
+}
+
 std::vector<std::pair<uint32_t, CascadeResult>> CascadeDecoder::takeUnfinished() {
     std::vector<std::pair<uint32_t, CascadeResult>> out;
     for (auto& [inst, c] : cursors_) {
@@ -319,6 +389,7 @@ std::string cascadeStatsJson(const CascadeResult& r) {
                          "\"entropy_mean\":%.4f,\"entropy_max\":%.4f,\"logprob_mean\":%.4f",
                          s ? "," : "", st.name.c_str(), st.stateName(), st.runs, st.tokens, st.cycles,
                          st.entropyMean(), st.entropy_max, st.logprobMean());
+        if (st.ms >= 0) out += strFormat(",\"ms\":%.3f,\"ms_total\":%.3f", st.ms, st.ms_total);
         if (st.passes) {
             out += strFormat(",\"drafted\":%u,\"accepted\":%u,\"acceptance\":%.4f,\"target_passes\":%u,"
                              "\"tokens_per_pass\":%.4f",
@@ -333,6 +404,36 @@ std::string cascadeStatsJson(const CascadeResult& r) {
     }
     out += strFormat("],\"generated\":%u}", r.generated);
     return out;
+}
+
+namespace {
+
+// The clock's time when `cycle` cycles were done: linear between the points around it (the
+// cycles of one chain are taken to cost the same), the last point's time past the end.
+double timeAt(std::span<const CycleTime> clock, uint64_t cycle) {
+    CycleTime before;  // (0, 0): the first submit
+    for (const CycleTime& p : clock) {
+        if (p.cycles >= cycle) {
+            if (p.cycles == before.cycles) return p.ms;
+            const double f = double(cycle - before.cycles) / double(p.cycles - before.cycles);
+            return before.ms + f * (p.ms - before.ms);
+        }
+        if (p.cycles > before.cycles || p.ms > before.ms) before = p;
+    }
+    return before.ms;
+}
+
+}  // namespace
+
+void cascadeStageTimes(CascadeResult& r, std::span<const CycleTime> clock) {
+    if (clock.empty()) return;
+    for (StageStats& st : r.stages) st.ms = st.ms_total = 0;
+    for (const CascadeResult::StageRun& run : r.runs) {
+        if (run.stage >= r.stages.size()) continue;
+        const double ms = std::max(0.0, timeAt(clock, uint64_t(run.start) + run.cycles) - timeAt(clock, run.start));
+        r.stages[run.stage].ms = ms;  // runs arrive in order: the last one stays
+        r.stages[run.stage].ms_total += ms;
+    }
 }
 
 }  // namespace blue

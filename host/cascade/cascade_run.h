@@ -48,6 +48,9 @@ struct StageStats {
     uint32_t branch_tokens = 0;                      // fork stages: tokens of all branches
     bool select = false;                             // (set by the runner from the module)
     float entropy_sum = 0, entropy_max = 0, logprob_sum = 0;
+    // Time (ms) of the last run and of all runs: their cycles mapped onto the chain times the host
+    // measured (CascadeRunner::run); < 0 when not measured (served requests, old modules).
+    double ms = -1, ms_total = -1;
     float entropyMean() const { return tokens ? entropy_sum / float(tokens) : 0.0f; }
     float logprobMean() const { return tokens ? logprob_sum / float(tokens) : 0.0f; }
     const char* stateName() const;  // "ran", "skipped", "no budget", "not reached"
@@ -67,6 +70,12 @@ struct CascadeResult {
     std::vector<std::string> slot_text;
     uint32_t generated = 0;  // tokens over all stages' last runs
     std::vector<CascadeCheckpoint> checkpoints;  // those the program reported, in order
+    // The stream slot's tokens the program streamed (final text, a prefix of the slot's tokens).
+    std::vector<int32_t> streamed;
+    struct StageRun {
+        uint32_t stage = 0, start = 0, cycles = 0;  // from the stage-time records
+    };
+    std::vector<StageRun> runs;  // in the order they ran
 };
 
 // Decodes a cascade module's output records (vm/cascade_abi.h) incrementally: records of many
@@ -85,6 +94,8 @@ public:
     Result<bool> push(const OutputRecord& rec, uint32_t* tag, CascadeResult* result);
     // Requests begun and not ended (the instance's tag and what arrived so far), then forgets them.
     std::vector<std::pair<uint32_t, CascadeResult>> takeUnfinished();
+    // The stream-slot tokens instance `inst`'s current request streamed so far (empty: none).
+    std::span<const int32_t> streamed(uint32_t inst) const;
 
 private:
     struct Cursor {
@@ -93,8 +104,13 @@ private:
         size_t slot = 0;    // slot being read
         uint32_t left = 0;  // its tokens still to come
         bool in_slot_tokens = false;
+        // A stream or stage-time record group (vm/cascade_abi.h) being read.
+        enum class Side { None, StreamCount, StreamTokens, Time } side = Side::None;
+        uint32_t side_left = 0;
         CascadeResult result;
     };
+    // Takes a record of a stream or stage-time group; false: the record is not one.
+    Result<bool> pushSide(Cursor& c, const OutputRecord& rec);
     void finish(CascadeResult& r) const;  // slot texts and the generated count
 
     const CascadeInfo& info_;
@@ -161,7 +177,14 @@ private:
 std::vector<uint32_t> cascadeRequest(uint32_t tag, uint32_t seed, std::span<const int32_t> tokens,
                                      std::span<const uint32_t> resume = {});
 
-// `{"stages":[...],"generated":N}`: one result's statistics as JSON (for --stats and traces).
+// `{"stages":[...],"generated":N}`: one result's statistics as JSON (for --stats and traces);
+// stages whose time was measured add "ms" (last run) and "ms_total" (all runs).
 std::string cascadeStatsJson(const CascadeResult& r);
+
+// Sets every stage's ms and ms_total from the result's stage runs and the run's clock (points of
+// cycles done and ms, increasing): a run of cycles [start, start + cycles) takes
+// t(start + cycles) - t(start), t interpolated linearly between points (from (0, 0)). A stage
+// that did not run gets 0.
+void cascadeStageTimes(CascadeResult& r, std::span<const CycleTime> clock);
 
 }  // namespace blue

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "host/vk_check.h"
 #include "vm/abi.h"
@@ -32,6 +33,9 @@ struct CascadeServingEngine::Active {
     uint32_t instance = 0;
     bool cancel_requested = false;
     bool finished = false;  // the callback got its outcome (the GPU may still be ending it)
+    CascadeTextCallback on_text;
+    std::optional<TokenStreamDecoder> text;  // the streamed tokens' text, whole characters
+    size_t streamed_taken = 0;               // streamed tokens decoded so far
 };
 
 CascadeServingEngine::CascadeServingEngine(CascadeRunner& r, const CascadeServeOptions& o)
@@ -63,7 +67,8 @@ Result<std::unique_ptr<CascadeServingEngine>> CascadeServingEngine::create(
 }
 
 Result<uint64_t> CascadeServingEngine::submit(const std::string& task, uint32_t seed,
-                                              CascadeCallback callback, CascadeRefusal* refusal) {
+                                              CascadeCallback callback, CascadeRefusal* refusal,
+                                              CascadeTextCallback on_text) {
     CascadeRefusal dummy;
     CascadeRefusal& why = refusal ? *refusal : dummy;
     why = CascadeRefusal::None;
@@ -98,6 +103,7 @@ Result<uint64_t> CascadeServingEngine::submit(const std::string& task, uint32_t 
     a->tag = uint32_t(id);
     a->prompt_tokens = uint32_t(ids.size());
     a->callback = std::move(callback);
+    a->on_text = std::move(on_text);
     to_push_.emplace_back(id, cascadeRequest(a->tag, seed, ids));
     active_[a->tag] = std::move(a);
     ++metrics_.requests_total;
@@ -161,8 +167,21 @@ void CascadeServingEngine::finishRequest(Active& a, FinishReason reason, Deliver
     out->emplace_back(a.callback, std::move(o));
 }
 
+// Decodes the tokens instance `inst` streamed for `a` since the last call into text for its
+// text callback. A character split across tokens waits for its last byte; the answer's final
+// text (Tokenizer::decode of the whole slot) begins with everything delivered.
+void CascadeServingEngine::takeStreamed(Active& a, uint32_t inst, TextDeliveries* out) {
+    std::span<const int32_t> tokens = decoder_.streamed(inst);
+    if (a.finished || !a.on_text || a.streamed_taken >= tokens.size()) return;
+    if (!a.text) a.text.emplace(runner_.tokenizer());
+    std::string text;
+    for (; a.streamed_taken < tokens.size(); ++a.streamed_taken) text += a.text->push(tokens[a.streamed_taken]);
+    if (!text.empty()) out->push_back({a.on_text, {a.id, std::move(text)}});
+}
+
 void CascadeServingEngine::handleRecords(std::span<const OutputRecord> records) {
     Deliveries deliveries;
+    TextDeliveries texts;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         for (const OutputRecord& rec : records) {
@@ -187,7 +206,10 @@ void CascadeServingEngine::handleRecords(std::span<const OutputRecord> records) 
                 }
                 continue;
             }
-            if (!ended.value()) continue;
+            if (!ended.value()) {
+                if (rec.kind == BLUE_OUT_TOKEN && it != active_.end()) takeStreamed(*it->second, rec.inst, &texts);
+                continue;
+            }
             serving_[rec.inst] = kNoTag;
             if (it == active_.end()) continue;
             Active& a = *it->second;
@@ -207,6 +229,7 @@ void CascadeServingEngine::handleRecords(std::span<const OutputRecord> records) 
             active_.erase(it);
         }
     }
+    for (auto& [cb, text] : texts) cb(text.first, text.second);  // before the outcomes they precede
     deliver(deliveries);
 }
 

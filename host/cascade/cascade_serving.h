@@ -7,7 +7,9 @@
 //
 // A cascade reports a request's slots and stage statistics at the request's end (vm/cascade_abi.h),
 // so a request's callback is called once, with the whole result, decoded by CascadeDecoder as its
-// instance's records arrive.
+// instance's records arrive. Before that, the text the program streams (the final writes of the
+// answer slot, vm/cascade_abi.h) goes to the request's text callback as it arrives, in whole
+// UTF-8 characters (TokenStreamDecoder); the answer slot's final text begins with all of it.
 //
 // Cancellation: the host sets the serving instance's flag word to tag + 1; the program checks it
 // after every token and ends the request with OUTEND alone. Device failures end every request not
@@ -54,6 +56,8 @@ struct CascadeOutcome {
 
 // Called on the driver thread (or in the destructor); must not block for long.
 using CascadeCallback = std::function<void(const CascadeOutcome&)>;
+// Streamed answer text of request `id` (never empty), before its outcome; same thread rules.
+using CascadeTextCallback = std::function<void(uint64_t id, const std::string& text)>;
 
 // Why submit() refused a request.
 enum class CascadeRefusal { None, Invalid, TooLong, QueueFull, Unavailable, ShuttingDown };
@@ -70,8 +74,9 @@ public:
 
     // Queues a task. Fails naming the reason: a task longer than the input slot (TooLong), a full
     // queue (QueueFull), a device being rebuilt (Unavailable), a stopping engine (ShuttingDown).
+    // `on_text` (may be empty) receives the streamed answer text.
     Result<uint64_t> submit(const std::string& task, uint32_t seed, CascadeCallback callback,
-                            CascadeRefusal* refusal = nullptr);
+                            CascadeRefusal* refusal = nullptr, CascadeTextCallback on_text = {});
     // Ends a request early (its callback gets a Cancelled outcome). Unknown ids are ignored.
     void cancel(uint64_t id);
 
@@ -82,6 +87,8 @@ public:
 private:
     struct Active;
     using Deliveries = std::vector<std::pair<CascadeCallback, CascadeOutcome>>;
+    using TextDeliveries = std::vector<std::pair<CascadeTextCallback, std::pair<uint64_t, std::string>>>;
+    void takeStreamed(Active& a, uint32_t inst, TextDeliveries* out);
     CascadeServingEngine(CascadeRunner& r, const CascadeServeOptions& o);
     void driverLoop();
     bool serveStep();  // false: a chain failed

@@ -164,6 +164,7 @@ struct Generation {
     int64_t created = 0;
     bool stream = false, include_usage = false;
     std::string text;  // non-streamed: everything so far (with the echoed prompt)
+    std::string streamed;  // cascades: the answer text streamed so far
     bool started = false, finished = false;
     Clock::time_point last_write = Clock::now();
 
@@ -174,7 +175,8 @@ struct Generation {
         bluevm_release(engine, id);
     }
 
-    // Waits up to timeout_ms for new text or the end. A cascade's whole answer comes with its end.
+    // Waits up to timeout_ms for new text or the end. A cascade streams the final writes of its
+    // answer slot; the rest of its answer comes with its end.
     bluevm_status poll(int timeout_ms, Polled* out) {
         *out = Polled{};
         if (cascade) return pollCascade(timeout_ms, out);
@@ -191,16 +193,26 @@ struct Generation {
     }
 
     bluevm_status pollCascade(int timeout_ms, Polled* out) {
+        const char* piece = nullptr;
+        size_t len = 0;
+        int ended = 0;
+        bluevm_status st = bluevm_cascade_stream(cascade, id, timeout_ms, &piece, &len, &ended);
+        if (st != BLUEVM_OK) return st;
+        out->text.assign(piece, len);
+        streamed += out->text;
+        if (!ended) return BLUEVM_OK;
         bluevm_cascade_result* r = nullptr;
-        bluevm_status st = bluevm_cascade_wait(cascade, id, timeout_ms, &r);
+        st = bluevm_cascade_wait(cascade, id, 0, &r);
         if (st != BLUEVM_OK) return st;
         finished = true;  // the id is forgotten
         out->finished = true;
         out->reason = bluevm_cascade_result_finish(r);
         out->error_message = bluevm_cascade_result_error(r, &out->error);
-        size_t len = 0;
         const char* answer = bluevm_cascade_result_answer(r, &len);
-        out->text.assign(answer, len);
+        // The answer begins with what was streamed (bluevm_cascade_stream); sent text is never
+        // taken back, so only the rest follows.
+        std::string_view whole(answer, len);
+        if (whole.substr(0, streamed.size()) == streamed) out->text += whole.substr(streamed.size());
         bluevm_cascade_result_usage(r, &out->usage.prompt_tokens, &out->usage.completion_tokens);
         nlohmann::json slots = nlohmann::json::object();
         for (uint32_t k = 0; k < cascade_info->n_slots; ++k) {

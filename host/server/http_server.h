@@ -49,7 +49,8 @@ public:
                                                       const ServerOptions& options);
     // Serves a cascade (bluevm_cascade_open) as the model named options.model_names[0]: the
     // answer is its answer slot; non-streamed responses add {"cascade": {"slots", "stages"}};
-    // a stream sends the answer as one chunk when the cascade ends. `cascade` must outlive it.
+    // a stream sends the final writes of the answer slot as they are made (vm/cascade_abi.h) and
+    // the rest of the answer when the cascade ends. `cascade` must outlive it.
     static Result<std::unique_ptr<HttpServer>> create(bluevm_cascade* cascade, const ServerOptions& options);
 
     // Binds the listening socket; fails naming the address when it cannot.
