@@ -22,12 +22,12 @@
 #define BLUE_ITEM_WG 64       // ITEM grid: invocations per item's workgroup
 #define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
 #define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (x) in the batched variant
-// MATMUL GEMM variant (`_g`, plain weight types): items per workgroup and rows per invocation.
-// Chosen when a cycle has at least BLUE_MATMUL_GEMM_TILE items and the matrix at least one
-// workgroup's rows (WG * R). On lavapipe each x texel then serves 4 rows and each weight texel
-// 16 items: 1.3-1.5x the 4-item tile's CPU time for F32 (README, Measured). The quantized types
-// stay on the 4-item tile: 8-16 items with 2-8 rows measured no faster there (their per-item
-// pre-scaled x arrays spill), so they get no `_g` kernel.
+// MATMUL GEMM variant (`_g`: plain weight types and Q4_0): items per workgroup and rows per
+// invocation. Chosen when a cycle has at least BLUE_MATMUL_GEMM_TILE items and the matrix at least
+// one workgroup's rows (WG * R). On lavapipe each x texel then serves 4 rows and each weight vec4
+// 16 items: 1.5-1.8x the 4-item tile's time for F32/F16, 1.1-1.5x for Q4_0 (README, Measured).
+// Q8_0 and the K-quants stay on the 4-item tile (larger tiles of their masked decode measured no
+// faster); they get no `_g` kernel yet.
 #define BLUE_MATMUL_GEMM_TILE 16
 #define BLUE_MM_R_GEMM 4
 // MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).

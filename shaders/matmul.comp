@@ -4,9 +4,9 @@
 // (common/wlayout.glsl), any type (WTYPE_*). Lanes over output rows: each invocation owns MM_R
 // rows (n = base + r * WG) and MM_BT items, so the x it reads is the same for the whole workgroup
 // (one vectorized load) and every weight texel serves MM_BT items. Built twice: MM_BT = 1 for one
-// item (decode) and BLUE_MATMUL_TILE for batches; plain types a third time (`_g`, MM_BT and MM_R
-// from blue_config.h's GEMM constants) for prompts and large batches. The plan enables one per
-// cycle by the item count.
+// item (decode) and BLUE_MATMUL_TILE for batches; plain types and Q4_0 a third time (`_g`,
+// MM_GEMM, MM_BT and MM_R from blue_config.h's GEMM constants) for prompts and large batches.
+// The plan enables one per cycle by the item count.
 // Grid: x = ceil(items / MM_BT), y = ceil(N / (WG * MM_R)).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
@@ -57,6 +57,35 @@ void main() {
             vec4 a, b;
             plainTexel(wTexel(wbase, bpr, rows[r], g, 0u), a, b);
             for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += dot(a, xa[c]) + dot(b, xq[c]);
+        }
+    }
+#elif defined(WTYPE_Q4_0) && defined(MM_GEMM)
+    // GEMM tile: shaped like the plain types' loop (one x texel per item per step, every weight
+    // vec4 reused by MM_BT items) instead of the masked decode below, whose pre-scaled x per item
+    // spills at 16 items. A block's quant texel and scale stay in registers over its 8 steps.
+    for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MM_R];
+        for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
+        for (uint s = 0u; s < 8u; ++s) {
+            uint xt = g * 64u + s * 8u;
+            if (xt >= g_xt) break;
+            uvec4 q[MM_R];
+            float d[MM_R];
+            for (uint r = 0u; r < MM_R; ++r) {
+                q[r] = wTexel(wbase, bpr, rows[r], g, 1u + s);
+                d[r] = halfOf(head[r].t0, s);
+            }
+            // Step j: elements 4j..4j+3 of the block, the low nibbles of word j (j < 4) or the
+            // high nibbles of word j - 4.
+            for (uint j = 0u; j < 8u; ++j) {
+                uvec4 shift = uvec4(0u, 8u, 16u, 24u) + 4u * (j >> 2);
+                vec4 wv[MM_R];
+                for (uint r = 0u; r < MM_R; ++r) wv[r] = d[r] * (vec4((uvec4(q[r][j & 3u]) >> shift) & 15u) - 8.0);
+                for (uint c = 0u; c < MM_BT; ++c) {
+                    vec4 xv = xLoad(xb[c], xt + j);
+                    for (uint r = 0u; r < MM_R; ++r) acc[r][c] += dot(wv[r], xv);
+                }
+            }
         }
     }
 #elif defined(WTYPE_Q6_K) || defined(WTYPE_Q4_0)
