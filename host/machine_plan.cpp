@@ -2,6 +2,7 @@
 #include "host/machine_plan.h"
 
 #include <cctype>
+#include <optional>
 
 #include "host/machine.h"
 #include "host/pipelines.h"
@@ -63,6 +64,20 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
             break;
     }
     return {};
+}
+
+// The GEMM variant of a batched MATMUL dispatch over `rows` weight rows, when its type has one
+// and the matrix fills at least one of its workgroups (fewer rows would leave most lanes computing
+// clamped duplicates).
+std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t rows) {
+    const uint32_t wg_rows = BLUE_MATMUL_WG * BLUE_MM_R_GEMM;
+    DispatchDesc g = batched;
+    g.pipeline += "_g";
+    if (rows < wg_rows || !Pipelines::exists(g.pipeline)) return std::nullopt;
+    g.fixed = uint32_t((rows + wg_rows - 1) / wg_rows);
+    g.min_items = BLUE_MATMUL_GEMM_TILE;
+    g.tile = BLUE_MATMUL_GEMM_TILE;
+    return g;
 }
 
 }  // namespace
@@ -323,7 +338,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.fixed, d.axis == 0 ? "" : " along y", max_fixed);
             }
             if (info.grid == Grid::MATMUL) {
-                // One item (decode of one instance): the single-item kernel; more: tiles of 4.
+                // One item (decode of one instance): the single-item kernel; more: tiles of 4;
+                // many (a prompt, a large batch), where the type has one: the GEMM tile.
                 DispatchDesc single = d;
                 single.pipeline += "_b1";
                 single.max_items = 1;
@@ -331,6 +347,12 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 out.push_back(single);
                 d.min_items = 2;
                 d.tile = BLUE_MATMUL_TILE;
+                if (std::optional<DispatchDesc> gemm = gemmDispatch(d, n)) {
+                    d.max_items = gemm->min_items - 1;
+                    d.push[BLUE_PC_TILE] = d.tile;
+                    out.push_back(d);
+                    d = *gemm;
+                }
             }
             d.push[BLUE_PC_TILE] = d.tile;
             out.push_back(d);

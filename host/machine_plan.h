@@ -75,11 +75,12 @@ struct DispatchDesc {
 // Rows of a weight matrix one MATMUL invocation computes, by weight type.
 uint32_t matmulRowsPerInvocation(DType type);
 
-// One dispatch per tensor instruction, block by block (MATMUL: two, a single-item variant and a
-// batched one, of which the plan kernel enables one per cycle). Fails naming the instruction when
-// no kernel exists for its operand types, its kernel cannot run its shape (an odd ROPE head size,
-// an F16 KV cache with odd rows, an ATTN head larger than BLUE_ATTN_MAX_HEAD) or its fixed grid
-// exceeds the device: `max_groups_x` along x, and along y (MATMUL's rows) the 65535 workgroups
+// One dispatch per tensor instruction, block by block (MATMUL: a single-item variant, a batched
+// one and, for plain weight types and Q4_0 with at least BLUE_MATMUL_WG * BLUE_MM_R_GEMM rows,
+// the GEMM variant for BLUE_MATMUL_GEMM_TILE items or more; the plan kernel enables one per
+// cycle). Fails naming the instruction when no kernel exists for its operand types, its kernel
+// cannot run its shape (an odd ROPE head size, an F16 KV cache with odd rows, an ATTN head larger
+// than BLUE_ATTN_MAX_HEAD) or its fixed grid exceeds the device: `max_groups_x` along x, and along y (MATMUL's rows) the 65535 workgroups
 // every Vulkan device allows.
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
                                                  uint32_t max_groups_x);

@@ -4,12 +4,15 @@
 // (common/wlayout.glsl), any type (WTYPE_*). Lanes over output rows: each invocation owns MM_R
 // rows (n = base + r * WG) and MM_BT items, so the x it reads is the same for the whole workgroup
 // (one vectorized load) and every weight texel serves MM_BT items. Built twice: MM_BT = 1 for one
-// item (decode) and BLUE_MATMUL_TILE for batches; the plan enables one per cycle.
+// item (decode) and BLUE_MATMUL_TILE for batches; plain types and Q4_0 a third time (`_g`,
+// MM_GEMM, MM_BT and MM_R from blue_config.h's GEMM constants) for prompts and large batches.
+// The plan enables one per cycle by the item count.
 // Grid: x = ceil(items / MM_BT), y = ceil(N / (WG * MM_R)).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
 
-#if defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
+#if defined(MM_R)  // set by the build (the GEMM variant)
+#elif defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
 #define MM_R BLUE_MM_R_PLAIN
 #elif defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1)
 #define MM_R BLUE_MM_R_SMALLQ
@@ -58,7 +61,7 @@ void main() {
     }
 #elif defined(WTYPE_Q4_0) && defined(MM_GEMM)
     // GEMM tile: shaped like the plain types' loop (one x texel per item per step, every weight
-    // dot reused by MM_BT items) instead of the masked decode below, whose pre-scaled x per item
+    // vec4 reused by MM_BT items) instead of the masked decode below, whose pre-scaled x per item
     // spills at 16 items. A block's quant texel and scale stay in registers over its 8 steps.
     for (uint g = 0u; g < bpr; ++g) {
         WHead head[MM_R];

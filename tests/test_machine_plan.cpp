@@ -459,6 +459,26 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
         CHECK(qd.value()[2].pipeline == name + "_b1");
         CHECK(qd.value()[3].pipeline == name);
     }
+    // A plain-type matrix of at least one GEMM workgroup's rows gets a third dispatch, the GEMM
+    // tile, and the 4-item tile stops below it; Q8_0 and the K-quants have no GEMM kernel yet.
+    q.tensors[0].dtype = DType::F32;
+    q.tensors[0].ne[1] = BLUE_MATMUL_WG * BLUE_MM_R_GEMM + 1;
+    q.tensors[3].ne[0] = q.tensors[0].ne[1];
+    Result<PagePlan> gp = planPages(q, 4, 4u << 20);
+    REQUIRE(gp.isOk());
+    Result<std::vector<DispatchDesc>> gd = planDispatches(q, gp.value(), 65535);
+    REQUIRE_MESSAGE(gd.isOk(), gd.message());
+    REQUIRE(gd.value().size() == 6);  // tadd, tscale, three MATMUL variants, tsum
+    CHECK(gd.value()[3].pipeline == "matmul_f32");
+    CHECK(gd.value()[3].max_items == BLUE_MATMUL_GEMM_TILE - 1);
+    const DispatchDesc& g = gd.value()[4];
+    CHECK(g.pipeline == "matmul_f32_g");
+    CHECK(g.min_items == BLUE_MATMUL_GEMM_TILE);
+    CHECK(g.max_items == 0);
+    CHECK(g.tile == BLUE_MATMUL_GEMM_TILE);
+    CHECK(g.push[BLUE_PC_TILE] == BLUE_MATMUL_GEMM_TILE);
+    CHECK(g.fixed == 2);  // ceil(257 / (64 invocations x 4 rows))
+    CHECK(!Pipelines::exists("matmul_q8_0_g"));
     CHECK(!Pipelines::exists("matmul"));
     CHECK(Pipelines::exists("matmul_q8_0"));
     CHECK(Pipelines::exists("matmul_q4_0"));

@@ -155,13 +155,20 @@ void elementwiseCase(Op op, double bound) {
 // MATMUL with a [K, N] weight of type t: K = 172 rounded up to the type's block, N = 172 (three
 // 64-row workgroups, the last partial); a ROWS and an INSTANCE destination. Run twice: 11 rows in
 // 5 instances (three 4-item tiles, the last partial: the batched kernel), and one row in one
-// instance (the plan kernel picks the single-item `_b1` variant when one item asks).
+// instance (the plan kernel picks the single-item `_b1` variant when one item asks). Types with
+// a GEMM kernel (`_g`) run a third time: 21 rows (a full 16-item tile and a partial one) against
+// N = 300 (two workgroups of 256 rows, the second partial), which the plan gives to `_g`.
 void matmulCase(DType t) {
-    const uint32_t k = roundUp(kWide, dtypeInfo(t)->block_elems), n = kWide;
-    const std::vector<std::pair<std::vector<uint32_t>, std::vector<uint32_t>>> runs = {
-        {{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}}, {{1}, {3}}};
-    for (const auto& [rows, starts] : runs) {
-        OpModule om(kVocab, 16, kTokens + 8, 0x3A7 + uint32_t(t));
+    struct Run {
+        std::vector<uint32_t> rows, starts;
+        uint32_t n;
+    };
+    std::vector<Run> runs = {{{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, kWide}, {{1}, {3}, kWide}};
+    const std::string gemm = "matmul_" + lowerName(t) + "_g";
+    if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300});
+    for (const Run& run : runs) {
+        const uint32_t k = roundUp(kWide, dtypeInfo(t)->block_elems), n = run.n;
+        OpModule om(kVocab, 24, kTokens + 8, 0x3A7 + uint32_t(t));
         uint32_t x = om.rowsInput("x", k, -1, 1);
         std::vector<float> wv = om.random(size_t(k) * n, -1, 1);
         uint32_t w = om.data("w", BLUE_TC_WEIGHT, t, {k, n}, wv);
@@ -169,19 +176,22 @@ void matmulCase(DType t) {
         uint32_t yi = om.tensor("y_inst", BLUE_TC_INSTANCE, DType::F32, {n});
         om.step(Op::MATMUL, {y, w, x});
         om.step(Op::MATMUL, {yi, w, x});
-        std::vector<InstancePlan> plans = raggedPlans(om, rows, starts);
+        std::vector<InstancePlan> plans = raggedPlans(om, run.rows, run.starts);
         Module m = om.build(plans);
         auto both = runOnBoth(m, uint32_t(plans.size()));
         if (!both) return;
-        const bool single = totalRows(plans) == 1;
+        const uint32_t items = totalRows(plans);
+        const bool single = items == 1, tiled = items >= BLUE_MATMUL_GEMM_TILE;
         if (single) kernelsRun().insert(kernelName(m, uint32_t(Op::MATMUL), {y, w, x}) + "_b1");
+        if (tiled) kernelsRun().insert(gemm);
         // The GPU accumulates K products in float, the reference in double. Recursive summation
         // errs by at most K * 2^-24 * sum |w x| (~1.1e-5 * 48 for K = 192, |w|, |x| <= 1),
         // against max |ref| of about 10: 1e-4 holds in any summation order. Weights dequantize
         // exactly (d * q has at most 19 significant bits) on both machines.
         const double bound = 1e-4;
-        const std::string name = "MATMUL " + lowerName(t) + (single ? " single item" : "");
-        expectClose(*both, y, totalRows(plans), bound, name + " rows");
+        const std::string name =
+            "MATMUL " + lowerName(t) + (single ? " single item" : tiled ? " GEMM tile" : "");
+        expectClose(*both, y, items, bound, name + " rows");
         expectClose(*both, yi, 0, bound, name + " instance");
     }
 }
