@@ -43,8 +43,9 @@ public:
         destroyBuffer(dev_, out_);
     }
 
-    // `storage_bytes`: the part of the source the storage-buffer shapes bind.
-    Status init(uint64_t src_bytes, uint64_t storage_bytes) {
+    // `texel_bytes` and `storage_bytes`: the parts of the source the texel-buffer and the
+    // storage-buffer shapes bind.
+    Status init(uint64_t src_bytes, uint64_t texel_bytes, uint64_t storage_bytes) {
         VkDevice d = dev_.device();
         const VkBufferUsageFlags src_usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
                                              VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT |
@@ -56,7 +57,7 @@ public:
         VkBufferViewCreateInfo vi{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
         vi.buffer = src_.buffer;
         vi.format = VK_FORMAT_R32G32B32A32_UINT;  // both texel kinds read it
-        vi.range = src_bytes;
+        vi.range = texel_bytes;
         VkBufferView v;
         BLUE_VK_TRY_ON(dev_, vkCreateBufferView(d, &vi, nullptr, &v));
         views_.push_back(v);
@@ -196,11 +197,11 @@ public:
         return s;
     }
 
-    // XOR of the result words the last run wrote.
-    uint32_t resultXor() const {
+    // XOR of the result words the last run's `invocations` wrote.
+    uint32_t resultXor(uint32_t invocations) const {
         const uint32_t* w = static_cast<const uint32_t*>(out_.mapped);
         uint32_t x = 0;
-        for (uint32_t i = 0; i < kInvocations; ++i) x ^= w[i];
+        for (uint32_t i = 0; i < invocations; ++i) x ^= w[i];
         return x;
     }
 
@@ -234,26 +235,42 @@ Result<double> bestTime(const std::function<Result<double>()>& once, int reps) {
 Result<DevicePeak> measureDevicePeak(Device& dev, const PeakOptions& options) {
     const DeviceInfo& info = dev.info();
     DevicePeak peak;
-    // The source: within one texel buffer and one allocation, and a quarter of the device memory;
-    // a multiple of kInvocations * 4 texels so every walk divides it evenly. The storage-buffer
-    // shapes read the part of it one storage binding reaches (lavapipe: 128 MiB).
-    const uint64_t unit = uint64_t(kInvocations) * 4 * 16;
-    uint64_t bytes = std::min<uint64_t>({options.read_bytes, info.max_texel_buffer_elements * 16, dev.maxAllocationBytes(),
-                                         info.device_local_bytes / 4}) / unit * unit;
-    const uint64_t storage_bytes = std::min<uint64_t>(bytes, info.max_storage_buffer_range) / unit * unit;
-    if (storage_bytes == 0) {
-        return BLUE_ERROR("the device cannot bind a %llu-byte buffer for the bandwidth test", (unsigned long long)unit);
+    // The source: within one allocation and a quarter of the device memory. The texel shapes
+    // read the part one texel buffer reaches, the storage shapes the part one storage binding
+    // reaches (lavapipe: 2 GiB and 128 MiB; the Vulkan minimum: 1 MiB and 128 MiB). Each part is
+    // a multiple of (invocations x 4 texels), so every walk divides it evenly; devices with small
+    // limits get fewer invocations (at least 4 texels each).
+    const uint32_t wg = std::min<uint32_t>(64, info.max_workgroup_invocations);
+    const uint32_t subgroup = std::max<uint32_t>(1, info.subgroup_size);
+    const uint32_t step = std::max(wg, subgroup);
+    struct Part {
+        uint64_t bytes = 0;
+        uint32_t invocations = 0;
+    };
+    auto part = [&](uint64_t limit) {
+        Part p;
+        uint64_t b = std::min<uint64_t>({options.read_bytes, limit, dev.maxAllocationBytes(), info.device_local_bytes / 4});
+        p.invocations = uint32_t(std::min<uint64_t>(kInvocations, b / 64) / step * step);
+        if (p.invocations) p.bytes = b / (uint64_t(p.invocations) * 64) * (uint64_t(p.invocations) * 64);
+        return p;
+    };
+    const Part texel = part(info.max_texel_buffer_elements * 16), storage = part(info.max_storage_buffer_range);
+    if (texel.bytes == 0 || storage.bytes == 0) {
+        return BLUE_ERROR("the device's bindings are too small for the bandwidth test (%llu texels, %llu bytes)",
+                          (unsigned long long)info.max_texel_buffer_elements, (unsigned long long)info.max_storage_buffer_range);
     }
-    peak.read_bytes = bytes;
+    const uint64_t bytes = std::max(texel.bytes, storage.bytes);
+    peak.read_bytes = texel.bytes;
     Bench b(dev);
-    BLUE_TRY(b.init(bytes, storage_bytes));
+    BLUE_TRY(b.init(bytes, texel.bytes, storage.bytes));
     // A pattern with a known XOR: word i holds i * 2654435761.
     std::vector<uint32_t> words(bytes / 4);
-    uint32_t want = 0, want_storage = 0;
+    uint32_t x = 0, want_texel = 0, want_storage = 0;
     for (size_t i = 0; i < words.size(); ++i) {
         words[i] = uint32_t(i) * 2654435761u;
-        want ^= words[i];
-        if (i == storage_bytes / 4 - 1) want_storage = want;
+        x ^= words[i];
+        if (i + 1 == texel.bytes / 4) want_texel = x;
+        if (i + 1 == storage.bytes / 4) want_storage = x;
     }
     BLUE_TRY(uploadToBuffer(dev, b.src(), 0, words.data(), bytes));
     words = {};
@@ -265,8 +282,6 @@ Result<DevicePeak> measureDevicePeak(Device& dev, const PeakOptions& options) {
     const Source sources[] = {{"peak_read_image", "uimageBuffer imageLoad"},
                               {"peak_read_sampler", "usamplerBuffer texelFetch"},
                               {"peak_read_storage", "storage buffer uvec4 loads"}};
-    const uint32_t wg = std::min<uint32_t>(64, info.max_workgroup_invocations);
-    const uint32_t subgroup = std::max<uint32_t>(1, info.subgroup_size);
     struct Walk {
         uint32_t lanes;
         std::string what;
@@ -274,23 +289,23 @@ Result<DevicePeak> measureDevicePeak(Device& dev, const PeakOptions& options) {
     std::vector<Walk> walks = {{1, "1 lane per walk (each invocation its own chunk)"}};
     if (subgroup > 1) walks.push_back({subgroup, strFormat("%u lanes per walk (a subgroup walks its chunk)", subgroup)});
     if (wg != subgroup) walks.push_back({wg, strFormat("%u lanes per walk (a workgroup walks its chunk)", wg)});
-    walks.push_back({kInvocations, "all lanes walk together (lane i reads base + i, GPU style)"});
+    walks.push_back({0, "all lanes walk together (lane i reads base + i, GPU style)"});  // 0: every invocation
     for (size_t k = 0; k < 3; ++k) {
         BLUE_TRY_ASSIGN(VkPipeline p, b.pipeline(sources[k].kernel, wg, k));
-        const uint64_t read = k == 2 ? storage_bytes : bytes;
+        const Part& at = k == 2 ? storage : texel;
         for (const Walk& w : walks) {
             PeakShape shape;
             shape.what = strFormat("%s, %s, workgroup %u", sources[k].what, w.what.c_str(), wg);
-            if (read != bytes) shape.what += strFormat(" (%.0f MiB: one storage binding)", double(read) / (1 << 20));
-            const uint32_t push[2] = {uint32_t(read / 16), w.lanes};
-            auto t = bestTime([&] { return b.run(p, k, kInvocations / wg, push); }, options.reps);
+            if (at.bytes != peak.read_bytes) shape.what += strFormat(" (%.0f MiB: one storage binding)", double(at.bytes) / (1 << 20));
+            const uint32_t push[2] = {uint32_t(at.bytes / 16), w.lanes ? w.lanes : at.invocations};
+            auto t = bestTime([&] { return b.run(p, k, at.invocations / wg, push); }, options.reps);
             if (!t) return Status(t.status()).prefix(shape.what);
-            const uint32_t expected = k == 2 ? want_storage : want;
-            if (b.resultXor() != expected) {
+            const uint32_t expected = k == 2 ? want_storage : want_texel;
+            if (b.resultXor(at.invocations) != expected) {
                 return BLUE_ERROR("%s: the kernel did not read every word of the buffer (XOR %08x, expected %08x)",
-                                  shape.what.c_str(), b.resultXor(), expected);
+                                  shape.what.c_str(), b.resultXor(at.invocations), expected);
             }
-            shape.value = double(read) / t.value() / 1e9;
+            shape.value = double(at.bytes) / t.value() / 1e9;
             peak.read.push_back(shape);
         }
     }

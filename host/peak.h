@@ -21,7 +21,7 @@ struct PeakShape {
 };
 
 struct DevicePeak {
-    uint64_t read_bytes = 0;  // the buffer each read shape streams
+    uint64_t read_bytes = 0;  // what the texel-buffer shapes stream (storage ones: up to one binding)
     std::vector<PeakShape> read, fma;
     double readGBs() const;     // the best read shape
     double fmaGFlops() const;   // the best FMA shape

@@ -20,7 +20,8 @@ TEST_CASE("peak: every read and FMA shape runs on the device, reads all of its b
     o.fma_ms = 2;
     auto p = measureDevicePeak(*gpu().device, o);
     REQUIRE_MESSAGE(p, p.message());
-    CHECK(p->read_bytes == 16u << 20);
+    CHECK(p->read_bytes > 0);  // 16 MiB, or what the device's texel buffers reach
+    CHECK(p->read_bytes <= 16u << 20);
     CHECK(p->read.size() >= 9);  // 3 sources x (1 lane, the workgroup or subgroup, all lanes)
     for (const PeakShape& s : p->read) {
         INFO(s.what);
@@ -52,7 +53,8 @@ TEST_CASE("peak: bluevm devices --peak --json") {
     Child c({std::string(BLUE_BINARY_DIR) + "/host/bluevm", "devices", "--peak", "--peak-mb", "8", "--json"});
     REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
     auto j = nlohmann::json::parse(c.out_text);
-    CHECK(j["read_bytes"] == 8u << 20);
+    CHECK(j["read_bytes"].get<uint64_t>() > 0);
+    CHECK(j["read_bytes"].get<uint64_t>() <= 8u << 20);
     CHECK(j["device_read_gb_per_s"].get<double>() > 0);
     CHECK(j["device_fma_gflops"].get<double>() > 0);
     CHECK(j["native"]["fma_gflops"].get<double>() > 0);
