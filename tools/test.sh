@@ -57,9 +57,11 @@ run suite -- "$@"
 if [ "$quick" -eq 0 ]; then
   # The device variants leave out the cascade tests whose GPU work the remaining cascade tests
   # already do (serving over HTTP and the C API, the write-ahead log's process kills, the
-  # command-line runs of programs/ and of the ceilings): they test
+  # command-line runs of programs/ and of the ceilings), the mutation tests of the loaders (host
+  # code), and the programs-against-the-reference test (mostly reference runs, the same on every
+  # device; the GPU side of every program runs in the other cascade tests): they test
   # host code, take a third of a pass, and run once in the first pass and the sanitizer pass.
-  host_heavy='-tce=cascade serving*,cascade wal*,capi: bluevm_cascade*,cli: bluevm serve --cascade*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,peak: bluevm devices*'
+  host_heavy='-tce=cascade serving*,cascade wal*,capi: bluevm_cascade*,cli: bluevm serve --cascade*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,peak: bluevm devices*,cascade: mutated*,verify: mutants*,cascade: every program in programs/ gives*'
   run subgroup-4 LP_NATIVE_VECTOR_WIDTH=128 -- "$host_heavy" "$@"
   run subgroup-16 LP_NATIVE_VECTOR_WIDTH=512 -- "$host_heavy" "$@"
   for profile in nvidia-rtx4090 amd-rx7900xtx-radv intel-arc-a770-anv mali-g610-panvk bluevm-minimum; do
