@@ -32,6 +32,9 @@ struct PromptPart {
     Loc loc;
 };
 
+// `fork K`: at most this many branches (the parser's bound; the lowering's claim check relies on it).
+inline constexpr uint32_t kMaxBranches = 16;
+
 struct Stage {
     std::string name;
     Loc loc;

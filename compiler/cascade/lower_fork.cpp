@@ -14,7 +14,6 @@ namespace {
 
 constexpr uint32_t kClosed = 0x40000000u;  // NEXT of a record not open: no claim succeeds
 constexpr uint32_t kBranchSeedStep = 0x85EBCA6Bu;
-constexpr uint32_t kMaxBranches = 16;  // the parser's bound on `fork K`
 
 }  // namespace
 
@@ -29,7 +28,6 @@ uint32_t Lowerer::forkRecordWords() const {
 // The request's side of a fork stage, after its prompt is in history[0, kPrompt).
 void Lowerer::emitFork(uint32_t s, CodeBuilder::Label done) {
     const Stage& st = p.stages[s];
-    const uint32_t stats = stats_base + s * BLUE_CAS_STAGE_WORDS;
     const uint32_t target = slot_addr[size_t(slotIndex(st.target))];
     const uint32_t target_cap = slot_cap[size_t(slotIndex(st.target))];
     const uint32_t K = st.fork, rec_words = forkRecordWords();
@@ -135,7 +133,6 @@ void Lowerer::emitFork(uint32_t s, CodeBuilder::Label done) {
     cb.op(Op::ATOMXCHG, {kWord, kFork, kTmp});
     cb.op(Op::INFLAG, {kFlagWord, kIid});
     cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, cancel_label);
-    (void)stats;
 }
 
 // All K branches are in the record at kFork: keep one (kE) by the stage's rule, write it to the

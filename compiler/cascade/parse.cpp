@@ -26,7 +26,6 @@ struct Tok {
 constexpr uint32_t kMaxNesting = 16;
 constexpr uint32_t kMaxRepeat = 1000;
 constexpr uint32_t kMaxStages = 256;
-constexpr uint32_t kMaxBranches = 16;  // `fork K`
 constexpr size_t kMaxSource = 1 << 20;
 
 class Parser {
