@@ -68,6 +68,7 @@ struct Lowering {
 
     uint32_t forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head = ForwardHead::Sample, uint32_t table = kNone);
     void attention(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a);
+    void experts(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
     void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
 };
 
@@ -82,8 +83,10 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     a["k"] = activation("k", BLUE_TC_ROWS, DType::F32, {kv_dim});
     a["v"] = activation("v", BLUE_TC_ROWS, DType::F32, {kv_dim});
     a["att"] = activation("att", BLUE_TC_ROWS, DType::F32, {q_dim});
-    a["hb"] = activation("hb", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
-    a["hb2"] = activation("hb2", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
+    if (!cfg.isMoe()) {
+        a["hb"] = activation("hb", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
+        a["hb2"] = activation("hb2", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
+    }
     uint32_t eps = floatBits(cfg.rms_norm_eps);
 
     static const char* kNames[] = {"forward", "draft", "verify", "score"};
@@ -95,6 +98,10 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
         cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "attn_output.weight"), a["att"]});
         cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "ffn_norm.weight"), eps, 0});
+        if (cfg.isMoe()) {
+            experts(cb, l, a);
+            continue;
+        }
         cb.tensor(Op::MATMUL, {a["hb"], layerWeight(l, "ffn_gate.weight"), a["xb"]});
         cb.tensor(Op::MATMUL, {a["hb2"], layerWeight(l, "ffn_up.weight"), a["xb"]});
         cb.tensor(Op::SWIGLU, {a["hb"], a["hb"], a["hb2"]});
@@ -130,6 +137,48 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     }
     cb.endBlock();
     return block;
+}
+
+// A mixture-of-experts FFN on the normed rows xb, added into x. The router's logits pick each
+// row's k experts on the GPU (MOEROUTE, gated as the architecture does in llama.cpp: Mixtral and
+// qwen3moe renormalise the top-k softmax weights, qwen2moe keeps softmax-over-all weights); the
+// expert matmuls (MOEMM) read only the chosen experts' matrices, each expert once for all the
+// rows of all instances that chose it; MOEMIX adds the weighted slots (and qwen2moe's shared
+// expert, scaled by sigmoid of its own gate) to the residual.
+void Lowering::experts(CodeBuilder& cb, uint32_t l, const std::map<std::string, uint32_t>& a) {
+    const uint32_t E = cfg.n_expert, k = cfg.n_expert_used, f = cfg.n_ff_exp, dim = cfg.n_embd;
+    const uint32_t logits = activation("moe_logits", BLUE_TC_ROWS, DType::F32, {E});
+    const uint32_t sel = activation("moe_sel", BLUE_TC_ROWS, DType::F32, {2 * k});
+    const uint32_t map = activation("moe_map", BLUE_TC_GLOBAL, DType::I32,
+                                    {BLUE_MOE_MAP_WORDS(uint64_t(E), uint64_t(m.layout.max_rows) * k)});
+    const uint32_t gate = activation("moe_gate", BLUE_TC_ROWS, DType::F32, {k * f});
+    const uint32_t up = activation("moe_up", BLUE_TC_ROWS, DType::F32, {k * f});
+    const uint32_t down = activation("moe_down", BLUE_TC_ROWS, DType::F32, {k * dim});
+    const uint32_t xb = a.at("xb"), x = a.at("x");
+    cb.tensor(Op::MATMUL, {logits, layerWeight(l, "ffn_gate_inp.weight"), xb});
+    cb.tensor(Op::MOEROUTE, {sel, logits, map, k, cfg.expert_weights_norm ? 0u : 1u});
+    cb.tensor(Op::MOEMM, {gate, layerWeight(l, "ffn_gate_exps.weight"), xb, map});
+    cb.tensor(Op::MOEMM, {up, layerWeight(l, "ffn_up_exps.weight"), xb, map});
+    cb.tensor(Op::SWIGLU, {gate, gate, up});
+    cb.tensor(Op::MOEMM, {down, layerWeight(l, "ffn_down_exps.weight"), gate, map});
+    uint32_t shared = kNone, shared_gate = kNone;
+    if (cfg.n_ff_shexp > 0) {
+        const uint32_t s = cfg.n_ff_shexp;
+        const uint32_t hs = activation("shexp_h", BLUE_TC_ROWS, DType::F32, {s});
+        const uint32_t hs2 = activation("shexp_h2", BLUE_TC_ROWS, DType::F32, {s});
+        shared = activation("shexp_out", BLUE_TC_ROWS, DType::F32, {dim});
+        shared_gate = activation("shexp_gate", BLUE_TC_ROWS, DType::F32, {1});
+        cb.tensor(Op::MATMUL, {hs, layerWeight(l, "ffn_gate_shexp.weight"), xb});
+        cb.tensor(Op::MATMUL, {hs2, layerWeight(l, "ffn_up_shexp.weight"), xb});
+        cb.tensor(Op::SWIGLU, {hs, hs, hs2});
+        cb.tensor(Op::MATMUL, {shared, layerWeight(l, "ffn_down_shexp.weight"), hs});
+        // The gate's weight is a vector [dim] in the file: a one-row matrix to MATMUL.
+        const uint32_t gw = layerWeight(l, "ffn_gate_inp_shexp.weight");
+        m.tensors[gw].ndim = 2;
+        m.tensors[gw].ne[1] = 1;
+        cb.tensor(Op::MATMUL, {shared_gate, gw, xb});
+    }
+    cb.tensor(Op::MOEMIX, {x, x, down, sel, shared, shared_gate});
 }
 
 void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
@@ -300,7 +349,10 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
 }  // namespace
 
 Status checkLowerable(const ModelConfig& cfg) {
-    if (cfg.isMoe()) return Status::error("mixture-of-experts models are not lowered yet");
+    if (cfg.isMoe() && (cfg.n_expert > BLUE_MOE_MAX_EXPERTS || cfg.n_expert_used > BLUE_MOE_MAX_SLOTS)) {
+        return BLUE_ERROR("%u experts with %u per token: at most %u experts and %u per token are supported",
+                          cfg.n_expert, cfg.n_expert_used, BLUE_MOE_MAX_EXPERTS, BLUE_MOE_MAX_SLOTS);
+    }
     if (cfg.rope_scaling == RopeScaling::Yarn) return Status::error("YaRN rope scaling is not supported yet");
     if (cfg.head_dim_v != cfg.head_dim) return Status::error("K and V head sizes differ; not supported");
     return Status::ok();

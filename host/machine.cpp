@@ -132,13 +132,19 @@ Status GpuMachine::Impl::uploadWeights(const WeightSource& weights) {
         const TensorDecl& d = m.tensors[t];
         WeightLayout wl;
         weightLayout(d.dtype, d.ne[0], d.ne[1], &wl);
-        if (page.mapped) {  // unified memory: repack straight into the page
-            repackMatrix(d.dtype, bytes.data(), d.ne[0], d.ne[1], wl,
-                         static_cast<uint8_t*>(page.mapped) + p.offset);
-        } else {
-            std::vector<uint8_t> packed(wl.bytes, 0);
-            repackMatrix(d.dtype, bytes.data(), d.ne[0], d.ne[1], wl, packed.data());
-            BLUE_TRY(uploadToBuffer(dev, page, p.offset, packed.data(), packed.size()));
+        // A 3-D weight is one matrix per expert, each repacked into its own slice.
+        const uint64_t matrices = d.ndim == 3 ? d.ne[2] : 1;
+        const uint64_t src_bytes = *dtypeRowBytes(d.dtype, d.ne[0]) * d.ne[1];
+        for (uint64_t e = 0; e < matrices; ++e) {
+            const uint8_t* src = bytes.data() + e * src_bytes;
+            if (page.mapped) {  // unified memory: repack straight into the page
+                repackMatrix(d.dtype, src, d.ne[0], d.ne[1], wl,
+                             static_cast<uint8_t*>(page.mapped) + p.offset + e * p.slice);
+            } else {
+                std::vector<uint8_t> packed(wl.bytes, 0);
+                repackMatrix(d.dtype, src, d.ne[0], d.ne[1], wl, packed.data());
+                BLUE_TRY(uploadToBuffer(dev, page, p.offset + e * p.slice, packed.data(), packed.size()));
+            }
         }
     }
     if (opt.on_load) opt.on_load(total, total);

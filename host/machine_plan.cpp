@@ -2,6 +2,7 @@
 #include "host/machine_plan.h"
 
 #include <cctype>
+#include <map>
 #include <optional>
 
 #include "host/machine.h"
@@ -46,6 +47,18 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
                     m.tensors[a[1]].name.c_str());
             }
             break;
+        case Op::MOEMM: {
+            const TensorDecl& w = m.tensors[a[1]];
+            if (m.tensors[a[2]].elements() != w.ne[0] && w.ne[0] % 4) {
+                return strFormat("a row length of %llu per slot is not a whole number of texels (4 floats)",
+                                 (unsigned long long)w.ne[0]);
+            }
+            WeightLayout wl;
+            if (!weightLayout(w.dtype, w.ne[0], w.ne[1], &wl)) {
+                return strFormat("type %s has no GPU weight layout", std::string(dtypeName(w.dtype)).c_str());
+            }
+            break;
+        }
         case Op::KVSTORE:
         case Op::ATTN: {
             const TensorDecl& kc = m.tensors[a[1]];
@@ -172,16 +185,18 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
             if ((t.cls == BLUE_TC_WEIGHT) != (pass == 0)) continue;
             TensorPlace& p = plan.places[i];
             WeightLayout wl;
-            if (t.cls == BLUE_TC_WEIGHT && t.ndim == 2 &&
-                weightLayout(t.dtype, t.ne[0], t.ne[1], &wl)) {
-                p.repacked = true;
-                p.slice = wl.bytes;
-            } else {
-                p.slice = (tensorSliceBytes(t) + 15) / 16 * 16;
-            }
             uint64_t count = t.cls == BLUE_TC_ROWS       ? m.layout.max_rows
                              : t.cls == BLUE_TC_INSTANCE ? instances
                                                          : 1;
+            if (t.cls == BLUE_TC_WEIGHT && (t.ndim == 2 || t.ndim == 3) &&
+                weightLayout(t.dtype, t.ne[0], t.ne[1], &wl)) {
+                // A 3-D weight holds experts' matrices: each repacked, one slice per expert.
+                p.repacked = true;
+                p.slice = wl.bytes;
+                if (t.ndim == 3) count = t.ne[2];
+            } else {
+                p.slice = (tensorSliceBytes(t) + 15) / 16 * 16;
+            }
             p.bytes = p.slice * count;
             if (p.bytes > page_limit) {
                 return BLUE_ERROR(
@@ -261,6 +276,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                                                  uint32_t max_groups_x) {
     std::vector<DispatchDesc> out;
     for (uint32_t b = 0; b < m.blocks.size(); ++b) {
+        std::map<uint32_t, size_t> routes;  // expert map -> the dispatch of the MOEROUTE filling it
         std::vector<TensorInstr> instrs;
         BLUE_TRY(decodeBlock(m, m.blocks[b], &instrs));
         for (const TensorInstr& ti : instrs) {
@@ -324,6 +340,21 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.fixed = (heads + BLUE_ATTN_WG - 1) / BLUE_ATTN_WG;
                     break;
                 }
+                case Grid::ONE:  // one workgroup for the whole run
+                    d.fixed = 1;
+                    d.tile = BLUE_MAX_ROWS;
+                    break;
+                case Grid::MOE: {
+                    const TensorDecl& w = m.tensors[ti.args[1]];
+                    uint32_t rows = BLUE_MATMUL_WG * matmulRowsPerInvocation(w.dtype);
+                    d.fixed = uint32_t((w.ne[1] + rows - 1) / rows);
+                    d.axis = 1;
+                    d.push[BLUE_PC_MOE_SHAPE] = uint32_t(w.ne[0]);
+                    d.push[BLUE_PC_MOE_SHAPE + 1] = uint32_t(w.ne[1]);
+                    d.push[BLUE_PC_MOE_SHAPE + 2] = uint32_t(w.ne[2]);
+                    d.push[BLUE_PC_MOE_SHAPE + 3] = uint32_t(dst.elements() / w.ne[1]);
+                    break;
+                }
                 default:
                     d.fixed = 1;
                     break;
@@ -354,6 +385,35 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d = *gemm;
                 }
             }
+            if (info.grid == Grid::MOE) {
+                // A single-row run gets tiles of one pair, more rows tiles of BLUE_MOE_TILE_ROWS
+                // (MOEROUTE makes the tiles by the same rule). The MOEROUTE that fills the map
+                // writes both variants' items axis, and counts the bytes their experts read.
+                auto route = routes.find(ti.args[3]);
+                if (route == routes.end()) {
+                    return BLUE_ERROR("block '%s': MOEMM reads the expert map '%s', which no MOEROUTE "
+                                      "before it in the block fills",
+                                      m.blocks[b].name.c_str(), m.tensors[ti.args[3]].name.c_str());
+                }
+                DispatchDesc single = d;
+                single.pipeline += "_b1";
+                single.max_items = 1;
+                single.push[BLUE_PC_TILE] = 1;
+                d.min_items = 2;
+                d.tile = BLUE_MOE_TILE_ROWS;
+                std::array<uint32_t, BLUE_PUSH_WORDS>& rp = out[route->second].push;
+                for (uint32_t index : {uint32_t(out.size()), uint32_t(out.size() + 1)}) {
+                    if (rp[BLUE_PC_MOE_PATCH] == BLUE_MOE_MAX_PATCH) {
+                        return BLUE_ERROR("block '%s': more than %u MOEMM dispatches read the expert map '%s'",
+                                          m.blocks[b].name.c_str(), BLUE_MOE_MAX_PATCH / 2,
+                                          m.tensors[ti.args[3]].name.c_str());
+                    }
+                    rp[BLUE_PC_MOE_PATCH + 1 + rp[BLUE_PC_MOE_PATCH]++] = index;
+                }
+                rp[BLUE_PC_MOE_TEXELS] += uint32_t(pages.places[ti.args[1]].slice / 16);
+                out.push_back(single);
+            }
+            if (ti.op == Op::MOEROUTE) routes[ti.args[2]] = out.size();
             d.push[BLUE_PC_TILE] = d.tile;
             out.push_back(d);
         }

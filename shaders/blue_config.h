@@ -47,6 +47,14 @@
 #define BLUE_PC_OPERANDS 4  // first operand word
 // A tensor reference: {page | class << 16, byte offset, slice stride in bytes, slice elements}.
 #define BLUE_TREF_WORDS 4
+// Words the planner adds after the operands of two ops (host/machine_plan.cpp):
+// MOEMM: K, N, experts, slots of the instruction (checked shapes; the map's words are not trusted).
+#define BLUE_PC_MOE_SHAPE 20
+// MOEROUTE: bytes of one expert's matrices over the MOEMMs that read its map, in 16-byte units;
+// then the number of those MOEMM dispatches and their indices, whose items axis it writes.
+#define BLUE_PC_MOE_TEXELS 19
+#define BLUE_PC_MOE_PATCH 20
+#define BLUE_MOE_MAX_PATCH 11
 
 // ---- control buffer: header words ----------------------------------------------------------
 #define BLUE_H_NINST 0
@@ -94,6 +102,9 @@
 #define BLUE_C_IN_PUBLISHED 48
 #define BLUE_C_IN_CLOSED 49
 #define BLUE_C_OUT_TAIL 50
+// expert weights the MOEMMs read (MOEROUTE adds the chosen experts' bytes, in 16-byte units, 64-bit)
+#define BLUE_C_MOE_TEXELS_LO 52
+#define BLUE_C_MOE_TEXELS_HI 53
 #define BLUE_HEADER_WORDS 64
 
 #define BLUE_STATE_WORDS 6  // pc, status, fault, sp, steps lo, steps hi

@@ -6,8 +6,9 @@
 // (one vectorized load) and every weight texel serves MM_BT items. Built twice: MM_BT = 1 for one
 // item (decode) and BLUE_MATMUL_TILE for batches; plain types and Q4_0 a third time (`_g`,
 // MM_GEMM, MM_BT and MM_R from blue_config.h's GEMM constants) for prompts and large batches.
-// The plan enables one per cycle by the item count.
-// Grid: x = ceil(items / MM_BT), y = ceil(N / (WG * MM_R)).
+// The plan enables one per cycle by the item count. Built twice more with MM_MOE for MOEMM, the
+// grouped expert matmul: the same loops over a tile of one expert's rows that the map lists.
+// Grid: x = ceil(items / MM_BT) (MOEMM: the map's tiles), y = ceil(N / (WG * MM_R)).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
 
@@ -30,21 +31,51 @@ void main() {
     TRef dst = tref(BLUE_PC_OPERANDS);
     TRef w = tref(BLUE_PC_OPERANDS + BLUE_TREF_WORDS);
     TRef x = tref(BLUE_PC_OPERANDS + 2u * BLUE_TREF_WORDS);
+    uint xb[MM_BT], out_at[MM_BT];  // per item: x texel, dst word
+#ifdef MM_MOE
+    // MOEMM: workgroup x is a tile of the map (vm/abi.h): up to MM_BT (row, slot) pairs of one
+    // expert e, whose matrix is slice e of w. Map words are data: each is bounds-checked.
+    TRef map = tref(BLUE_PC_OPERANDS + 3u * BLUE_TREF_WORDS);
+    uint K = pc.w[BLUE_PC_MOE_SHAPE], N = pc.w[BLUE_PC_MOE_SHAPE + 1u];
+    uint E = pc.w[BLUE_PC_MOE_SHAPE + 2u], kk = pc.w[BLUE_PC_MOE_SHAPE + 3u];
+    uint mw = map.offset / 4u, pairs_max = ctl[BLUE_H_MAX_ROWS] * kk;
+    uint list = mw + BLUE_MOE_H_WORDS + E + 1u;
+    uint tile = gl_WorkGroupID.x;
+    if (tile >= min(page_u[map.page].d[mw + BLUE_MOE_H_TILES], pairs_max + E)) return;
+    uint e = page_u[map.page].d[list + pairs_max + 2u * tile];
+    uint first = page_u[map.page].d[list + pairs_max + 2u * tile + 1u];
+    if (e >= E) return;
+    uint end = min(page_u[map.page].d[mw + BLUE_MOE_H_WORDS + e + 1u], pairs_max);
+    if (first >= end) return;
+    uint count = min(end - first, MM_BT);
+    bool per_slot = x.n != K;
+    for (uint c = 0u; c < MM_BT; ++c) {
+        uint pair = min(page_u[map.page].d[list + first + min(c, count - 1u)], pairs_max - 1u);
+        uint row = pair / kk, slot = pair % kk;
+        xb[c] = (x.offset + row * x.stride + (per_slot ? slot * K * 4u : 0u)) / 16u;
+        out_at[c] = (dst.offset + row * dst.stride) / 4u + slot * N;
+    }
+    uint wbase = (w.offset + e * w.stride) / 16u;
+#else
     uint K = x.n, N = dst.n;
     uint items = itemCount();
     uint first = gl_WorkGroupID.x * MM_BT;
     if (first >= items) return;
     uint count = min(items - first, MM_BT);
+    for (uint c = 0u; c < MM_BT; ++c) {
+        xb[c] = sliceOffset(x, first + min(c, count - 1u)) / 16u;
+        out_at[c] = sliceOffset(dst, first + min(c, count - 1u)) / 4u;
+    }
+    uint wbase = w.offset / 16u;
+#endif
     g_xt = (K + 3u) / 4u;
-    uint xb[MM_BT];
-    for (uint c = 0u; c < MM_BT; ++c) xb[c] = sliceOffset(x, first + min(c, count - 1u)) / 16u;
     uint lid = gl_LocalInvocationID.x;
     uint row0 = gl_WorkGroupID.y * BLUE_MATMUL_WG * MM_R + lid;
     uint rows[MM_R];
     for (uint r = 0u; r < MM_R; ++r) rows[r] = min(row0 + r * BLUE_MATMUL_WG, N - 1u);
     float acc[MM_R][MM_BT];
     for (uint r = 0u; r < MM_R; ++r) for (uint c = 0u; c < MM_BT; ++c) acc[r][c] = 0.0;
-    uint wbase = w.offset / 16u, bpr = (K + WL_E - 1u) / WL_E;
+    uint bpr = (K + WL_E - 1u) / WL_E;
 
 #ifdef WL_PLAIN
     for (uint g = 0u; g < bpr; ++g) {
@@ -206,8 +237,6 @@ void main() {
     for (uint r = 0u; r < MM_R; ++r) {
         uint row = row0 + r * BLUE_MATMUL_WG;
         if (row >= N) continue;
-        for (uint c = 0u; c < count; ++c) {
-            page_f[dst.page].d[sliceOffset(dst, first + c) / 4u + row] = acc[r][c];
-        }
+        for (uint c = 0u; c < count; ++c) page_f[dst.page].d[out_at[c] + row] = acc[r][c];
     }
 }

@@ -338,6 +338,15 @@ void runOpCase(Op op) {
         case Op::SCORE:
             scoreCase();
             return;
+        case Op::MOEROUTE:
+            moerouteCase();
+            return;
+        case Op::MOEMM:
+            for (DType t : kernelTypes("moemm", kWeightTypes)) moemmCase(t);
+            return;
+        case Op::MOEMIX:
+            moemixCase();
+            return;
         default:
             FAIL(
                 "tensor op " << opInfo(op).name

@@ -35,5 +35,8 @@ void sampleCase();              // test_ops_gpu_sample.cpp
 void sampleqCase();             // test_ops_gpu_spec.cpp
 void specCase();                // test_ops_gpu_spec.cpp
 void scoreCase();               // test_ops_gpu_spec.cpp
+void moerouteCase();            // test_ops_gpu_moe.cpp
+void moemmCase(DType weights);  // test_ops_gpu_moe.cpp
+void moemixCase();              // test_ops_gpu_moe.cpp
 
 }  // namespace blue::test

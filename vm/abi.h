@@ -57,4 +57,19 @@
 #define BLUE_MAX_IN_SLOTS 4096u
 #define BLUE_MAX_IN_SLOT_WORDS (1u << 20)
 
+// Mixture of experts: the map MOEROUTE writes and MOEMM reads (a GLOBAL I32 tensor). With P =
+// max_rows * k (row, slot) pairs at most, its words are: the header below, the expert offsets
+// [E + 1] (pairs of experts before e; [E] = all pairs), the pair list [P] (row * k + slot,
+// grouped by expert, rows in run order within an expert) and the tiles [P + E][2] (expert, first
+// pair; a tile holds up to BLUE_MOE_TILE pairs of one expert).
+#define BLUE_MOE_MAX_EXPERTS 256u
+#define BLUE_MOE_MAX_SLOTS 16u
+#define BLUE_MOE_TILE_ROWS 4u  // pairs per tile when the run has more than one row (else 1)
+#define BLUE_MOE_H_TILES 0u    // tiles this run
+#define BLUE_MOE_H_TILE 1u     // pairs per tile this run
+#define BLUE_MOE_H_SLOTS 2u    // k
+#define BLUE_MOE_H_EXPERTS 3u  // E
+#define BLUE_MOE_H_WORDS 4u    // the offsets start here
+#define BLUE_MOE_MAP_WORDS(e, pairs) (BLUE_MOE_H_WORDS + (e) + 1u + (pairs) + 2u * ((pairs) + (e)))
+
 #endif  // BLUE_VM_ABI_H

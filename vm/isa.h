@@ -13,7 +13,10 @@ namespace blue {
 //   ITEM:   x = 1, y = items (one workgroup per item)
 //   MATMUL: x = ceil(N / rows per group), y = ceil(items / batch tile)
 //   HEADS:  x = the first uint operand (a head count), y = items
-enum class Grid : uint8_t { NONE, ELEM, ITEM, MATMUL, HEADS };
+//   ONE:    one workgroup whenever the block has items (it walks all of them itself)
+//   MOE:    as MATMUL, but the items axis is written by the MOEROUTE that fills the map: the
+//           number of (expert, rows) tiles it made
+enum class Grid : uint8_t { NONE, ELEM, ITEM, MATMUL, HEADS, ONE, MOE };
 
 enum class Op : uint8_t {
 #define BLUE_OP(name, code, fmt, grid, doc) name = code,

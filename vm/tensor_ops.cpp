@@ -163,6 +163,9 @@ Status checkTensorOp(const Module& m, const TensorInstr& ti) {
             BLUE_TRY(c.dtype(1, DType::F32));
             return Status::ok();
         case Op::KERNEL: return checkKernelOp(c);
+        case Op::MOEROUTE:
+        case Op::MOEMM:
+        case Op::MOEMIX: return checkMoeOp(c);
         default: return checkLlmOp(c);
     }
 }
@@ -182,7 +185,7 @@ void runTensorOpRef(const TensorOpEnv& env, const TensorInstr& ti) {
         case Op::TSUM: refSum(it, ti); return;
         case Op::KERNEL: assert(false && "refCanRun() refuses modules with custom kernels"); return;
         default:
-            if (!runLlmOpRef(it, ti)) assert(false && "tensor op without a reference implementation");
+            if (!runLlmOpRef(it, ti) && !runMoeOpRef(it, ti)) assert(false && "tensor op without a reference implementation");
     }
 }
 

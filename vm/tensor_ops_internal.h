@@ -107,6 +107,9 @@ float bitsToFloat(uint32_t u);
 // Per-op checks and reference implementations of the LLM ops (tensor_ops_llm.cpp).
 Status checkLlmOp(const Checker& c);
 bool runLlmOpRef(const Items& it, const TensorInstr& ti);
+// ... and of the mixture-of-experts ops (tensor_ops_moe.cpp).
+Status checkMoeOp(const Checker& c);
+bool runMoeOpRef(const Items& it, const TensorInstr& ti);
 
 // ---- the sampling rule, shared by SAMPLE, SAMPLEQ and SPEC (tensor_ops_llm.cpp) ---------------
 

@@ -1077,6 +1077,7 @@ Result<Module> Lowerer::run() {
         m.tensors.push_back(t);
         score_sum = uint32_t(m.tensors.size() - 1);
     }
+    m.layout.max_rows = opt.max_rows;  // before the forward blocks: an MoE layer's expert map is sized by it
     for (size_t k = 0; k < models.size(); ++k) {
         LoadedModel& lm = models[k];
         m.externs.push_back(lm.path);

@@ -1,0 +1,127 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// MOEROUTE: one workgroup routes every row of the run (its k experts and their weights, as
+// vm/tensor_ops_moe.cpp defines), then groups the (row, slot) pairs by expert into the map
+// (vm/abi.h BLUE_MOE_*) and writes the number of tiles into the items axis of the MOEMM
+// dispatches that read it (push words BLUE_PC_MOE_PATCH..): the router's counts size the expert
+// GEMMs, and no host reads them. Rows are few hundred at most and experts a few hundred, so one
+// workgroup walks them; it also adds the chosen experts' bytes to the control counters.
+#include "common/tensor.glsl"
+
+layout(local_size_x = BLUE_ITEM_WG) in;
+
+// The rows' choices are written and read back by other invocations of this workgroup.
+layout(set = 0, binding = BLUE_BIND_PAGES, std430) coherent buffer PageC {
+    float d[];
+} page_c[BLUE_MAX_PAGES];
+
+shared uint s_count[BLUE_MOE_MAX_EXPERTS];
+shared uint s_first[BLUE_MOE_MAX_EXPERTS];  // first pair of each expert
+shared uint s_tile0[BLUE_MOE_MAX_EXPERTS];  // first tile of each expert
+
+void main() {
+    TRef sel = tref(BLUE_PC_OPERANDS);
+    TRef lg = tref(BLUE_PC_OPERANDS + BLUE_TREF_WORDS);
+    TRef map = tref(BLUE_PC_OPERANDS + 2u * BLUE_TREF_WORDS);
+    uint k = pc.w[BLUE_PC_OPERANDS + 3u * BLUE_TREF_WORDS];
+    uint gating = pc.w[BLUE_PC_OPERANDS + 3u * BLUE_TREF_WORDS + 1u];
+    uint E = lg.n;
+    uint rows = itemCount();
+    uint lid = gl_LocalInvocationID.x;
+
+    // 1. Each invocation routes rows lid, lid + WG, ...
+    for (uint r = lid; r < rows; r += BLUE_ITEM_WG) {
+        uint lo = sliceOffset(lg, r) / 4u, so = sliceOffset(sel, r) / 4u;
+        uint chosen[BLUE_MOE_MAX_SLOTS];
+        for (uint j = 0u; j < k; ++j) {
+            uint best = 0xFFFFFFFFu;
+            float bv = 0.0;
+            for (uint e = 0u; e < E; ++e) {
+                bool taken = false;
+                for (uint i = 0u; i < j; ++i) taken = taken || chosen[i] == e;
+                float v = page_f[lg.page].d[lo + e];
+                if (!taken && (best == 0xFFFFFFFFu || v > bv)) {
+                    best = e;
+                    bv = v;
+                }
+            }
+            chosen[j] = best;
+        }
+        float top = page_f[lg.page].d[lo + chosen[0]];
+        float total = 0.0;
+        if (gating == 0u) {
+            for (uint j = 0u; j < k; ++j) total += exp(page_f[lg.page].d[lo + chosen[j]] - top);
+        } else {
+            for (uint e = 0u; e < E; ++e) total += exp(page_f[lg.page].d[lo + e] - top);
+        }
+        for (uint j = 0u; j < k; ++j) {
+            page_c[sel.page].d[so + j] = float(chosen[j]);
+            page_c[sel.page].d[so + k + j] = exp(page_f[lg.page].d[lo + chosen[j]] - top) / total;
+        }
+    }
+    memoryBarrierBuffer();
+    barrier();
+
+    // 2. Pairs per expert.
+    for (uint e = lid; e < E; e += BLUE_ITEM_WG) {
+        uint n = 0u;
+        for (uint r = 0u; r < rows; ++r) {
+            uint so = sliceOffset(sel, r) / 4u;
+            for (uint j = 0u; j < k; ++j) n += uint(page_c[sel.page].d[so + j]) == e ? 1u : 0u;
+        }
+        s_count[e] = n;
+    }
+    barrier();
+
+    // 3. Offsets, tiles, the header, the MOEMM dispatches' sizes and the byte counter.
+    uint mw = map.offset / 4u;
+    uint pairs_max = ctl[BLUE_H_MAX_ROWS] * k;
+    uint tile = rows == 1u ? 1u : BLUE_MOE_TILE_ROWS;
+    if (lid == 0u) {
+        uint at = 0u, tiles = 0u, used = 0u;
+        for (uint e = 0u; e < E; ++e) {
+            s_first[e] = at;
+            s_tile0[e] = tiles;
+            page_u[map.page].d[mw + BLUE_MOE_H_WORDS + e] = at;
+            at += s_count[e];
+            tiles += (s_count[e] + tile - 1u) / tile;
+            used += s_count[e] > 0u ? 1u : 0u;
+        }
+        page_u[map.page].d[mw + BLUE_MOE_H_WORDS + E] = at;
+        page_u[map.page].d[mw + BLUE_MOE_H_TILES] = tiles;
+        page_u[map.page].d[mw + BLUE_MOE_H_TILE] = tile;
+        page_u[map.page].d[mw + BLUE_MOE_H_SLOTS] = k;
+        page_u[map.page].d[mw + BLUE_MOE_H_EXPERTS] = E;
+        uint patches = min(pc.w[BLUE_PC_MOE_PATCH], BLUE_MOE_MAX_PATCH);
+        for (uint i = 0u; i < patches; ++i) {
+            uint at3 = ctl[BLUE_O_INDIRECT] + pc.w[BLUE_PC_MOE_PATCH + 1u + i] * 3u;
+            if (ctl[at3] != 0u) ctl[at3] = tiles;  // the plan enabled this variant for this run
+        }
+        uint add = used * pc.w[BLUE_PC_MOE_TEXELS];
+        uint lo = ctl[BLUE_C_MOE_TEXELS_LO] + add;
+        if (lo < add) ctl[BLUE_C_MOE_TEXELS_HI] += 1u;
+        ctl[BLUE_C_MOE_TEXELS_LO] = lo;
+    }
+    barrier();
+
+    // 4. Each expert's pairs in row order, and its tiles.
+    uint list = mw + BLUE_MOE_H_WORDS + E + 1u, tiles_at = list + pairs_max;
+    for (uint e = lid; e < E; e += BLUE_ITEM_WG) {
+        uint at = s_first[e];
+        for (uint r = 0u; r < rows; ++r) {
+            uint so = sliceOffset(sel, r) / 4u;
+            for (uint j = 0u; j < k; ++j) {
+                if (uint(page_c[sel.page].d[so + j]) == e) {
+                    page_u[map.page].d[list + at] = r * k + j;
+                    at += 1u;
+                }
+            }
+        }
+        uint t = s_tile0[e];
+        for (uint f = s_first[e]; f < s_first[e] + s_count[e]; f += tile) {
+            page_u[map.page].d[tiles_at + 2u * t] = e;
+            page_u[map.page].d[tiles_at + 2u * t + 1u] = f;
+            t += 1u;
+        }
+    }
+}
