@@ -392,6 +392,8 @@ Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport
     const uint32_t* snap = im.ioWords() + BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS;
     stats_.cycles = snap[0];
     stats_.block_runs = snap[BLUE_C_BLOCK_RUNS - BLUE_C_CYCLE];
+    const uint32_t* snap2 = im.ioWords() + BLUE_IO_SNAP2_BASE + c * BLUE_IO_SNAP2_WORDS;
+    stats_.expert_bytes = (uint64_t(snap2[1]) << 32 | snap2[0]) * 16;
     uint32_t live = snap[BLUE_C_LIVE - BLUE_C_CYCLE];
     im.gpu_done = live == 0 || snap[0] >= im.layout.at(BLUE_H_MAX_CYCLES);
     stats_.wall_ms =
@@ -493,12 +495,12 @@ std::string GpuStats::json() const {
         "\"submit_ms_max\":%.3f,\"submit_ms_mean\":%.3f,"
         "\"dispatches_recorded\":%llu,\"host_waits\":%llu,\"round_trips\":%llu,"
         "\"queue_drains\":%llu,\"resumes\":%llu,\"steps\":%llu,\"block_runs\":%llu,"
-        "\"output_records\":%llu,\"instances\":%u,\"wall_ms\":%.3f}",
+        "\"output_records\":%llu,\"expert_bytes\":%llu,\"instances\":%u,\"wall_ms\":%.3f}",
         ull(submits), ull(cycles), ull(cycles_submitted), chain_cycles, chain_cycles_now,
         chain_cycles_min, ull(chain_rerecords), submit_ms_max,
         submits_timed ? submit_ms_total / double(submits_timed) : 0.0, ull(dispatches_recorded),
         ull(host_waits), ull(round_trips), ull(queue_drains), ull(resumes), ull(steps),
-        ull(block_runs), ull(output_records), instances, wall_ms);
+        ull(block_runs), ull(output_records), ull(expert_bytes), instances, wall_ms);
 }
 
 }  // namespace blue

@@ -71,6 +71,7 @@ struct GpuStats {
     uint64_t steps = 0;                // control instructions executed
     uint64_t block_runs = 0;           // (cycle, block) pairs with work
     uint64_t output_records = 0;
+    uint64_t expert_bytes = 0;         // MoE expert weights the chosen experts' matmuls read
     uint32_t instances = 0;
     uint32_t chain_cycles = 0;         // cycles per chain asked for
     uint32_t chain_cycles_now = 0;     // the length the watchdog bound allows now

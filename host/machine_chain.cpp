@@ -179,6 +179,9 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
     const VkBufferCopy snapshot{BLUE_C_CYCLE * 4,
                                 VkDeviceSize(BLUE_IO_SNAP_BASE + c * BLUE_IO_SNAP_WORDS) * 4,
                                 BLUE_SNAP_COUNTERS * 4};
+    const VkBufferCopy snapshot2{BLUE_C_MOE_TEXELS_LO * 4,
+                                 VkDeviceSize(BLUE_IO_SNAP2_BASE + c * BLUE_IO_SNAP2_WORDS) * 4,
+                                 BLUE_SNAP2_COUNTERS * 4};
     const uint32_t qbase = c * queries_per_chain;
     uint32_t q = 0;
     auto stamp = [&](VkCommandBuffer cb, const std::string& kernel) {
@@ -253,6 +256,7 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
             if (open_block != UINT32_MAX) w.endCondition();
         }
         w.copy(kSnapshotOut, control.buffer, io.buffer, snapshot);
+        w.copy(kSnapshotOut, control.buffer, io.buffer, snapshot2);
         w.sync.use(w.cb, kHostReads);
         if (w.cb && timing) {
             vkCmdWriteTimestamp(w.cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timing, 2 * c + 1);

@@ -140,6 +140,11 @@
 #define BLUE_IO_SNAP_BASE 16
 #define BLUE_IO_SNAP_WORDS 8      // per chain: a copy of control words [BLUE_C_CYCLE, +7)
 #define BLUE_SNAP_COUNTERS 7
+// [48, 64): a second snapshot per chain, BLUE_IO_SNAP2_WORDS apart: control words
+// [BLUE_C_MOE_TEXELS_LO, +BLUE_SNAP2_COUNTERS).
+#define BLUE_IO_SNAP2_BASE 48
+#define BLUE_IO_SNAP2_WORDS 4
+#define BLUE_SNAP2_COUNTERS 2
 #define BLUE_IO_DYNAMIC 64
 #define BLUE_H_IO_ORDER 17   // [in_slots] slot of message c at c % in_slots
 #define BLUE_H_IO_SLOTSTATE 18  // [in_slots] 1 full (host), 0 free (GPU, after INFREE)

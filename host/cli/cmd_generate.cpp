@@ -73,6 +73,10 @@ std::string statsJson(const Engine& e, size_t prompt_tokens, size_t gen_tokens, 
     j["generated_tokens"] = gen_tokens;
     j["total_ms"] = wall_ms;
     j["tokens_per_second"] = s.wall_ms > 0 ? 1000.0 * double(gen_tokens) / s.wall_ms : 0.0;
+    // Forward rows run: the prompt tokens and the generated tokens (each is fed back).
+    if (s.expert_bytes > 0 && prompt_tokens + gen_tokens > 0) {
+        j["expert_bytes_per_token"] = double(s.expert_bytes) / double(prompt_tokens + gen_tokens);
+    }
     if (results.size() > 1) {
         double per = 0;
         for (const Completion& c : results) per += double(c.tokens.size());
