@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 4
+#define BLUEVM_API_VERSION 5
 
 typedef enum bluevm_status {
     BLUEVM_OK = 0,
@@ -196,6 +196,7 @@ typedef struct bluevm_metrics {
     uint64_t submits, round_trips, cycles; /* GPU chain submits, host round trips, VM cycles */
     uint64_t resumes; /* submits that restarted the GPU after it idled with no request */
     uint64_t recoveries; /* device rebuilds after a device failure */
+    uint64_t expert_bytes; /* MoE models: expert weight bytes the chosen experts' matmuls read (API 5) */
 } bluevm_metrics;
 
 bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out);

@@ -69,6 +69,7 @@ inline void metricsOut(const ServeMetrics& m, bluevm_metrics* out) {
     out->cycles = m.cycles;
     out->resumes = m.resumes;
     out->recoveries = m.recoveries;
+    out->expert_bytes = m.expert_bytes;
 }
 
 template <class F>

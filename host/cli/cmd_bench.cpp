@@ -39,6 +39,7 @@ struct Measure {
     double tok_per_s = 0;
     double ms = 0;
     uint64_t submits = 0, tokens = 0;
+    double expert_bytes_per_row = 0;  // MoE: expert bytes the GPU read per forward row
 };
 
 // Runs `n_req` requests (prompt `p` tokens, `g` generated) `reps` times; best speed wins.
@@ -58,7 +59,11 @@ Result<Measure> measure(Engine& e, uint32_t n_req, uint32_t p, uint32_t g, uint3
         uint64_t tokens = count_prompt ? uint64_t(p) * n_req : 0;
         for (const Completion& c : res.value()) tokens += count_prompt ? 0 : c.tokens.size();
         double tps = s.wall_ms > 0 ? 1000.0 * double(tokens) / s.wall_ms : 0;
-        if (tps > best.tok_per_s) best = {tps, s.wall_ms, s.submits, tokens};
+        // Rows run: every prompt token and every generated token (each is fed back).
+        uint64_t rows = uint64_t(p) * n_req;
+        for (const Completion& c : res.value()) rows += c.tokens.size();
+        const double per_row = rows ? double(s.expert_bytes) / double(rows) : 0;
+        if (tps > best.tok_per_s) best = {tps, s.wall_ms, s.submits, tokens, per_row};
     }
     return best;
 }
@@ -119,6 +124,12 @@ Command addBenchCommand(CLI::App& app) {
         j["weight_bytes_per_token"] = wbytes;
         double used = double(wbytes) * tg->tok_per_s / 1e9;
         j["weight_read_gb_per_s"] = used;
+        const uint64_t all_experts = e.expertWeightBytes();
+        if (all_experts > 0) {
+            // Measured by the GPU (MOEROUTE counts what the chosen experts' matmuls read).
+            j["experts"] = {{"all_bytes", all_experts}, {"tg_bytes_per_token", tg->expert_bytes_per_row},
+                            {"pp_bytes_per_token", pp->expert_bytes_per_row}};
+        }
         double dev_read = 0, dev_fma = 0, nat_read = 0, nat_fma = 0;
         if (!a->no_bandwidth) {
             auto peak = measureDevicePeak(e.device());
@@ -164,6 +175,7 @@ Command addBenchCommand(CLI::App& app) {
                                     {"of_device_fma", dev_fma > 0 ? gflops / dev_fma : 0},
                                     {"of_native_fma", nat_fma > 0 ? gflops / nat_fma : 0},
                                     {"ratio_to_first", base > 0 ? m->tok_per_s / base : 0},
+                                    {"expert_bytes_per_token", m->expert_bytes_per_row},
                                     {"submits_per_1000_tokens", m->tokens ? 1000.0 * double(m->submits) / double(m->tokens) : 0}});
         }
         if (a->json) {
@@ -193,11 +205,19 @@ Command addBenchCommand(CLI::App& app) {
                     fractions(used, dev_read, nat_read).c_str());
         if (ceilings) std::printf("; nearer to the %s ceiling", j["tg"]["nearer_ceiling"].get<std::string>() == "read" ? "read" : "FMA");
         std::printf("\n");
+        if (all_experts > 0) {
+            std::printf("experts read per token (GPU-counted): tg %.2f MiB, pp %.2f MiB, of %.2f MiB in all experts "
+                        "(tg %.1f%%)\n",
+                        tg->expert_bytes_per_row / (1 << 20), pp->expert_bytes_per_row / (1 << 20),
+                        double(all_experts) / (1 << 20), 100.0 * tg->expert_bytes_per_row / double(all_experts));
+        }
         for (const auto& b : j["batched"]) {
-            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %8.2f GFLOP/s%s  %.1f submits/1000 tokens\n",
+            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %8.2f GFLOP/s%s  %.1f submits/1000 tokens",
                         b["instances"].get<uint32_t>(), b["tok_per_s"].get<double>(), b["ratio_to_first"].get<double>(),
                         b["gflops"].get<double>(), fractions(b["gflops"].get<double>(), dev_fma, nat_fma).c_str(),
                         b["submits_per_1000_tokens"].get<double>());
+            if (all_experts > 0) std::printf("  experts %.2f MiB/token", b["expert_bytes_per_token"].get<double>() / (1 << 20));
+            std::printf("\n");
         }
         return 0;
     };

@@ -221,14 +221,22 @@ Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, ui
 
 namespace {
 
-// The matrix of every MATMUL in the module's blocks, once per instruction.
-std::vector<const TensorDecl*> matmulMatrices(const Module& m) {
-    std::vector<const TensorDecl*> out;
+// The matrix of every MATMUL and MOEMM in the module's blocks, once per instruction, with the
+// share of it one row reads: all of a MATMUL's, k of E experts of a MOEMM's.
+struct MatrixUse {
+    const TensorDecl* t;
+    uint64_t num = 1, den = 1;
+    bool experts = false;
+};
+std::vector<MatrixUse> matmulMatrices(const Module& m) {
+    std::vector<MatrixUse> out;
     for (const BlockDecl& b : m.blocks) {
         std::vector<TensorInstr> instrs;
         if (!decodeBlock(m, b, &instrs)) continue;
         for (const TensorInstr& ti : instrs) {
-            if (ti.op == Op::MATMUL) out.push_back(&m.tensors[ti.args[1]]);
+            const TensorDecl& w = m.tensors[ti.args[1]];
+            if (ti.op == Op::MATMUL) out.push_back({&w});
+            if (ti.op == Op::MOEMM) out.push_back({&w, m.tensors[ti.args[0]].elements() / w.ne[1], w.ne[2], true});
         }
     }
     return out;
@@ -238,14 +246,20 @@ std::vector<const TensorDecl*> matmulMatrices(const Module& m) {
 
 uint64_t Engine::matmulWeightBytes() const {
     uint64_t bytes = 0;
-    for (const TensorDecl* t : matmulMatrices(module_)) bytes += t->bytes;
+    for (const MatrixUse& u : matmulMatrices(module_)) bytes += u.t->bytes * u.num / u.den;
     return bytes;
 }
 
 uint64_t Engine::matmulWeightElements() const {
     uint64_t n = 0;
-    for (const TensorDecl* t : matmulMatrices(module_)) n += t->elements();
+    for (const MatrixUse& u : matmulMatrices(module_)) n += u.t->elements() * u.num / u.den;
     return n;
+}
+
+uint64_t Engine::expertWeightBytes() const {
+    uint64_t bytes = 0;
+    for (const MatrixUse& u : matmulMatrices(module_)) bytes += u.experts ? u.t->bytes : 0;
+    return bytes;
 }
 
 namespace {

@@ -116,10 +116,13 @@ public:
     void setInstances(uint32_t n) { options_.instances = n; }
     uint32_t instances() const { return options_.instances; }
 
-    // Bytes of weight matrices one forward step reads (every MATMUL operand once), as stored.
+    // Bytes of weight matrices one forward step of one token reads (every MATMUL operand once;
+    // of a mixture-of-experts matmul, k of its E experts), as stored.
     uint64_t matmulWeightBytes() const;
-    // Multiply-adds of one forward step per token: the elements of every MATMUL matrix.
+    // Multiply-adds of one forward step per token: the elements of those matrices.
     uint64_t matmulWeightElements() const;
+    // Bytes of every expert of every MoE matmul (0 for a dense model).
+    uint64_t expertWeightBytes() const;
 
     // A machine running the generation program on `instances` instances (serving keeps one up).
     Result<std::unique_ptr<GpuMachine>> createMachine(uint32_t instances, uint32_t chain_cycles,

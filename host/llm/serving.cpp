@@ -422,6 +422,7 @@ void addGpuCounters(GpuStats& retired, const GpuStats& current) {
     retired.round_trips += current.round_trips;
     retired.cycles += current.cycles;
     retired.resumes += current.resumes;
+    retired.expert_bytes += current.expert_bytes;
 }
 
 void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& current) {
@@ -429,6 +430,7 @@ void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& cu
     m.round_trips = retired.round_trips + current.round_trips;
     m.cycles = retired.cycles + current.cycles;
     m.resumes = retired.resumes + current.resumes;
+    m.expert_bytes = retired.expert_bytes + current.expert_bytes;
 }
 
 }  // namespace blue

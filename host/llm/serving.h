@@ -82,6 +82,7 @@ struct ServeMetrics {
     uint32_t instances = 0;
     uint64_t submits = 0, round_trips = 0, cycles = 0, resumes = 0;
     uint64_t recoveries = 0;  // device rebuilds after a failure
+    uint64_t expert_bytes = 0;  // MoE: expert weight bytes read (GpuStats::expert_bytes)
 };
 
 // The device rebuild that both serving engines (this one and CascadeServingEngine) run on their

@@ -575,6 +575,9 @@ std::string HttpServer::Impl::metricsText() {
     metric("bluevm_gpu_submits_total", "counter", "GPU chain submits.", double(m.submits));
     metric("bluevm_host_round_trips_total", "counter", "Host waits that decided what the GPU runs next (0 by design).", double(m.round_trips));
     metric("bluevm_vm_cycles_total", "counter", "VM cycles run.", double(m.cycles));
+    metric("bluevm_expert_bytes_total", "counter",
+           "MoE models: expert weight bytes read by the chosen experts' matmuls (0 for dense models).",
+           double(m.expert_bytes));
     metric("bluevm_gpu_resumes_total", "counter", "Submits that restarted the GPU after it idled with no request.", double(m.resumes));
     metric("bluevm_device_recoveries_total", "counter",
            "Device rebuilds after a lost device or exhausted device memory.", double(m.recoveries));
