@@ -43,6 +43,9 @@ constexpr const char* kTensorPool =
 .tensor k4 rows i32 [4]
 .tensor k1 rows i32 [1]
 .tensor h44 weight f16 [4, 4] data hex 003c0040004200440045004600470048003c0040004200440045004600470048
+.tensor e444 weight f32 [4, 4, 4] data f32 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1
+.tensor map41 global i32 [41]
+.tensor r4 rows f32 [4]
 .tensor q324 weight q8_0 [32, 4] data hex 003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101
 )";
 
@@ -72,6 +75,8 @@ const std::vector<ScalarHint>& scalarHints() {
         // 2 query heads of 2 dims over 2 KV heads, position arg, scale
         {Op::ATTN, {"2", "2", std::to_string(BLUE_FA_POS), "0.7"}},
         {Op::SAMPLE, {std::to_string(BLUE_FA_SAMPLING)}},
+        // 2 of 4 experts per row, top-k renormalised: the map of 4 rows is 41 words (vm/abi.h)
+        {Op::MOEROUTE, {"2", "0"}},
     };
     return hints;
 }
@@ -106,7 +111,8 @@ bool distinctTensors(const std::vector<uint32_t>& args, const std::vector<size_t
 }
 
 // Finds tensor operands for a tensor op that checkTensorOp accepts, searching the pool in order
-// (an optional operand tries `none` after every pool tensor) with the op's scalar values.
+// (an optional operand tries `none` after every pool tensor, or first where an op has several)
+// with the op's scalar values.
 // Preferred, in this order: combinations the GPU has a kernel for, then ones whose tensors are
 // all different (so data flows from inputs to a separate output). Returns the operand text, or
 // empty when no combination passes.
@@ -131,13 +137,18 @@ std::string tensorOperands(const Module& pool, const OpInfo& info) {
     for (size_t slot : tensor_slots) {
         if (combos < (1u << 22)) combos *= fmt[slot] == 'o' ? n + 1 : n;
     }
+    // With several optional operands (MOEMIX) the search bound is reached before the last ones
+    // get to `none`: there they try `none` first.
+    const bool none_first = std::count(fmt.begin(), fmt.end(), 'o') > 1;
     for (int pass = 0; pass < 4; ++pass) {
         const bool need_kernel = pass < 2, distinct = pass % 2 == 0;
         for (uint64_t c = 0; c < combos; ++c) {
             uint64_t rest = c;
             for (size_t slot : tensor_slots) {
                 const size_t choices = fmt[slot] == 'o' ? n + 1 : n;
-                ti.args[slot] = rest % choices == n ? 0xFFFFFFFFu : uint32_t(rest % choices);
+                size_t pick = rest % choices;
+                if (fmt[slot] == 'o' && none_first) pick = pick == 0 ? n : pick - 1;
+                ti.args[slot] = pick == n ? 0xFFFFFFFFu : uint32_t(pick);
                 rest /= choices;
             }
             if (distinct && !distinctTensors(ti.args, tensor_slots)) continue;
@@ -263,7 +274,7 @@ std::vector<std::string> goldenProgramPaths() {
 }
 
 Result<std::string> everyOpSource() {
-    Result<Module> pool = assemble(std::string(kTensorPool) + "halt\n", "pool");
+    Result<Module> pool = assemble(std::string(kLayout) + kTensorPool + "halt\n", "pool");
     if (!pool) return pool.status();
     std::string block = ".block all args=" + std::to_string(BLUE_FA_COUNT) + "\n";
     std::string code = ".entry main\nmain:\n" + llmSetup();
