@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -162,7 +163,9 @@ bool ConnFront::examine(Conn& c, bool peer_done) {
     const std::string length_text = headerValue(head, "content-length");
     unsigned long long length = 0;
     if (!length_text.empty()) length = std::strtoull(length_text.c_str(), nullptr, 10);
-    const bool chunked = !headerValue(head, "transfer-encoding").empty();
+    // A chunked body has no length to wait for, and a client that sends `Expect: 100-continue`
+    // waits for httplib's 100 before its body: both go to a worker once the headers are in.
+    const bool chunked = !headerValue(head, "transfer-encoding").empty() || !headerValue(head, "expect").empty();
     const size_t need = head_end + 4 + size_t(std::min<unsigned long long>(length, options_.peek_bytes));
     if (!chunked && n < need && need <= options_.peek_bytes) {
         if (peer_done) return drop(counts_.closed_early);
@@ -182,6 +185,7 @@ bool ConnFront::examine(Conn& c, bool peer_done) {
 void ConnFront::run() {
     std::vector<Conn> conns;
     std::vector<pollfd> fds;
+    auto accept_after = Clock::now();  // out of descriptors: accepting pauses briefly
     while (!stopping_) {
         const auto now = Clock::now();
         // Drop the connections past their deadline; find the nearest deadline.
@@ -201,7 +205,8 @@ void ConnFront::run() {
         }
         conns.resize(kept);
         fds.clear();
-        fds.push_back({listen_fd_, POLLIN, 0});
+        fds.push_back({listen_fd_, short(now >= accept_after ? POLLIN : 0), 0});
+        if (now < accept_after) next = std::min(next, accept_after);
         fds.push_back({wake_[0], POLLIN, 0});
         for (const Conn& c : conns) fds.push_back({c.fd, short(POLLIN | POLLRDHUP), 0});
         const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
@@ -221,7 +226,11 @@ void ConnFront::run() {
             sockaddr_storage peer{};
             socklen_t len = sizeof peer;
             const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd < 0) break;  // EAGAIN, or out of descriptors: the rest wait in the backlog
+            if (fd < 0) {
+                // Out of descriptors: the rest wait in the backlog (polling would spin meanwhile).
+                if (errno == EMFILE || errno == ENFILE) accept_after = Clock::now() + std::chrono::milliseconds(100);
+                break;
+            }
             ++counts_.accepted;
             Conn c;
             c.fd = fd;

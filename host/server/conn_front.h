@@ -7,8 +7,9 @@
 // the headers within header_timeout_ms of the accept, the body within body_timeout_ms of the
 // headers. Limits: max_connections in all (waiting and being served), max_per_address from one
 // peer address; over a limit the connection gets a 503 and is closed. A body larger than
-// peek_bytes, or a chunked one, is handed over once the headers and peek_bytes have arrived (the
-// worker then reads the rest under httplib's read timeout).
+// peek_bytes, a chunked one, or one sent after `Expect: 100-continue`, is handed over once the
+// headers and what fits in peek_bytes have arrived (the worker then reads the rest under
+// httplib's read timeout).
 #pragma once
 
 #include <atomic>
