@@ -12,6 +12,12 @@
 #include <random>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "host/server/http_server.h"
 #include "host/server/openai.h"
 #include "tests/test_paths.h"
@@ -27,7 +33,8 @@ struct TestServer {
     std::unique_ptr<server::HttpServer> http;
     std::thread thread;
 
-    TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue) {
+    // `extra`: api_keys, cors_origins, timeouts and connection limits for the server.
+    TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue, const server::ServerOptions& extra = {}) {
         bluevm_model_options mo;
         bluevm_model_options_init(&mo);
         mo.ctx = ctx;
@@ -42,6 +49,12 @@ struct TestServer {
         so.port = 0;
         so.model_names = {"stories260K"};
         so.max_body_bytes = 1 << 20;
+        so.api_keys = extra.api_keys;
+        so.cors_origins = extra.cors_origins;
+        so.header_timeout_ms = extra.header_timeout_ms;
+        so.body_timeout_ms = extra.body_timeout_ms;
+        so.max_connections = extra.max_connections;
+        so.max_connections_per_address = extra.max_connections_per_address;
         auto s = server::HttpServer::create(model, engine, so);
         REQUIRE_MESSAGE(s.isOk(), s.message());
         http = std::move(s.value());
@@ -444,6 +457,213 @@ TEST_CASE("server: 64 concurrent clients on 16 instances each get exactly their 
     CHECK(s.metric("bluevm_requests_finished_total") == kClients + double(prompts.size()));
     CHECK(s.metric("bluevm_host_round_trips_total") == 0);
     CHECK(s.metric("bluevm_instances_busy") == 0);
+}
+
+TEST_CASE("server: an API key guards every endpoint but /health, and is compared whole") {
+    server::ServerOptions extra;
+    extra.api_keys = {"sk-first", "sk-second-key"};
+    TestServer s(1, 64, 4, extra);
+    httplib::Client c = s.client();
+    auto health = c.Get("/health");
+    REQUIRE(health);
+    CHECK(health->status == 200);
+    const json body = {{"prompt", "Once"}, {"max_tokens", 2}, {"temperature", 0}};
+    for (const char* header : {"", "Bearer ", "Bearer sk-firs", "Bearer sk-first-", "Bearer SK-FIRST", "Basic sk-first",
+                               "sk-first"}) {
+        httplib::Headers h;
+        if (*header) h.emplace("Authorization", header);
+        for (const char* path : {"/v1/models", "/metrics"}) {
+            auto res = c.Get(path, h);
+            REQUIRE(res);
+            CHECK_MESSAGE(res->status == 401, path, " with '", header, "'");
+            CHECK(res->get_header_value("WWW-Authenticate") == "Bearer");
+            json err = json::parse(res->body);
+            CHECK(err["error"]["code"] == "invalid_api_key");
+            CHECK(err["error"]["type"] == "invalid_request_error");
+        }
+        auto res = c.Post("/v1/completions", h, body.dump(), "application/json");
+        REQUIRE(res);
+        CHECK(res->status == 401);
+    }
+    for (const char* key : {"sk-first", "sk-second-key"}) {
+        httplib::Headers h = {{"Authorization", std::string("Bearer ") + key}};
+        auto models = c.Get("/v1/models", h);
+        REQUIRE(models);
+        CHECK(models->status == 200);
+        auto res = c.Post("/v1/completions", h, body.dump(), "application/json");
+        REQUIRE(res);
+        CHECK(res->status == 200);
+        auto tok = c.Post("/tokenize", h, json{{"content", "Once"}}.dump(), "application/json");
+        REQUIRE(tok);
+        CHECK(tok->status == 200);
+    }
+}
+
+TEST_CASE("server: /tokenize answers the model's token ids and names a bad field") {
+    TestServer s(1, 64, 4);
+    httplib::Client c = s.client();
+    auto res = post(s, "/tokenize", {{"content", "Once upon a time"}});
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    json plain = json::parse(res->body)["tokens"];
+    REQUIRE(plain.is_array());
+    CHECK(plain.size() >= 2);
+    res = post(s, "/tokenize", {{"content", "Once upon a time"}, {"add_special", true}});
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    json special = json::parse(res->body)["tokens"];
+    CHECK(special.size() >= plain.size());  // BOS when the vocabulary asks for it
+    // The ids are the ones a completion with prompt ids accepts.
+    auto done = post(s, "/v1/completions", {{"prompt", plain}, {"max_tokens", 2}, {"temperature", 0}});
+    REQUIRE(done);
+    CHECK(done->status == 200);
+    res = post(s, "/tokenize", {{"content", ""}});
+    REQUIRE(res);
+    CHECK(res->status == 200);
+    struct Case {
+        std::string body, param;
+    };
+    for (const Case& k : {Case{"{}", "content"}, Case{R"({"content": 3})", "content"},
+                          Case{R"({"content": "a", "add_special": "yes"})", "add_special"},
+                          Case{"[1,2]", ""}, Case{"{\"content\": ", ""}}) {
+        auto r = c.Post("/tokenize", k.body, "application/json");
+        REQUIRE(r);
+        CHECK_MESSAGE(r->status == 400, k.body);
+        json err = json::parse(r->body, nullptr, false);
+        REQUIRE(err.is_object());
+        if (!k.param.empty()) CHECK(err["error"]["param"] == k.param);
+    }
+}
+
+TEST_CASE("server: CORS is off by default and answers only the origins it names") {
+    {
+        TestServer s(1, 64, 4);
+        httplib::Client c = s.client();
+        auto res = c.Get("/v1/models", {{"Origin", "https://app.example"}});
+        REQUIRE(res);
+        CHECK(res->status == 200);
+        CHECK_FALSE(res->has_header("Access-Control-Allow-Origin"));
+    }
+    server::ServerOptions extra;
+    extra.cors_origins = {"https://app.example"};
+    extra.api_keys = {"sk-k"};
+    TestServer s(1, 64, 4, extra);
+    httplib::Client c = s.client();
+    // A preflight carries no key and is answered all the same.
+    auto pre = c.Options("/v1/completions", {{"Origin", "https://app.example"},
+                                             {"Access-Control-Request-Method", "POST"},
+                                             {"Access-Control-Request-Headers", "authorization, content-type"}});
+    REQUIRE(pre);
+    CHECK(pre->status == 204);
+    CHECK(pre->get_header_value("Access-Control-Allow-Origin") == "https://app.example");
+    CHECK(pre->get_header_value("Access-Control-Allow-Methods").find("POST") != std::string::npos);
+    CHECK(pre->get_header_value("Access-Control-Allow-Headers") == "Authorization, Content-Type");
+    auto ok = c.Get("/v1/models", {{"Origin", "https://app.example"}, {"Authorization", "Bearer sk-k"}});
+    REQUIRE(ok);
+    CHECK(ok->status == 200);
+    CHECK(ok->get_header_value("Access-Control-Allow-Origin") == "https://app.example");
+    auto other = c.Get("/v1/models", {{"Origin", "https://evil.example"}, {"Authorization", "Bearer sk-k"}});
+    REQUIRE(other);
+    CHECK(other->status == 200);
+    CHECK_FALSE(other->has_header("Access-Control-Allow-Origin"));
+    // A refusal still carries the header, so the browser lets the page read the 401.
+    auto refused = c.Get("/v1/models", {{"Origin", "https://app.example"}});
+    REQUIRE(refused);
+    CHECK(refused->status == 401);
+    CHECK(refused->get_header_value("Access-Control-Allow-Origin") == "https://app.example");
+}
+
+// A connected socket to the server that has sent `bytes`; -1 when it cannot connect.
+int rawConnection(int port, const std::string& bytes) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != ssize_t(bytes.size())) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// The value of `line` ("name{labels}") in /metrics text, or -1.
+double metricLine(const std::string& text, const std::string& line) {
+    size_t at = text.find("\n" + line + " ");
+    return at == std::string::npos ? -1 : std::stod(text.substr(at + line.size() + 2));
+}
+
+TEST_CASE("server: 500 slow connections hold no worker; they are dropped at the body timeout") {
+    constexpr int kSlow = 500;
+    rlimit lim{};
+    getrlimit(RLIMIT_NOFILE, &lim);
+    const rlim_t want = 2 * kSlow + 256;  // both ends of every connection, and the engine's own
+    if (lim.rlim_cur < want) {
+        lim.rlim_cur = std::min<rlim_t>(want, lim.rlim_max);
+        setrlimit(RLIMIT_NOFILE, &lim);
+        getrlimit(RLIMIT_NOFILE, &lim);
+    }
+    if (lim.rlim_cur < want) {
+        MESSAGE("skipped: the process may open only ", lim.rlim_cur, " files, the test needs ", want);
+        return;
+    }
+    server::ServerOptions extra;
+    extra.header_timeout_ms = 3000;
+    extra.body_timeout_ms = 3000;
+    extra.max_connections = 2 * kSlow;
+    extra.max_connections_per_address = 2 * kSlow;  // every client here is 127.0.0.1
+    TestServer s(4, 64, 16, extra);
+    const std::string half =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n{\"prompt\": \"Once";
+    std::vector<int> slow;
+    for (int i = 0; i < kSlow; ++i) {
+        const int fd = rawConnection(s.http->port(), half);
+        REQUIRE_MESSAGE(fd >= 0, "connection ", i);
+        slow.push_back(fd);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the front has seen them all
+    const auto t0 = std::chrono::steady_clock::now();
+    auto res = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}});
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    REQUIRE(res);
+    CHECK(res->status == 200);
+    MESSAGE("a completion under ", kSlow, " slow connections took ", seconds, " s");
+    CHECK(seconds < 5.0);
+    auto before = s.client().Get("/metrics");
+    REQUIRE(before);
+    CHECK(metricLine(before->body, "bluevm_http_connections_waiting") >= kSlow);
+    std::this_thread::sleep_for(std::chrono::milliseconds(extra.body_timeout_ms + 1500));
+    auto after = s.client().Get("/metrics");
+    REQUIRE(after);
+    CHECK(metricLine(after->body, "bluevm_http_connections_dropped_total{reason=\"timeout\"}") >= kSlow);
+    CHECK(metricLine(after->body, "bluevm_http_connections_waiting") == 0);
+    for (int fd : slow) close(fd);
+}
+
+TEST_CASE("server: connections over the per-address limit get 503, and the count frees on close") {
+    server::ServerOptions extra;
+    extra.max_connections_per_address = 4;
+    extra.header_timeout_ms = 60000;
+    TestServer s(1, 64, 4, extra);
+    std::vector<int> idle;
+    for (int i = 0; i < 4; ++i) idle.push_back(rawConnection(s.http->port(), "GET /hea"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const int extra_fd = rawConnection(s.http->port(), "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    REQUIRE(extra_fd >= 0);
+    char buf[256] = {};
+    const ssize_t n = recv(extra_fd, buf, sizeof buf - 1, 0);
+    REQUIRE(n > 0);
+    CHECK(std::string(buf).rfind("HTTP/1.1 503", 0) == 0);
+    close(extra_fd);
+    for (int fd : idle) close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the front sees them close
+    auto res = s.client().Get("/metrics");
+    REQUIRE(res);
+    CHECK_MESSAGE(res->status == 200, res->body);
+    CHECK(metricLine(res->body, "bluevm_http_connections_dropped_total{reason=\"limit\"}") >= 1);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // SIGTERM stop it cleanly: running requests are cancelled, the engine and device are released.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -27,7 +29,28 @@ struct ServeArgs {
     uint32_t instances = 4, ctx = 0, queue = 0, chain_cycles = 16, threads = 0;
     bool log = false;
     bool chain_cycles_given = false;
+    std::vector<std::string> api_keys, cors_origins;
+    std::string api_key_file;
+    double header_timeout = 10, body_timeout = 30;
+    uint32_t max_connections = 1024, max_per_address = 256;
 };
+
+// Adds the keys of BLUEVM_API_KEY and of --api-key-file (one a line; blank lines and lines
+// starting with '#' skipped) to a.api_keys; false: the file cannot be read (*error says).
+bool loadApiKeys(ServeArgs& a, std::string* error) {
+    if (const char* env = std::getenv("BLUEVM_API_KEY"); env && *env) a.api_keys.push_back(env);
+    if (a.api_key_file.empty()) return true;
+    std::ifstream in(a.api_key_file);
+    if (!in) {
+        *error = "cannot read --api-key-file '" + a.api_key_file + "'";
+        return false;
+    }
+    for (std::string line; std::getline(in, line);) {
+        while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+        if (!line.empty() && line[0] != '#') a.api_keys.push_back(line);
+    }
+    return true;
+}
 
 // Signals go to one waiting thread, never interrupting the engine's or the HTTP threads.
 sigset_t blockStopSignals() {
@@ -66,6 +89,12 @@ server::ServerOptions serverOptions(const ServeArgs& a) {
     so.port = a.port;
     so.threads = a.threads;
     so.log = a.log;
+    so.api_keys = a.api_keys;
+    so.cors_origins = a.cors_origins;
+    so.header_timeout_ms = int(a.header_timeout * 1000);
+    so.body_timeout_ms = int(a.body_timeout * 1000);
+    so.max_connections = a.max_connections;
+    so.max_connections_per_address = a.max_per_address;
     return so;
 }
 
@@ -190,8 +219,26 @@ Command addServeCommand(CLI::App& app) {
     sub->add_option("--trace", a->trace,
                     "cascades: append one JSON line per finished request (stages, slots, preference pair) to FILE");
     sub->add_flag("--log", a->log, "log one line per HTTP request on stderr");
+    sub->add_option("--api-key", a->api_keys,
+                    "require `Authorization: Bearer KEY` on every endpoint but GET /health (repeatable; "
+                    "also BLUEVM_API_KEY)");
+    sub->add_option("--api-key-file", a->api_key_file, "file of accepted API keys, one a line");
+    sub->add_option("--cors-origin", a->cors_origins,
+                    "answer CORS preflights and allow this browser origin, or * for any (repeatable; default: no CORS)");
+    sub->add_option("--header-timeout", a->header_timeout,
+                    "seconds a connection may take to send its request headers before it is dropped (default 10)")
+        ->check(CLI::Range(0.1, 3600.0));
+    sub->add_option("--body-timeout", a->body_timeout,
+                    "seconds a request may take to send its body after the headers (default 30)")
+        ->check(CLI::Range(0.1, 3600.0));
+    sub->add_option("--max-connections", a->max_connections,
+                    "open connections in all; more get 503 (default 1024)")->check(CLI::Range(1u, 1u << 20));
+    sub->add_option("--max-connections-per-ip", a->max_per_address,
+                    "open connections from one client address; more get 503 (default 256)")->check(CLI::Range(1u, 1u << 20));
     return [a, sub] {
         a->chain_cycles_given = sub->count("--chain-cycles") > 0;
+        std::string error;
+        if (!loadApiKeys(*a, &error)) return fail(error);
         return serve(*a);
     };
 }

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <random>
 
+#include "host/server/conn_front.h"
 #include "host/server/openai.h"
 
 namespace blue::server {
@@ -109,6 +110,23 @@ bool peerClosed(int fd) {
 #endif
     pollfd p{fd, kClosed, 0};
     return poll(&p, 1, 0) > 0 && (p.revents & (kClosed | POLLHUP | POLLERR | POLLNVAL));
+}
+
+// True when `given` equals one of `keys`. Every key is compared over the longer length, with no
+// early exit on a differing byte and none on a match, so the time does not say where they differ.
+bool keyMatches(const std::vector<std::string>& keys, std::string_view given) {
+    unsigned found = 0;
+    for (const std::string& key : keys) {
+        const size_t n = std::max(key.size(), given.size());
+        unsigned diff = key.size() != given.size() ? 1u : 0u;
+        for (size_t i = 0; i < n; ++i) {
+            const unsigned char a = i < key.size() ? (unsigned char)key[i] : 0;
+            const unsigned char b = i < given.size() ? (unsigned char)given[i] : 0;
+            diff |= unsigned(a ^ b);
+        }
+        found |= unsigned(diff == 0);
+    }
+    return found != 0;
 }
 
 // The error of a request that ended with BLUEVM_FINISH_ERROR: 503 when the device failed (the
@@ -228,6 +246,28 @@ struct Generation {
     }
 };
 
+// httplib::Server with the listening socket set from outside: the front (conn_front.h) accepts,
+// and workers call processSocket on connections whose request is whole.
+struct FrontedHttp : httplib::Server {
+    void setListenSocket(int fd) { svr_sock_ = fd; }
+};
+
+// httplib 0.11 keeps Server::process_and_close_socket private; an explicit instantiation may
+// name a private member, which is how the front's workers reach it.
+struct ProcessTag {
+    using type = bool (httplib::Server::*)(int);
+    friend type processMember(ProcessTag);
+};
+template <typename Tag, typename Tag::type M>
+struct ExposeMember {
+    friend typename Tag::type processMember(Tag) { return M; }
+};
+template struct ExposeMember<ProcessTag, &httplib::Server::process_and_close_socket>;
+
+void processSocket(httplib::Server& http, int fd) {
+    (http.*processMember(ProcessTag{}))(fd);
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -237,9 +277,10 @@ struct HttpServer::Impl {
     ServerOptions options;
     bluevm_model_info info{};
     bluevm_cascade_info cascade_info{};
-    httplib::Server http;
+    FrontedHttp http;
+    std::unique_ptr<ConnFront> front;
+    std::unique_ptr<httplib::ThreadPool> pool;
     int port = 0;
-    int listen_socket = -1;
     std::atomic<bool> stopping{false};
     std::mutex counts_mutex;
     std::map<std::pair<std::string, int>, uint64_t> http_counts;  // (path, status) -> requests
@@ -264,10 +305,57 @@ struct HttpServer::Impl {
     bool pump(Generation& g, httplib::DataSink& sink);
     void answerWhole(Generation& g, const httplib::Request& req, httplib::Response& res);
     void health(httplib::Response& res);
+    void tokenize(const httplib::Request& req, httplib::Response& res);
+    bool authorized(const httplib::Request& req) const;
+    std::string allowedOrigin(const httplib::Request& req) const;
     std::string metricsText();
 };
 
+bool HttpServer::Impl::authorized(const httplib::Request& req) const {
+    if (options.api_keys.empty()) return true;
+    if (req.method == "GET" && req.path == "/health") return true;
+    const std::string header = req.get_header_value("Authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    if (header.size() < kBearer.size() || header.compare(0, kBearer.size(), kBearer) != 0) return false;
+    return keyMatches(options.api_keys, std::string_view(header).substr(kBearer.size()));
+}
+
+// The Access-Control-Allow-Origin value for the request's Origin ("": none, CORS off or not allowed).
+std::string HttpServer::Impl::allowedOrigin(const httplib::Request& req) const {
+    if (options.cors_origins.empty() || !req.has_header("Origin")) return "";
+    const std::string origin = req.get_header_value("Origin");
+    for (const std::string& o : options.cors_origins) {
+        if (o == "*") return "*";
+        if (o == origin) return origin;
+    }
+    return "";
+}
+
 void HttpServer::Impl::routes() {
+    // CORS preflights are answered before authentication (browsers send them without the key).
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        if (req.method == "OPTIONS" && !options.cors_origins.empty()) {
+            res.status = 204;
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+        res.set_header("WWW-Authenticate", "Bearer");
+        sendError(res, apiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+                                "invalid_request_error", "", "invalid_api_key"));
+        return httplib::Server::HandlerResponse::Handled;
+    });
+    http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        const std::string origin = allowedOrigin(req);
+        if (origin.empty()) return;
+        res.set_header("Access-Control-Allow-Origin", origin);
+        if (origin != "*") res.set_header("Vary", "Origin");
+        if (req.method == "OPTIONS") {
+            res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+            res.set_header("Access-Control-Max-Age", "600");
+        }
+    });
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
         nlohmann::json data = nlohmann::json::array();
@@ -451,6 +539,39 @@ bool HttpServer::Impl::submitCascade(const ApiRequest& ar, Generation& g, httpli
     return true;
 }
 
+// POST /tokenize {"content": string, "add_special": bool} -> {"tokens": [...]}.
+void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
+    if (cascade) {
+        return sendError(res, apiError(400, "/tokenize is not served for a cascade: its stages may use different tokenizers"));
+    }
+    nlohmann::json j = nlohmann::json::parse(req.body, nullptr, false);
+    if (!j.is_object()) return sendError(res, apiError(400, "the body is not a JSON object"));
+    if (!j.contains("content") || !j["content"].is_string()) {
+        return sendError(res, apiError(400, "'content' must be a string", "invalid_request_error", "content"));
+    }
+    bool add_special = false;
+    if (j.contains("add_special")) {
+        if (!j["add_special"].is_boolean()) {
+            return sendError(res, apiError(400, "'add_special' must be a boolean", "invalid_request_error", "add_special"));
+        }
+        add_special = j["add_special"].get<bool>();
+    }
+    if (j.contains("with_pieces") && !(j["with_pieces"].is_boolean() && !j["with_pieces"].get<bool>())) {
+        return sendError(res, apiError(400, "'with_pieces' is not supported yet", "invalid_request_error", "with_pieces"));
+    }
+    const std::string text = j["content"].get<std::string>();
+    std::vector<uint32_t> ids(text.size() + 8);
+    size_t count = 0;
+    bluevm_status st = bluevm_tokenize(model, text.data(), text.size(), add_special, ids.data(), ids.size(), &count);
+    if (st == BLUEVM_OK && count > ids.size()) {
+        ids.resize(count);
+        st = bluevm_tokenize(model, text.data(), text.size(), add_special, ids.data(), ids.size(), &count);
+    }
+    if (st != BLUEVM_OK) return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", "content"));
+    ids.resize(count);
+    res.set_content(nlohmann::json{{"tokens", ids}}.dump(), "application/json");
+}
+
 void HttpServer::Impl::health(httplib::Response& res) {
     bluevm_health h;
     if (engineHealth(&h) != BLUEVM_OK) {
@@ -586,6 +707,15 @@ std::string HttpServer::Impl::metricsText() {
         engineHealth(&h) == BLUEVM_OK && h.state == BLUEVM_ENGINE_RECOVERING;
     metric("bluevm_device_recovering", "gauge",
            "1 while the device is being rebuilt (requests get 503).", recovering ? 1.0 : 0.0);
+    const FrontCounts& fc = front->counts();
+    metric("bluevm_http_connections_accepted_total", "counter", "TCP connections accepted.", double(fc.accepted));
+    metric("bluevm_http_connections_waiting", "gauge", "Connections whose request has not fully arrived.", double(fc.waiting));
+    out += "# HELP bluevm_http_connections_dropped_total Connections closed before their request was served, by reason.\n"
+           "# TYPE bluevm_http_connections_dropped_total counter\n";
+    out += strFormat("bluevm_http_connections_dropped_total{reason=\"timeout\"} %llu\n", (unsigned long long)fc.dropped_timeout);
+    out += strFormat("bluevm_http_connections_dropped_total{reason=\"limit\"} %llu\n", (unsigned long long)fc.dropped_limit);
+    out += strFormat("bluevm_http_connections_dropped_total{reason=\"header_size\"} %llu\n", (unsigned long long)fc.dropped_header_size);
+    out += strFormat("bluevm_http_connections_dropped_total{reason=\"client_closed\"} %llu\n", (unsigned long long)fc.closed_early);
     out += "# HELP bluevm_http_requests_total HTTP requests answered, by path and status.\n"
            "# TYPE bluevm_http_requests_total counter\n";
     std::lock_guard<std::mutex> lock(counts_mutex);
@@ -640,15 +770,24 @@ Result<std::unique_ptr<HttpServer>> HttpServer::finishCreate(std::unique_ptr<Imp
     // the HTTP layer instead of being queued or refused with 429.
     uint32_t threads = options.threads ? options.threads : m.instances + m.queue_capacity + 8;
     threads = std::min<uint32_t>(threads, 1024);
-    impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    impl->pool = std::make_unique<httplib::ThreadPool>(threads);
     impl->http.set_payload_max_length(options.max_body_bytes);
-    // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second server bind the
-    // same port silently and share its connections. The socket is kept to raise its backlog.
+    // One request per connection: a kept-alive connection would hold its worker while idle.
+    impl->http.set_keep_alive_max_count(1);
+    impl->http.set_read_timeout(std::max(1, options.body_timeout_ms / 1000), 0);
+    FrontOptions fo;
+    fo.host = options.host;
+    fo.port = options.port;
+    fo.header_timeout_ms = options.header_timeout_ms;
+    fo.body_timeout_ms = options.body_timeout_ms;
+    fo.max_connections = options.max_connections;
+    fo.max_per_address = options.max_connections_per_address;
     Impl* raw = impl.get();
-    impl->http.set_socket_options([raw](int sock) {
-        int yes = 1;
-        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-        raw->listen_socket = sock;
+    impl->front = std::make_unique<ConnFront>(fo, [raw](int fd, std::function<void()> done) {
+        raw->pool->enqueue([raw, fd, done] {
+            processSocket(raw->http, fd);
+            done();
+        });
     });
     impl->routes();
     return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
@@ -656,19 +795,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::finishCreate(std::unique_ptr<Imp
 
 Status HttpServer::bind() {
     Impl& im = *impl_;
-    if (im.options.port == 0) {
-        im.port = im.http.bind_to_any_port(im.options.host);
-        if (im.port <= 0) return BLUE_ERROR("cannot listen on %s (any port)", im.options.host.c_str());
-    } else {
-        if (!im.http.bind_to_port(im.options.host, im.options.port)) {
-            return BLUE_ERROR("cannot listen on %s:%d (in use, or not an address of this machine)",
-                              im.options.host.c_str(), im.options.port);
-        }
-        im.port = im.options.port;
-    }
-    // httplib listens with a backlog of 5: many clients connecting at once would overflow it and
-    // see their connections dropped. Listening again on a listening socket raises the backlog.
-    if (im.listen_socket >= 0) ::listen(im.listen_socket, SOMAXCONN);
+    if (Status st = im.front->bind(); !st) return st;
+    im.port = im.front->port();
+    im.http.setListenSocket(im.front->listenSocket());
     return Status::ok();
 }
 
@@ -677,15 +806,15 @@ int HttpServer::port() const {
 }
 
 Status HttpServer::run() {
-    if (!impl_->http.listen_after_bind() && !impl_->stopping) {
-        return Status::error("the HTTP server stopped unexpectedly");
-    }
+    impl_->front->run();
+    impl_->pool->shutdown();  // the requests handed over are answered (503 once stopping)
     return Status::ok();
 }
 
 void HttpServer::stop() {
     impl_->stopping = true;
-    impl_->http.stop();
+    impl_->http.setListenSocket(-1);  // ends workers' keep-alive loops
+    impl_->front->stop();
 }
 
 }  // namespace blue::server

@@ -3,6 +3,11 @@
 //
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true answers server-sent events)
 //   GET  /v1/models, GET /health, GET /metrics (Prometheus text)
+//   POST /tokenize {"content", "add_special"} -> {"tokens": [...]}   (a model, not a cascade)
+//
+// With api_keys, every endpoint but GET /health needs `Authorization: Bearer KEY` (401 with
+// WWW-Authenticate: Bearer otherwise; keys are compared without an early exit). CORS is off
+// unless cors_origins names origins (or "*").
 //
 // A client that disconnects cancels its request, which frees its instance. Bad requests get 400
 // with an OpenAI error body naming the field; an unknown model 404; a full queue 429.
@@ -36,6 +41,19 @@ struct ServerOptions {
     std::vector<std::string> model_names;  // names clients may send as "model" (first: reported)
     bool log = false;          // one line per request on stderr
     size_t max_body_bytes = 8u << 20;
+    // Keys a client must send as `Authorization: Bearer KEY` on every endpoint but GET /health
+    // (401 otherwise); empty: no authentication.
+    std::vector<std::string> api_keys;
+    // Origins answered with CORS headers (preflight OPTIONS: 204); "*": any; empty: no CORS.
+    std::vector<std::string> cors_origins;
+    // Slow clients (conn_front.h): a connection's headers must arrive within header_timeout_ms
+    // of its accept and its body within body_timeout_ms of the headers, else it is dropped;
+    // over max_connections in all or max_connections_per_address from one address, a new one
+    // gets 503. Connections still arriving hold no worker thread.
+    int header_timeout_ms = 10000;
+    int body_timeout_ms = 30000;
+    uint32_t max_connections = 1024;
+    uint32_t max_connections_per_address = 256;
 };
 
 class HttpServer {
