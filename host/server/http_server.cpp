@@ -280,6 +280,7 @@ struct HttpServer::Impl {
     FrontedHttp http;
     std::unique_ptr<ConnFront> front;
     std::unique_ptr<httplib::ThreadPool> pool;
+    bool pool_down = false;  // shut down (joined) once: by run(), else by the destructor
     int port = 0;
     std::atomic<bool> stopping{false};
     std::mutex counts_mutex;
@@ -736,6 +737,8 @@ HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 HttpServer::~HttpServer() {
     stop();
+    // A server that never ran (bind failed) still has its idle workers to join.
+    if (impl_->pool && !impl_->pool_down) impl_->pool->shutdown();
 }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_cascade* cascade,
@@ -808,6 +811,7 @@ int HttpServer::port() const {
 Status HttpServer::run() {
     impl_->front->run();
     impl_->pool->shutdown();  // the requests handed over are answered (503 once stopping)
+    impl_->pool_down = true;
     return Status::ok();
 }
 
