@@ -38,7 +38,11 @@ void describeModel(const GgufFile& file, std::string& out) {
         out += strFormat("  ffn: %u experts, %u used, expert width %u", c.n_expert, c.n_expert_used,
                          c.n_ff_exp);
         if (c.n_ff_shexp) out += strFormat(", shared expert width %u", c.n_ff_shexp);
-        out += c.expert_weights_norm ? ", weights renormalised\n" : "\n";
+        // Mixtral and qwen3moe renormalise the top-k softmax weights; qwen2moe does not, and adds
+        // its shared expert scaled by sigmoid(ffn_gate_inp_shexp . x).
+        out += "\n  gating: softmax, top-k";
+        if (c.expert_weights_norm) out += ", renormalised";
+        out += c.n_ff_shexp ? "; shared expert gated by sigmoid\n" : "\n";
     } else {
         out += strFormat("  ffn: width %u\n", c.n_ff);
     }

@@ -202,8 +202,9 @@ Status readFeedForward(const GgufFile& file, const ArchKeys& keys, const ArchTra
     }
     BLUE_ASSIGN(c.n_expert_used, keys.positive("expert_used_count"));
     if (c.n_expert_used > c.n_expert) {
-        return BLUE_ERROR("%s: expert_used_count %u exceeds expert_count %u", name, c.n_expert_used,
-                          c.n_expert);
+        return BLUE_ERROR("%s: key '%s' is %u, more than %s %u", name,
+                          keys.key("expert_used_count").c_str(), c.n_expert_used,
+                          keys.key("expert_count").c_str(), c.n_expert);
     }
     c.expert_weights_norm = arch.weights_norm;
     uint32_t fallback_exp = arch.arch == ModelArch::Llama ? c.n_ff : c.n_ff / c.n_expert_used;

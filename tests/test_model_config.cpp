@@ -126,6 +126,38 @@ std::string loadError(const Spec& s) {
     return c.message();
 }
 
+// Small MoE files of each MoE architecture: Mixtral-style llama, qwen2moe, qwen3moe.
+Spec mixtralSpec() {
+    Spec s;
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    s.moe_tensors = true;
+    return s;
+}
+
+Spec qwen2moeSpec() {
+    Spec s;
+    s.arch = "qwen2moe";
+    s.bias = true;
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    s.n_ff_exp = 16;
+    s.n_ff_shexp = 24;
+    s.moe_tensors = s.shexp = true;
+    return s;
+}
+
+Spec qwen3moeSpec() {
+    Spec s;
+    s.arch = "qwen3moe";
+    s.qk_norm = true;
+    s.n_expert = 4;
+    s.n_expert_used = 2;
+    s.n_ff_exp = 16;
+    s.moe_tensors = true;
+    return s;
+}
+
 }  // namespace
 
 TEST_CASE("model config: stories260K") {
@@ -388,6 +420,112 @@ TEST_CASE("model config: errors name the key or tensor") {
               "syn.gguf: tokenizer.ggml.tokens has 39 tokens but token_embd.weight has 40 rows");
         s.keys = [](GgufWriter& w) { w.setU32("llama.vocab_size", 41); };
         CHECK(loadError(s) == "syn.gguf: llama.vocab_size is 41 but token_embd.weight has 40 rows");
+    }
+}
+
+TEST_CASE("model config: describe MoE files with their gating rule") {
+    struct Case {
+        Spec spec;
+        const char* ffn;
+        const char* gating;
+    };
+    for (const Case& k :
+         {Case{mixtralSpec(), "ffn: 4 experts, 2 used, expert width 48\n",
+               "gating: softmax, top-k, renormalised\n"},
+          Case{qwen2moeSpec(), "ffn: 4 experts, 2 used, expert width 16, shared expert width 24\n",
+               "gating: softmax, top-k; shared expert gated by sigmoid\n"},
+          Case{qwen3moeSpec(), "ffn: 4 experts, 2 used, expert width 16\n",
+               "gating: softmax, top-k, renormalised\n"}}) {
+        std::string d = ggufDescribe(build(k.spec));
+        INFO(d);
+        CHECK(d.find(k.ffn) != std::string::npos);
+        CHECK(d.find(k.gating) != std::string::npos);
+    }
+}
+
+TEST_CASE("model config: malformed MoE files name the key or tensor") {
+    SUBCASE("expert counts") {
+        Spec s = qwen2moeSpec();
+        s.n_expert = 0;  // no expert_count key at all
+        s.moe_tensors = s.shexp = false;
+        CHECK(loadError(s) == "syn.gguf: qwen2moe needs qwen2moe.expert_count > 0");
+        s = qwen3moeSpec();
+        s.keys = [](GgufWriter& w) { w.setU32("qwen3moe.expert_count", 0); };
+        CHECK(loadError(s) == "syn.gguf: qwen3moe needs qwen3moe.expert_count > 0");
+        s = mixtralSpec();
+        s.keys = [](GgufWriter& w) { w.setU32("llama.expert_used_count", 5); };
+        CHECK(loadError(s) ==
+              "syn.gguf: key 'llama.expert_used_count' is 5, more than llama.expert_count 4");
+        s.keys = [](GgufWriter& w) { w.setU32("llama.expert_used_count", 0); };
+        CHECK(loadError(s) == "syn.gguf: key 'llama.expert_used_count' is 0");
+        s = qwen3moeSpec();
+        s.n_expert_used = 0;  // key absent
+        CHECK(loadError(s) == "syn.gguf: missing key 'qwen3moe.expert_used_count'");
+    }
+    SUBCASE("expert widths") {
+        Spec s = qwen2moeSpec();
+        s.n_ff_shexp = 0;  // no expert_shared_feed_forward_length: falls back to n_ff
+        s.ff_key = false;  // ... which is absent too
+        s.shexp = false;
+        CHECK(loadError(s) ==
+              "syn.gguf: missing or zero key 'qwen2moe.expert_shared_feed_forward_length'");
+        s = qwen3moeSpec();
+        s.n_ff_exp = 0;  // falls back to feed_forward_length / expert_used_count
+        s.ff_key = false;
+        CHECK(loadError(s) ==
+              "syn.gguf: missing or zero key 'qwen3moe.expert_feed_forward_length'");
+    }
+    SUBCASE("missing router and expert tensors") {
+        Spec s = mixtralSpec();
+        s.skip = {"blk.1.ffn_gate_exps.weight"};
+        CHECK(loadError(s) == "syn.gguf: llama: missing tensor 'blk.1.ffn_gate_exps.weight'");
+        s.skip = {"blk.0.ffn_gate_inp.weight"};
+        CHECK(loadError(s) == "syn.gguf: llama: missing tensor 'blk.0.ffn_gate_inp.weight'");
+        s = qwen3moeSpec();
+        s.skip = {"blk.1.ffn_down_exps.weight"};
+        CHECK(loadError(s) == "syn.gguf: qwen3moe: missing tensor 'blk.1.ffn_down_exps.weight'");
+        for (const char* name : {"blk.0.ffn_gate_inp_shexp.weight", "blk.1.ffn_up_shexp.weight",
+                                 "blk.1.ffn_down_shexp.weight"}) {
+            s = qwen2moeSpec();
+            s.skip = {name};
+            CHECK(loadError(s) == std::string("syn.gguf: qwen2moe: missing tensor '") + name + "'");
+        }
+    }
+    SUBCASE("expert tensors of the wrong shape") {
+        Spec s = mixtralSpec();
+        s.reshape["blk.1.ffn_up_exps.weight"] = {32, 48, 3};  // E 3, not 4
+        CHECK(loadError(s) ==
+              "syn.gguf: llama: tensor 'blk.1.ffn_up_exps.weight' has shape "
+              "[32, 48, 3], expected [32, 48, 4]");
+        s.reshape = {{"blk.0.ffn_gate_inp.weight", {32, 8}}};
+        CHECK(loadError(s) ==
+              "syn.gguf: llama: tensor 'blk.0.ffn_gate_inp.weight' has shape "
+              "[32, 8], expected [32, 4]");
+        s = qwen3moeSpec();
+        s.reshape["blk.0.ffn_down_exps.weight"] = {24, 32, 4};  // n_ff_exp 24, not 16
+        CHECK(loadError(s) ==
+              "syn.gguf: qwen3moe: tensor 'blk.0.ffn_down_exps.weight' has shape "
+              "[24, 32, 4], expected [16, 32, 4]");
+        s.reshape = {{"blk.0.ffn_gate_exps.weight", {32, 16}}};  // 2-D: one expert's worth
+        CHECK(loadError(s) ==
+              "syn.gguf: qwen3moe: tensor 'blk.0.ffn_gate_exps.weight' has shape "
+              "[32, 16], expected [32, 16, 4]");
+        s = qwen2moeSpec();
+        s.reshape["blk.1.ffn_gate_shexp.weight"] = {32, 16};  // the routed width, not 24
+        CHECK(loadError(s) ==
+              "syn.gguf: qwen2moe: tensor 'blk.1.ffn_gate_shexp.weight' has shape "
+              "[32, 16], expected [32, 24]");
+    }
+    SUBCASE("dense tensors in an MoE file, MoE tensors in a dense one") {
+        Spec s = mixtralSpec();
+        s.extra = {"blk.0.ffn_gate.weight"};
+        s.reshape["blk.0.ffn_gate.weight"] = {32, 48};
+        CHECK(loadError(s) ==
+              "syn.gguf: llama: tensor 'blk.0.ffn_gate.weight' is not part of the llama forward "
+              "pass");
+        s = qwen3moeSpec();
+        s.arch = "qwen3";  // the same tensors under the dense architecture
+        CHECK(loadError(s) == "syn.gguf: qwen3: missing tensor 'blk.0.ffn_gate.weight'");
     }
 }
 

@@ -1,9 +1,11 @@
 // Tests of `bluevm quantize` (compiler/quantize.h): the llama.cpp-style type mix on hand-derived
 // cases, quantizing the real stories260K model to q8_0, q4_0 and q4_k (tensor types, decode
 // error against the f32 original, metadata, thread-count independence), requantization, progress
-// reports, F16/BF16 in and out, a synthetic MoE model (3-D expert tensors) and the error cases.
+// reports, F16/BF16 in and out, synthetic MoE models (3-D expert tensors: Mixtral-style, qwen2moe
+// with a shared expert, qwen3moe) and the error cases.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -386,6 +388,96 @@ TEST_CASE("quantize: a synthetic Mixtral-style model with 3-D expert tensors") {
         // Gaussian weights: Q4_K ~0.08, Q5_0 ~0.04, Q5_K ~0.04, Q6_K ~0.02, Q8_0 ~0.005.
         double err = relRmse(decodeTensor(*a, *a->findTensor(name)), decodeTensor(*b, *t));
         CHECK(err < (t->type == DType::F32 ? 1e-30 : 0.1));
+    }
+}
+
+namespace {
+
+// The type llama.cpp's mixes give the tensors of the 2-layer Qwen MoE models below (4 experts:
+// no 8-expert rule), derived by hand; rows of 128 (qwen3moe's ffn_down_exps) are not whole Q4_K
+// blocks and fall back (Q4_K -> Q5_0, Q6_K -> Q8_0). use_more_bits(l, 2) holds for layer 1.
+DType expectedQwenMoeType(const std::string& name, int64_t row_len, DType target) {
+    if (name.find("_norm") != std::string::npos || name.find("ffn_gate_inp") != std::string::npos ||
+        name.find(".bias") != std::string::npos) {
+        return DType::F32;  // norms, the router, the shared expert's gate vector, biases
+    }
+    if (name == "output.weight") return target == DType::Q8_0 ? DType::Q8_0 : DType::Q6_K;
+    if (target != DType::Q4_K) return target;
+    bool layer1 = name.rfind("blk.1.", 0) == 0;
+    bool more_bits = layer1 && (name.find("ffn_down") != std::string::npos ||
+                                name.find("attn_v.weight") != std::string::npos);
+    if (row_len % 256 != 0) return more_bits ? DType::Q8_0 : DType::Q5_0;
+    return more_bits ? DType::Q6_K : DType::Q4_K;
+}
+
+}  // namespace
+
+TEST_CASE("quantize: Qwen MoE models, expert by expert, in q4_0, q8_0 and q4_k") {
+    TempDir dir;
+    for (const char* preset : {"qwen2moe-tiny", "qwen3moe-tiny"}) {
+        SynthConfig c = *synthPreset(preset);
+        c.n_layer = 2;
+        c.n_vocab = 300;
+        c.n_expert = 4;
+        c.n_expert_used = 2;
+        const std::string f32 = dir.file(std::string(preset) + ".gguf");
+        REQUIRE(synthWrite(c, SynthOptions{}, f32));
+        Result<GgufFile> a = ggufOpen(f32);
+        REQUIRE(a);
+        const ModelConfig ca = modelConfigFromGguf(*a).value();
+        for (DType target : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+            CAPTURE(preset);
+            CAPTURE(dtypeName(target));
+            const std::string q =
+                dir.file(std::string(preset) + "-" + std::string(dtypeName(target)) + ".gguf");
+            Result<QuantizeReport> report = quantizeGguf(f32, q, target);
+            REQUIRE_MESSAGE(report, report.message());
+            Result<GgufFile> b = ggufOpen(q);
+            REQUIRE(b);
+            Result<ModelConfig> cb = modelConfigFromGguf(*b);
+            REQUIRE_MESSAGE(cb, cb.message());
+            CHECK(cb->n_expert == ca.n_expert);
+            CHECK(cb->n_expert_used == ca.n_expert_used);
+            CHECK(cb->n_ff_exp == ca.n_ff_exp);
+            CHECK(cb->n_ff_shexp == ca.n_ff_shexp);
+            CHECK(b->getU32("general.file_type").value() == quantizeFileType(target));
+            for (const GgufTensor& ta : a->tensors()) {
+                const std::string name(ta.name);
+                CAPTURE(name);
+                const GgufTensor* tb = b->findTensor(name);
+                REQUIRE(tb);
+                CHECK(tb->n_dims == ta.n_dims);
+                CHECK(tb->ne == ta.ne);
+                CHECK(dtypeName(tb->type) ==
+                      dtypeName(expectedQwenMoeType(name, ta.ne[0], target)));
+                std::span<const uint8_t> qa = a->rawTensorData(ta), qb = b->rawTensorData(*tb);
+                if (tb->type == DType::F32) {
+                    CHECK(std::equal(qa.begin(), qa.end(), qb.begin(), qb.end()));
+                    continue;
+                }
+                // Each row of every expert is quantized on its own, as in a 2-D tensor.
+                const uint64_t row_bytes = *dtypeRowBytes(tb->type, uint64_t(ta.ne[0]));
+                std::vector<uint8_t> block(row_bytes);
+                bool same = true;
+                for (int64_t r = 0; r < ta.rows(); ++r) {
+                    const float* row = reinterpret_cast<const float*>(qa.data()) + r * ta.ne[0];
+                    quantizeRow(tb->type, row, block.data(), ta.ne[0]);
+                    same = same &&
+                           std::memcmp(block.data(), qb.data() + r * row_bytes, row_bytes) == 0;
+                }
+                CHECK(same);
+                // Decoded expert by expert, each expert's matrix stays close to the original.
+                std::vector<float> ra = decodeTensor(*a, ta), rb = decodeTensor(*b, *tb);
+                const size_t per = size_t(ta.ne[0] * ta.ne[1]);
+                for (int64_t e = 0; e < ta.ne[2]; ++e) {
+                    CAPTURE(e);
+                    std::vector<float> xa(ra.begin() + e * per, ra.begin() + (e + 1) * per);
+                    std::vector<float> xb(rb.begin() + e * per, rb.begin() + (e + 1) * per);
+                    // Gaussian rows: Q4_0 ~0.1, Q4_K ~0.08, Q5_0 ~0.04, Q6_K ~0.02, Q8_0 ~0.005.
+                    CHECK(relRmse(xa, xb) < (tb->type == DType::Q8_0 ? 0.01 : 0.13));
+                }
+            }
+        }
     }
 }
 

@@ -73,7 +73,7 @@ TEST_CASE("synth: parameter counts of the presets") {
     CHECK(millions("peer-dim1024") == 200.8);
     CHECK(millions("stories15M") == 15.2);
     CHECK(millions("stories110M") == 109.5);
-    CHECK(synthPresetNames().size() == 8);
+    CHECK(synthPresetNames().size() == 10);
     CHECK_FALSE(synthPreset("llama-70b").has_value());
 }
 
@@ -87,7 +87,9 @@ TEST_CASE("synth: a tiny model of each architecture loads") {
     for (Case k : {Case{"stories15M", ModelArch::Llama, 0, true, false},
                    Case{"peer-dim256", ModelArch::Llama, 0, false, false},
                    Case{"qwen2-0.5b", ModelArch::Qwen2, 0, true, true},
-                   Case{"mixtral-tiny", ModelArch::Llama, 8, false, false}}) {
+                   Case{"mixtral-tiny", ModelArch::Llama, 8, false, false},
+                   Case{"qwen2moe-tiny", ModelArch::Qwen2Moe, 16, false, true},
+                   Case{"qwen3moe-tiny", ModelArch::Qwen3Moe, 16, false, false}}) {
         for (DType type : {DType::F32, DType::Q8_0, DType::Q4_K}) {
             CAPTURE(k.preset);
             CAPTURE(dtypeName(type));
@@ -105,7 +107,9 @@ TEST_CASE("synth: a tiny model of each architecture loads") {
             CHECK(m->n_vocab == 300);
             CHECK(m->n_expert == k.experts);
             CHECK((k.experts ? m->n_ff_exp : m->n_ff) == 128);
-            if (k.experts) CHECK(m->n_expert_used == 2);
+            if (k.experts) CHECK(m->n_expert_used == c.n_expert_used);
+            CHECK(m->n_ff_shexp == c.n_ff_shexp);
+            CHECK(m->has_qk_norm == c.qkNorm());
             CHECK(m->tied_output == k.tied);
             CHECK(m->has_qkv_bias == k.bias);
             CHECK(f.getU32("general.file_type").value() == quantizeFileType(type));
@@ -113,6 +117,52 @@ TEST_CASE("synth: a tiny model of each architecture loads") {
             for (const GgufTensor& t : f.tensors()) elements += uint64_t(t.n_elements);
             CHECK(elements == synthParamCount(c));
         }
+    }
+}
+
+TEST_CASE("synth: the Qwen MoE presets have Qwen MoE shapes and keys") {
+    SynthConfig c2 = *synthPreset("qwen2moe-tiny");
+    CHECK(c2.arch == "qwen2moe");
+    CHECK(c2.n_expert == 16);
+    CHECK(c2.n_expert_used == 4);
+    CHECK(c2.n_ff == 256);
+    CHECK(c2.n_ff_shexp == 1024);
+    CHECK(c2.qkv_bias);
+    SynthConfig c3 = *synthPreset("qwen3moe-tiny");
+    CHECK(c3.arch == "qwen3moe");
+    CHECK(c3.n_expert == 16);
+    CHECK(c3.n_expert_used == 4);
+    CHECK(c3.n_ff == 128);
+    CHECK(c3.n_ff_shexp == 0);
+    CHECK(c3.qkNorm());
+    for (SynthConfig c : {c2, c3}) {
+        CAPTURE(c.name);
+        c.n_vocab = 300;
+        c.n_layer = 2;
+        GgufFile f = build(c);
+        Result<ModelConfig> m = modelConfigFromGguf(f);
+        REQUIRE_MESSAGE(m, m.message());
+        const std::string a = c.arch;
+        CHECK(f.getU32(a + ".expert_count").value() == 16);
+        CHECK(f.getU32(a + ".expert_used_count").value() == 4);
+        CHECK(f.getU32(a + ".expert_feed_forward_length").value() == c.n_ff);
+        CHECK(f.has(a + ".expert_shared_feed_forward_length") == (c.n_ff_shexp > 0));
+        CHECK(f.getString("tokenizer.ggml.model").value() == "gpt2");
+        CHECK(m->n_embd == 256);
+        CHECK(m->n_head == 8);
+        CHECK(m->n_head_kv == 2);
+        CHECK(m->n_ff_exp == c.n_ff);
+        CHECK(m->n_ff_shexp == c.n_ff_shexp);
+        CHECK(m->expert_weights_norm == (a == "qwen3moe"));
+        CHECK(m->has_qkv_bias == (a == "qwen2moe"));
+        CHECK(m->has_qk_norm == (a == "qwen3moe"));
+        CHECK(m->rope_mode == RopeMode::Neox);
+        uint64_t elements = 0;
+        for (const GgufTensor& t : f.tensors()) elements += uint64_t(t.n_elements);
+        CHECK(elements == synthParamCount(c));
+        const GgufTensor* down = f.findTensor("blk.1.ffn_down_shexp.weight");
+        CHECK((down != nullptr) == (c.n_ff_shexp > 0));
+        if (down) CHECK(down->ne == std::array<int64_t, 4>{1024, 256, 1, 1});
     }
 }
 
@@ -291,6 +341,18 @@ TEST_CASE("synth: invalid configs are refused with the field named") {
     c.n_expert = 4;
     c.n_expert_used = 2;
     CHECK(error(c).find("llama") != std::string::npos);
+    c = tiny("qwen2moe-tiny");
+    c.n_expert = 0;
+    CHECK(error(c) == "qwen2moe needs experts (got 0)");
+    c = tiny("qwen2moe-tiny");
+    c.n_ff_shexp = 0;
+    CHECK(error(c).find("shared-ff 0") != std::string::npos);
+    c = tiny("qwen2moe-tiny");
+    c.qkv_bias = false;
+    CHECK(error(c) == "qwen2moe needs Q/K/V biases");
+    c = tiny("qwen3moe-tiny");
+    c.n_ff_shexp = 64;
+    CHECK(error(c).find("shared-ff 64") != std::string::npos);
     GgufWriter w;
     SynthOptions opt;
     opt.type = DType::Q8_K;

@@ -21,6 +21,7 @@ struct Args {
     uint32_t threads = 0;
     bool pure = false, list = false, tied = false, untied = false;
     std::optional<uint32_t> layers, dim, ff, vocab, ctx, heads, kv_heads, experts, experts_used;
+    std::optional<uint32_t> shared_ff;
 };
 
 int fail(const std::string& message) {
@@ -33,6 +34,9 @@ std::string describe(const blue::SynthConfig& c) {
                                     c.name.c_str(), c.arch.c_str(), c.dim, c.n_layer, c.n_head,
                                     c.n_head_kv, c.n_ff, c.n_vocab);
     if (c.n_expert) s += blue::strFormat(", %u experts top-%u", c.n_expert, c.n_expert_used);
+    if (c.n_ff_shexp) s += blue::strFormat(", shared expert ff %u", c.n_ff_shexp);
+    if (c.qkv_bias) s += ", qkv bias";
+    if (c.qkNorm()) s += ", qk norm";
     s += c.tied_output ? ", tied output" : ", separate output";
     return s + blue::strFormat(": %.2fM parameters", double(blue::synthParamCount(c)) / 1e6);
 }
@@ -52,6 +56,7 @@ void applyOverrides(const Args& a, blue::SynthConfig& c) {
         c.n_expert_used = c.n_expert ? std::min(c.n_expert_used, c.n_expert) : 0;
     }
     if (a.experts_used) c.n_expert_used = *a.experts_used;
+    if (a.shared_ff) c.n_ff_shexp = *a.shared_ff;
     if (a.tied) c.tied_output = true;
     if (a.untied) c.tied_output = false;
 }
@@ -118,6 +123,7 @@ int main(int argc, char** argv) {
     app.add_option("--kv-heads", a.kv_heads, "override: KV heads");
     app.add_option("--experts", a.experts, "override: experts (0: dense)");
     app.add_option("--experts-used", a.experts_used, "override: experts per token");
+    app.add_option("--shared-ff", a.shared_ff, "override: shared expert width (qwen2moe)");
     app.add_flag("--tied", a.tied, "override: no output.weight (logits use token_embd)");
     app.add_flag("--untied", a.untied, "override: a separate output.weight");
     CLI11_PARSE(app, argc, argv);

@@ -58,10 +58,34 @@ std::vector<SynthConfig> presets() {
     mixtral.n_expert_used = 2;
     mixtral.rope_base = 1000000.0f;
     p.push_back(mixtral);
+    // Qwen1.5-MoE-A2.7B scaled down: 60 experts top-4 -> 16 top-4, a shared expert 4x an expert's
+    // width, Q/K/V biases.
+    SynthConfig qwen2moe = llama("qwen2moe-tiny", 256, 4, 8, 2, 256, 8192, false);
+    qwen2moe.arch = "qwen2moe";
+    qwen2moe.n_expert = 16;
+    qwen2moe.n_expert_used = 4;
+    qwen2moe.n_ff_shexp = 1024;
+    qwen2moe.qkv_bias = true;
+    qwen2moe.rope_base = 1000000.0f;
+    qwen2moe.norm_eps = 1e-6f;
+    p.push_back(qwen2moe);
+    // Qwen3-30B-A3B scaled down: 128 experts top-8 -> 16 top-4, Q/K norm, no shared expert, no
+    // biases (its head width 128 != dim / heads is not reproduced: blue-synth has no key_length).
+    SynthConfig qwen3moe = llama("qwen3moe-tiny", 256, 4, 8, 2, 128, 40960, false);
+    qwen3moe.arch = "qwen3moe";
+    qwen3moe.n_expert = 16;
+    qwen3moe.n_expert_used = 4;
+    qwen3moe.rope_base = 1000000.0f;
+    qwen3moe.norm_eps = 1e-6f;
+    p.push_back(qwen3moe);
     return p;
 }
 
 enum class Init { Random, Ones };
+
+bool isQwenMoe(const SynthConfig& c) {
+    return c.arch == "qwen2moe" || c.arch == "qwen3moe";
+}
 
 struct TensorSpec {
     std::string name;
@@ -85,6 +109,10 @@ void addLayer(const SynthConfig& c, uint32_t l, std::vector<TensorSpec>& out) {
         out.push_back({blk(l, "attn_k.bias"), {kv}, Init::Random});
         out.push_back({blk(l, "attn_v.bias"), {kv}, Init::Random});
     }
+    if (c.qkNorm()) {
+        out.push_back({blk(l, "attn_q_norm.weight"), {c.headDim()}, Init::Ones});
+        out.push_back({blk(l, "attn_k_norm.weight"), {c.headDim()}, Init::Ones});
+    }
     out.push_back({blk(l, "attn_output.weight"), {q, e}, Init::Random});
     out.push_back({blk(l, "ffn_norm.weight"), {e}, Init::Ones});
     if (c.n_expert == 0) {
@@ -97,6 +125,12 @@ void addLayer(const SynthConfig& c, uint32_t l, std::vector<TensorSpec>& out) {
     out.push_back({blk(l, "ffn_gate_exps.weight"), {e, f, x}, Init::Random});
     out.push_back({blk(l, "ffn_down_exps.weight"), {f, e, x}, Init::Random});
     out.push_back({blk(l, "ffn_up_exps.weight"), {e, f, x}, Init::Random});
+    if (c.n_ff_shexp == 0) return;
+    const int64_t s = c.n_ff_shexp;
+    out.push_back({blk(l, "ffn_gate_inp_shexp.weight"), {e}, Init::Random});
+    out.push_back({blk(l, "ffn_gate_shexp.weight"), {e, s}, Init::Random});
+    out.push_back({blk(l, "ffn_down_shexp.weight"), {s, e}, Init::Random});
+    out.push_back({blk(l, "ffn_up_shexp.weight"), {e, s}, Init::Random});
 }
 
 // In the order llama.cpp's converters write them: embeddings, output, then the layers.
@@ -177,7 +211,12 @@ void setMetadata(const SynthConfig& c, const SynthOptions& o, GgufWriter* w) {
     w->setU32(a + ".context_length", c.n_ctx);
     w->setU32(a + ".embedding_length", c.dim);
     w->setU32(a + ".block_count", c.n_layer);
-    w->setU32(a + ".feed_forward_length", c.n_ff);
+    // Qwen MoE files state the dense width their config names (the shared expert's in qwen2moe)
+    // and the expert widths in keys of their own; llama experts take feed_forward_length.
+    uint32_t ff = c.n_ff;
+    if (c.arch == "qwen2moe") ff = c.n_ff_shexp;
+    if (c.arch == "qwen3moe") ff = c.n_ff * c.n_expert_used;
+    w->setU32(a + ".feed_forward_length", ff);
     w->setU32(a + ".attention.head_count", c.n_head);
     w->setU32(a + ".attention.head_count_kv", c.n_head_kv);
     w->setF32(a + ".attention.layer_norm_rms_epsilon", c.norm_eps);
@@ -187,7 +226,9 @@ void setMetadata(const SynthConfig& c, const SynthOptions& o, GgufWriter* w) {
         w->setU32(a + ".expert_count", c.n_expert);
         w->setU32(a + ".expert_used_count", c.n_expert_used);
     }
-    if (c.arch == "qwen2") {
+    if (isQwenMoe(c)) w->setU32(a + ".expert_feed_forward_length", c.n_ff);
+    if (c.n_ff_shexp) w->setU32(a + ".expert_shared_feed_forward_length", c.n_ff_shexp);
+    if (c.arch != "llama") {
         synthAddGpt2Vocab(w, c.n_vocab);
     } else {
         synthAddLlamaVocab(w, c.n_vocab);
@@ -211,9 +252,10 @@ std::vector<std::string_view> synthPresetNames() {
 }
 
 Status synthValidate(const SynthConfig& c) {
-    if (c.arch != "llama" && c.arch != "qwen2") {
-        return BLUE_ERROR("architecture '%s' is not one blue-synth makes (llama, qwen2)",
-                          c.arch.c_str());
+    if (c.arch != "llama" && c.arch != "qwen2" && !isQwenMoe(c)) {
+        return BLUE_ERROR(
+            "architecture '%s' is not one blue-synth makes (llama, qwen2, qwen2moe, qwen3moe)",
+            c.arch.c_str());
     }
     const std::pair<const char*, uint32_t> sizes[] = {
         {"dim", c.dim}, {"layers", c.n_layer}, {"heads", c.n_head}, {"kv-heads", c.n_head_kv},
@@ -230,13 +272,27 @@ Status synthValidate(const SynthConfig& c) {
         return BLUE_ERROR("kv-heads %u must divide heads %u", c.n_head_kv, c.n_head);
     if (c.n_vocab < kMinVocab)
         return BLUE_ERROR("vocab %u is too small for the tokenizer (>= %u)", c.n_vocab, kMinVocab);
-    if (c.n_expert > 0 && c.arch != "llama")
-        return BLUE_ERROR("experts need the llama architecture (Mixtral-style); got %s",
-                          c.arch.c_str());
+    if (c.n_expert > 0 && c.arch != "llama" && !isQwenMoe(c)) {
+        return BLUE_ERROR(
+            "experts need the llama (Mixtral-style), qwen2moe or qwen3moe "
+            "architecture; got %s",
+            c.arch.c_str());
+    }
+    if (c.n_expert == 0 && isQwenMoe(c))
+        return BLUE_ERROR("%s needs experts (got 0)", c.arch.c_str());
+    if ((c.n_ff_shexp > 0) != (c.arch == "qwen2moe")) {
+        return BLUE_ERROR(
+            "shared-ff %u: qwen2moe needs a shared expert, other architectures have "
+            "none (%s)",
+            c.n_ff_shexp, c.arch.c_str());
+    }
+    if (c.n_ff_shexp >= kMaxDim)
+        return BLUE_ERROR("shared-ff must be below %u (got %u)", kMaxDim, c.n_ff_shexp);
     if (c.n_expert > 0 && (c.n_expert_used == 0 || c.n_expert_used > c.n_expert)) {
         return BLUE_ERROR("experts-used %u must be in 1..experts %u", c.n_expert_used, c.n_expert);
     }
-    if (c.arch == "qwen2" && !c.qkv_bias) return BLUE_ERROR("qwen2 needs Q/K/V biases");
+    if ((c.arch == "qwen2" || c.arch == "qwen2moe") && !c.qkv_bias)
+        return BLUE_ERROR("%s needs Q/K/V biases", c.arch.c_str());
     return {};
 }
 
@@ -244,7 +300,9 @@ uint64_t synthParamCount(const SynthConfig& c) {
     const uint64_t e = c.dim, q = uint64_t(c.n_head) * c.headDim();
     const uint64_t kv = uint64_t(c.n_head_kv) * c.headDim(), f = c.n_ff;
     uint64_t attn = e * q + 2 * e * kv + q * e + (c.qkv_bias ? q + 2 * kv : 0);
+    attn += c.qkNorm() ? 2 * uint64_t(c.headDim()) : 0;
     uint64_t ffn = c.n_expert ? c.n_expert * 3 * e * f + e * c.n_expert : 3 * e * f;
+    ffn += c.n_ff_shexp ? 3 * e * c.n_ff_shexp + e : 0;
     uint64_t layer = attn + ffn + 2 * e;
     return uint64_t(c.n_vocab) * e * (c.tied_output ? 1 : 2) + e + c.n_layer * layer;
 }

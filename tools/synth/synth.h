@@ -6,8 +6,8 @@
 // the same seed gives the same bytes on any thread count; norm weights are 1. Tensors are produced
 // while the file is written, row chunk by row chunk, so even the 1.1B preset never sits in memory.
 // Every file carries a tokenizer of the requested vocabulary size that BlueVM's tokenizers accept
-// (SentencePiece-style for llama, byte-level BPE with merges for qwen2) and passes
-// modelConfigFromGguf.
+// (SentencePiece-style for llama, byte-level BPE with merges for the qwen architectures) and
+// passes modelConfigFromGguf.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +24,11 @@
 namespace blue {
 
 struct SynthConfig {
-    std::string name;            // general.name
-    std::string arch = "llama";  // "llama" (dense or Mixtral-style MoE) or "qwen2"
-    uint32_t dim = 0;            // embedding width
+    std::string name;  // general.name
+    // "llama" (dense or Mixtral-style MoE), "qwen2", "qwen2moe" (routed experts, a shared expert
+    // gated by a sigmoid, Q/K/V biases) or "qwen3moe" (routed experts, per-head Q/K RMSNorm)
+    std::string arch = "llama";
+    uint32_t dim = 0;  // embedding width
     uint32_t n_layer = 0;
     uint32_t n_head = 0;
     uint32_t n_head_kv = 0;  // divides n_head
@@ -35,23 +37,26 @@ struct SynthConfig {
     uint32_t n_ctx = 2048;       // context_length metadata
     uint32_t n_expert = 0;       // 0: dense FFN
     uint32_t n_expert_used = 0;  // top-k routing, 1..n_expert for MoE
-    bool qkv_bias = false;       // attn_{q,k,v}.bias (qwen2 always has them)
+    uint32_t n_ff_shexp = 0;     // qwen2moe's shared expert width (other archs: 0)
+    bool qkv_bias = false;       // attn_{q,k,v}.bias (qwen2 and qwen2moe always have them)
     bool tied_output = false;    // no output.weight: logits use token_embd.weight
     float rope_base = 10000.0f;
     float norm_eps = 1e-5f;
 
     uint32_t headDim() const { return n_head ? dim / n_head : 0; }
+    bool qkNorm() const { return arch == "qwen3moe"; }  // attn_{q,k}_norm.weight [head_dim]
 };
 
 // The presets: stories15M, stories110M, tinyllama-1.1b, qwen2-0.5b, peer-dim256, peer-moe,
-// peer-dim1024, mixtral-tiny. nullopt for other names.
+// peer-dim1024, mixtral-tiny, qwen2moe-tiny, qwen3moe-tiny. nullopt for other names.
 std::optional<SynthConfig> synthPreset(std::string_view name);
 std::vector<std::string_view> synthPresetNames();
 
 // Checks a config after overrides: a known architecture, non-zero sizes, dim a multiple of
 // n_head with an even head width, n_head a multiple of n_head_kv, 1 <= n_expert_used <= n_expert
-// for MoE, qwen2 dense, a vocabulary large enough for the tokenizer (>= 260), and sizes below
-// 2^24 per dimension. The message names the offending field.
+// for MoE, experts only in llama and the *moe architectures (which need them), Q/K/V biases in
+// qwen2 and qwen2moe, a shared expert in qwen2moe only (and always), a vocabulary large enough
+// for the tokenizer (>= 260), and sizes below 2^24 per dimension. The message names the field.
 Status synthValidate(const SynthConfig& config);
 
 // Parameters (elements of all tensors) of the model the config describes.
