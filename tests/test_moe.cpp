@@ -8,9 +8,11 @@
 #include "compiler/gguf.h"
 #include "compiler/lower_model.h"
 #include "compiler/model_config.h"
+#include "compiler/upcycle.h"
 #include "host/weight_layout.h"
 #include "tests/gpu_fixture.h"
 #include "tests/temp_dir.h"
+#include "tests/test_paths.h"
 #include "tools/synth/synth.h"
 #include "vm/abi.h"
 #include "vm/interp.h"
@@ -201,6 +203,40 @@ TEST_CASE("moe: the GPU reads only the chosen experts' weights, once per expert 
     MESSAGE("16 instances: " << batched.stats.expert_bytes / batched_rows << " expert bytes per token");
     CHECK(batched.stats.expert_bytes < batched_rows * layers * k * per_expert / 2);
     CHECK(batched.stats.round_trips == 0);
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
+// stories260K upcycled into 8 identical experts with a random router, top-2: whatever the router
+// picks, the renormalised weights sum to one, so the MoE model computes the dense FFN and must
+// give the real model's known greedy text, on the GPU, through routing, grouping and MOEMIX.
+TEST_CASE("moe: stories260K upcycled into 8 experts gives the dense model's 256 greedy tokens on the GPU") {
+    TempDir dir("blue_moe");
+    const std::string path = dir.path + "/stories_moe.gguf";
+    UpcycleOptions uo;
+    uo.experts = 8;
+    uo.experts_used = 2;
+    uo.seed = 5;
+    auto up = upcycleGguf(sharedDir() + "/models/stories260K/stories260K.gguf", path, uo);
+    REQUIRE_MESSAGE(up.isOk(), up.message());
+    auto g = ggufOpen(path);
+    REQUIRE(g.isOk());
+    auto cfg = modelConfigFromGguf(g.value());
+    REQUIRE_MESSAGE(cfg.isOk(), cfg.message());
+    REQUIRE(cfg.value().n_expert == 8);
+    LowerOptions opt;
+    opt.ctx = 300;
+    opt.model_path = path;
+    auto m = lowerModel(g.value(), cfg.value(), opt);
+    REQUIRE_MESSAGE(m.isOk(), m.message());
+    GenerationRequest req;
+    req.tag = 3;
+    req.max_new = 256;
+    req.sampling.temperature = 0;
+    req.prompt = {1};
+    GpuRun run = runGpu(m.value(), 1, {req});
+    CHECK(run.tokens[3] == expectedGreedyIds());
+    CHECK(run.stats.expert_bytes > 0);
+    CHECK(run.stats.round_trips == 0);
     CHECK_NO_VALIDATION_ERRORS();
 }
 
