@@ -82,6 +82,15 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
 // The GEMM variant of a batched MATMUL dispatch over `rows` weight rows, when its type has one
 // and the matrix fills at least one of its workgroups (fewer rows would leave most lanes computing
 // clamped duplicates).
+// The single-item (`_b1`) variant of a MATMUL or MOEMM dispatch: runs when one item asks.
+DispatchDesc singleItemDispatch(const DispatchDesc& d) {
+    DispatchDesc single = d;
+    single.pipeline += "_b1";
+    single.max_items = 1;
+    single.push[BLUE_PC_TILE] = 1;
+    return single;
+}
+
 std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t rows) {
     const uint32_t wg_rows = BLUE_MATMUL_WG * BLUE_MM_R_GEMM;
     DispatchDesc g = batched;
@@ -371,11 +380,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             if (info.grid == Grid::MATMUL) {
                 // One item (decode of one instance): the single-item kernel; more: tiles of 4;
                 // many (a prompt, a large batch), where the type has one: the GEMM tile.
-                DispatchDesc single = d;
-                single.pipeline += "_b1";
-                single.max_items = 1;
-                single.push[BLUE_PC_TILE] = 1;
-                out.push_back(single);
+                out.push_back(singleItemDispatch(d));
                 d.min_items = 2;
                 d.tile = BLUE_MATMUL_TILE;
                 if (std::optional<DispatchDesc> gemm = gemmDispatch(d, n)) {
@@ -395,10 +400,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                                       "before it in the block fills",
                                       m.blocks[b].name.c_str(), m.tensors[ti.args[3]].name.c_str());
                 }
-                DispatchDesc single = d;
-                single.pipeline += "_b1";
-                single.max_items = 1;
-                single.push[BLUE_PC_TILE] = 1;
+                const DispatchDesc single = singleItemDispatch(d);
                 d.min_items = 2;
                 d.tile = BLUE_MOE_TILE_ROWS;
                 std::array<uint32_t, BLUE_PUSH_WORDS>& rp = out[route->second].push;

@@ -17,8 +17,8 @@ namespace {
 constexpr uint32_t kVocab = 64;
 constexpr uint32_t kMaxRows = 24;
 
-uint32_t mapTensor(OpModule& om, uint32_t experts, uint32_t slots) {
-    return om.tensor("map", BLUE_TC_GLOBAL, DType::I32, {BLUE_MOE_MAP_WORDS(experts, kMaxRows * slots)});
+uint32_t mapTensor(OpModule& om, uint32_t experts, uint32_t slots, const std::string& name = "map") {
+    return om.tensor(name, BLUE_TC_GLOBAL, DType::I32, {BLUE_MOE_MAP_WORDS(experts, kMaxRows * slots)});
 }
 
 // 11 rows in 5 instances (tiles of BLUE_MOE_TILE_ROWS pairs) and one row alone (tiles of one).
@@ -38,8 +38,7 @@ void moerouteCase() {
         uint32_t sel0 = om.tensor("sel_renorm", BLUE_TC_ROWS, DType::F32, {2 * kSlots});
         uint32_t sel1 = om.tensor("sel_softmax_all", BLUE_TC_ROWS, DType::F32, {2 * kSlots});
         uint32_t map0 = mapTensor(om, kExperts, kSlots);
-        uint32_t map1 = om.tensor("map1", BLUE_TC_GLOBAL, DType::I32,
-                                  {BLUE_MOE_MAP_WORDS(kExperts, kMaxRows * kSlots)});
+        uint32_t map1 = mapTensor(om, kExperts, kSlots, "map1");
         om.step(Op::MOEROUTE, {sel0, logits, map0, kSlots, 0});
         om.step(Op::MOEROUTE, {sel1, logits, map1, kSlots, 1});
         std::vector<InstancePlan> plans = raggedPlans(om, rows, starts);
