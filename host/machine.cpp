@@ -99,7 +99,8 @@ Status GpuMachine::Impl::initControl() {
         w[at] = p.page | m.tensors[t].cls << 16;
         w[at + 1] = uint32_t(p.offset);
         w[at + 2] = uint32_t(p.slice);
-        w[at + 3] = uint32_t(m.tensors[t].elements());
+        // TLD and TST fault on a matrix split over pages rather than read past its first piece.
+        w[at + 3] = p.pieces.empty() ? uint32_t(m.tensors[t].elements()) : 0;
     }
     w[BLUE_C_BUMP] = m.layout.heap_static;
     w[BLUE_C_LIVE] = n;
@@ -134,7 +135,18 @@ Status GpuMachine::Impl::uploadWeights(const WeightSource& weights) {
         weightLayout(d.dtype, d.ne[0], d.ne[1], &wl);
         // A 3-D weight is one matrix per expert, each repacked into its own slice.
         const uint64_t matrices = d.ndim == 3 ? d.ne[2] : 1;
-        const uint64_t src_bytes = *dtypeRowBytes(d.dtype, d.ne[0]) * d.ne[1];
+        const uint64_t row_bytes = *dtypeRowBytes(d.dtype, d.ne[0]), src_bytes = row_bytes * d.ne[1];
+        // A matrix split by rows: each piece is a [K, rows] matrix of its own.
+        for (const TensorPiece& piece : p.pieces) {
+            WeightLayout pl;
+            weightLayout(d.dtype, d.ne[0], piece.rows, &pl);
+            std::vector<uint8_t> packed(pl.bytes, 0);
+            repackMatrix(d.dtype, bytes.data() + piece.row_begin * row_bytes, d.ne[0], piece.rows,
+                         pl, packed.data());
+            BLUE_TRY(uploadToBuffer(dev, page_buffers[piece.page], piece.offset, packed.data(),
+                                    packed.size()));
+        }
+        if (!p.pieces.empty()) continue;
         for (uint64_t e = 0; e < matrices; ++e) {
             const uint8_t* src = bytes.data() + e * src_bytes;
             if (page.mapped) {  // unified memory: repack straight into the page

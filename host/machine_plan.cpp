@@ -187,6 +187,24 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit) {
     PagePlan plan;
     plan.places.resize(m.tensors.size());
+    // Places `bytes` in the last page, or a new one when it does not fit there.
+    auto place = [&](uint64_t bytes, uint32_t* page, uint64_t* offset) -> Status {
+        if (plan.page_bytes.empty() ||
+            ((plan.page_bytes.back() + kTensorAlign - 1) & ~(kTensorAlign - 1)) + bytes >
+                page_limit) {
+            if (plan.page_bytes.size() == BLUE_MAX_PAGES) {
+                return BLUE_ERROR("the module's tensors need more than %u pages of %.1f MiB",
+                                  BLUE_MAX_PAGES, double(page_limit) / (1 << 20));
+            }
+            plan.page_bytes.push_back(0);
+        }
+        uint64_t& used = plan.page_bytes.back();
+        used = (used + kTensorAlign - 1) & ~(kTensorAlign - 1);
+        *page = uint32_t(plan.page_bytes.size() - 1);
+        *offset = used;
+        used += bytes;
+        return Status::ok();
+    };
     // WEIGHT tensors first so they share pages with each other, then activations.
     for (int pass = 0; pass < 2; ++pass) {
         for (uint32_t i = 0; i < m.tensors.size(); ++i) {
@@ -207,26 +225,38 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 p.slice = (tensorSliceBytes(t) + 15) / 16 * 16;
             }
             p.bytes = p.slice * count;
+            if (p.bytes > page_limit && p.repacked && t.ndim == 2) {
+                // Split by rows: groups of 8 rows are contiguous in the weight layout.
+                const uint64_t group = wl.bytes / (wl.rows_padded / 8);
+                const uint64_t groups_per_piece = page_limit / group;
+                if (groups_per_piece == 0) {
+                    return BLUE_ERROR(
+                        "tensor '%s': 8 of its rows need %.1f KiB, more than the device's largest "
+                        "storage binding (%.1f KiB)",
+                        t.name.c_str(), double(group) / 1024, double(page_limit) / 1024);
+                }
+                const uint64_t groups = wl.rows_padded / 8;
+                const uint64_t npieces = (groups + groups_per_piece - 1) / groups_per_piece;
+                const uint64_t per = (groups + npieces - 1) / npieces;  // balanced pieces
+                for (uint64_t g = 0; g < groups; g += per) {
+                    TensorPiece piece;
+                    piece.row_begin = uint32_t(g * 8);
+                    piece.rows = uint32_t(std::min<uint64_t>(t.ne[1] - g * 8, per * 8));
+                    piece.bytes = std::min(per, groups - g) * group;
+                    BLUE_TRY(place(piece.bytes, &piece.page, &piece.offset));
+                    p.pieces.push_back(piece);
+                }
+                p.page = p.pieces[0].page;
+                p.offset = p.pieces[0].offset;
+                continue;
+            }
             if (p.bytes > page_limit) {
                 return BLUE_ERROR(
                     "tensor '%s' needs %.1f MiB, more than the device's largest "
                     "storage binding (%.1f MiB)",
                     t.name.c_str(), double(p.bytes) / (1 << 20), double(page_limit) / (1 << 20));
             }
-            if (plan.page_bytes.empty() ||
-                ((plan.page_bytes.back() + kTensorAlign - 1) & ~(kTensorAlign - 1)) + p.bytes >
-                    page_limit) {
-                if (plan.page_bytes.size() == BLUE_MAX_PAGES) {
-                    return BLUE_ERROR("the module's tensors need more than %u pages of %.1f MiB",
-                                      BLUE_MAX_PAGES, double(page_limit) / (1 << 20));
-                }
-                plan.page_bytes.push_back(0);
-            }
-            uint64_t& used = plan.page_bytes.back();
-            used = (used + kTensorAlign - 1) & ~(kTensorAlign - 1);
-            p.page = uint32_t(plan.page_bytes.size() - 1);
-            p.offset = used;
-            used += p.bytes;
+            BLUE_TRY(place(p.bytes, &p.page, &p.offset));
         }
     }
     return plan;
@@ -290,13 +320,13 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
         BLUE_TRY(decodeBlock(m, m.blocks[b], &instrs));
         for (const TensorInstr& ti : instrs) {
             const OpInfo& info = opInfo(ti.op);
-            DispatchDesc d;
-            d.block = b;
-            d.pipeline = kernelName(m, uint32_t(ti.op), ti.args);
+            DispatchDesc base;
+            base.block = b;
+            base.pipeline = kernelName(m, uint32_t(ti.op), ti.args);
             if (ti.op == Op::KERNEL) {  // the module's own SPIR-V, not a built-in kernel
-                d.custom = int32_t(ti.args[2]);
-                d.pipeline = "kernel/" + m.kernels[ti.args[2]].name;
-            } else if (!Pipelines::exists(d.pipeline)) {
+                base.custom = int32_t(ti.args[2]);
+                base.pipeline = "kernel/" + m.kernels[ti.args[2]].name;
+            } else if (!Pipelines::exists(base.pipeline)) {
                 return BLUE_ERROR("block '%s': no GPU kernel for %s with these operand types",
                                   m.blocks[b].name.c_str(), std::string(info.name).c_str());
             }
@@ -305,119 +335,168 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                                   std::string(info.name).c_str(), limit.c_str());
             }
             const TensorDecl& dst = m.tensors[ti.args[0]];
-            d.mode = dst.cls == BLUE_TC_ROWS ? 0 : 1;
-            d.push[BLUE_PC_BLOCK] = b;
-            d.push[BLUE_PC_MODE] = d.mode;
-            uint32_t w = BLUE_PC_OPERANDS;
-            d.operand_pages.fill(DispatchDesc::kNoPage);
+            base.mode = dst.cls == BLUE_TC_ROWS ? 0 : 1;
+            base.push[BLUE_PC_BLOCK] = b;
+            base.push[BLUE_PC_MODE] = base.mode;
+            uint32_t word = BLUE_PC_OPERANDS;
+            base.operand_pages.fill(DispatchDesc::kNoPage);
             for (size_t i = 0; i < ti.args.size(); ++i) {
                 char letter = info.format[i];
                 bool tensor = (letter == 't' || letter == 'o') && ti.args[i] != 0xFFFFFFFFu;
                 if (tensor && i < BLUE_MAX_TEX_OPERANDS)
-                    d.operand_pages[i] = pages.places[ti.args[i]].page;
+                    base.operand_pages[i] = pages.places[ti.args[i]].page;
                 if (letter == 'o' && ti.args[i] == 0xFFFFFFFFu) {
-                    d.push[w++] = 0xFFFFFFFFu;  // no tensor: page 0xFFFF
-                    w += BLUE_TREF_WORDS - 1;
+                    base.push[word++] = 0xFFFFFFFFu;  // no tensor: page 0xFFFF
+                    word += BLUE_TREF_WORDS - 1;
                     continue;
                 }
                 if (letter != 't' && letter != 'o') {
-                    d.push[w++] = ti.args[i];
+                    base.push[word++] = ti.args[i];
                     continue;
                 }
                 const TensorDecl& t = m.tensors[ti.args[i]];
                 const TensorPlace& p = pages.places[ti.args[i]];
-                d.push[w++] = p.page | t.cls << 16;
-                d.push[w++] = uint32_t(p.offset);
-                d.push[w++] = uint32_t(p.slice);
-                d.push[w++] = uint32_t(t.elements());
+                base.push[word++] = p.page | t.cls << 16;
+                base.push[word++] = uint32_t(p.offset);
+                base.push[word++] = uint32_t(p.slice);
+                base.push[word++] = uint32_t(t.elements());
             }
-            uint64_t n = dst.elements();
-            switch (info.grid) {
-                case Grid::ELEM:
-                    d.fixed = uint32_t((n + BLUE_ELEM_WG - 1) / BLUE_ELEM_WG);
-                    break;
-                case Grid::MATMUL: {
-                    uint32_t rows =
-                        BLUE_MATMUL_WG * matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
-                    d.fixed = uint32_t((n + rows - 1) / rows);
-                    d.axis = 1;
-                    break;
-                }
-                case Grid::HEADS: {
-                    size_t first_u = info.format.find('u');
-                    uint32_t heads = first_u == std::string_view::npos ? 1 : ti.args[first_u];
-                    d.fixed = (heads + BLUE_ATTN_WG - 1) / BLUE_ATTN_WG;
-                    break;
-                }
-                case Grid::ONE:  // one workgroup for the whole run
-                    d.fixed = 1;
-                    d.tile = BLUE_MAX_ROWS;
-                    break;
-                case Grid::MOE: {
-                    const TensorDecl& w = m.tensors[ti.args[1]];
-                    uint32_t rows = BLUE_MATMUL_WG * matmulRowsPerInvocation(w.dtype);
-                    d.fixed = uint32_t((w.ne[1] + rows - 1) / rows);
-                    d.axis = 1;
-                    d.push[BLUE_PC_MOE_SHAPE] = uint32_t(w.ne[0]);
-                    d.push[BLUE_PC_MOE_SHAPE + 1] = uint32_t(w.ne[1]);
-                    d.push[BLUE_PC_MOE_SHAPE + 2] = uint32_t(w.ne[2]);
-                    d.push[BLUE_PC_MOE_SHAPE + 3] = uint32_t(dst.elements() / w.ne[1]);
-                    break;
-                }
-                default:
-                    d.fixed = 1;
-                    break;
+            if (ti.op == Op::EMBED) {
+                base.push[BLUE_PC_EMBED_BASE] = 0;
+                base.push[BLUE_PC_EMBED_LAST] = 1;
             }
-            // The fixed axis is x, except for MATMUL (rows along y, items along x).
-            const uint32_t max_fixed = d.axis == 0 ? max_groups_x : kMinGroupsY;
-            if (d.fixed > max_fixed) {
-                return BLUE_ERROR(
-                    "block '%s': %s on tensor '%s' needs %u workgroups%s, the device "
-                    "allows %u",
-                    m.blocks[b].name.c_str(), std::string(info.name).c_str(), dst.name.c_str(),
-                    d.fixed, d.axis == 0 ? "" : " along y", max_fixed);
-            }
-            if (info.grid == Grid::MATMUL) {
-                // One item (decode of one instance): the single-item kernel; more: tiles of 4;
-                // many (a prompt, a large batch), where the type has one: the GEMM tile.
-                out.push_back(singleItemDispatch(d));
-                d.min_items = 2;
-                d.tile = BLUE_MATMUL_TILE;
-                if (std::optional<DispatchDesc> gemm = gemmDispatch(d, n)) {
-                    d.max_items = gemm->min_items - 1;
-                    d.push[BLUE_PC_TILE] = d.tile;
-                    out.push_back(d);
-                    d = *gemm;
-                }
-            }
-            if (info.grid == Grid::MOE) {
-                // A single-row run gets tiles of one pair, more rows tiles of BLUE_MOE_TILE_ROWS
-                // (MOEROUTE makes the tiles by the same rule). The MOEROUTE that fills the map
-                // writes both variants' items axis, and counts the bytes their experts read.
-                auto route = routes.find(ti.args[3]);
-                if (route == routes.end()) {
-                    return BLUE_ERROR("block '%s': MOEMM reads the expert map '%s', which no MOEROUTE "
-                                      "before it in the block fills",
-                                      m.blocks[b].name.c_str(), m.tensors[ti.args[3]].name.c_str());
-                }
-                const DispatchDesc single = singleItemDispatch(d);
-                d.min_items = 2;
-                d.tile = BLUE_MOE_TILE_ROWS;
-                std::array<uint32_t, BLUE_PUSH_WORDS>& rp = out[route->second].push;
-                for (uint32_t index : {uint32_t(out.size()), uint32_t(out.size() + 1)}) {
-                    if (rp[BLUE_PC_MOE_PATCH] == BLUE_MOE_MAX_PATCH) {
-                        return BLUE_ERROR("block '%s': more than %u MOEMM dispatches read the expert map '%s'",
-                                          m.blocks[b].name.c_str(), BLUE_MOE_MAX_PATCH / 2,
-                                          m.tensors[ti.args[3]].name.c_str());
+            // The rest of the plan for one dispatch over `n` destination elements.
+            auto emit = [&](DispatchDesc d, uint64_t n) -> Status {
+                switch (info.grid) {
+                    case Grid::ELEM:
+                        d.fixed = uint32_t((n + BLUE_ELEM_WG - 1) / BLUE_ELEM_WG);
+                        break;
+                    case Grid::MATMUL: {
+                        uint32_t rows =
+                            BLUE_MATMUL_WG * matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
+                        d.fixed = uint32_t((n + rows - 1) / rows);
+                        d.axis = 1;
+                        break;
                     }
-                    rp[BLUE_PC_MOE_PATCH + 1 + rp[BLUE_PC_MOE_PATCH]++] = index;
+                    case Grid::HEADS: {
+                        size_t first_u = info.format.find('u');
+                        uint32_t heads = first_u == std::string_view::npos ? 1 : ti.args[first_u];
+                        d.fixed = (heads + BLUE_ATTN_WG - 1) / BLUE_ATTN_WG;
+                        break;
+                    }
+                    case Grid::ONE:  // one workgroup for the whole run
+                        d.fixed = 1;
+                        d.tile = BLUE_MAX_ROWS;
+                        break;
+                    case Grid::MOE: {
+                        const TensorDecl& w = m.tensors[ti.args[1]];
+                        uint32_t rows = BLUE_MATMUL_WG * matmulRowsPerInvocation(w.dtype);
+                        d.fixed = uint32_t((w.ne[1] + rows - 1) / rows);
+                        d.axis = 1;
+                        d.push[BLUE_PC_MOE_SHAPE] = uint32_t(w.ne[0]);
+                        d.push[BLUE_PC_MOE_SHAPE + 1] = uint32_t(w.ne[1]);
+                        d.push[BLUE_PC_MOE_SHAPE + 2] = uint32_t(w.ne[2]);
+                        d.push[BLUE_PC_MOE_SHAPE + 3] = uint32_t(dst.elements() / w.ne[1]);
+                        break;
+                    }
+                    default:
+                        d.fixed = 1;
+                        break;
                 }
-                rp[BLUE_PC_MOE_TEXELS] += uint32_t(pages.places[ti.args[1]].slice / 16);
-                out.push_back(single);
+                // The fixed axis is x, except for MATMUL (rows along y, items along x).
+                const uint32_t max_fixed = d.axis == 0 ? max_groups_x : kMinGroupsY;
+                if (d.fixed > max_fixed) {
+                    return BLUE_ERROR(
+                        "block '%s': %s on tensor '%s' needs %u workgroups%s, the device "
+                        "allows %u",
+                        m.blocks[b].name.c_str(), std::string(info.name).c_str(), dst.name.c_str(),
+                        d.fixed, d.axis == 0 ? "" : " along y", max_fixed);
+                }
+                if (info.grid == Grid::MATMUL) {
+                    // One item (decode of one instance): the single-item kernel; more: tiles of 4;
+                    // many (a prompt, a large batch), where the type has one: the GEMM tile.
+                    out.push_back(singleItemDispatch(d));
+                    d.min_items = 2;
+                    d.tile = BLUE_MATMUL_TILE;
+                    if (std::optional<DispatchDesc> gemm = gemmDispatch(d, n)) {
+                        d.max_items = gemm->min_items - 1;
+                        d.push[BLUE_PC_TILE] = d.tile;
+                        out.push_back(d);
+                        d = *gemm;
+                    }
+                }
+                if (info.grid == Grid::MOE) {
+                    // A single-row run gets tiles of one pair, more rows tiles of BLUE_MOE_TILE_ROWS
+                    // (MOEROUTE makes the tiles by the same rule). The MOEROUTE that fills the map
+                    // writes both variants' items axis, and counts the bytes their experts read.
+                    auto route = routes.find(ti.args[3]);
+                    if (route == routes.end()) {
+                        return BLUE_ERROR("block '%s': MOEMM reads the expert map '%s', which no MOEROUTE "
+                                          "before it in the block fills",
+                                          m.blocks[b].name.c_str(), m.tensors[ti.args[3]].name.c_str());
+                    }
+                    const DispatchDesc single = singleItemDispatch(d);
+                    d.min_items = 2;
+                    d.tile = BLUE_MOE_TILE_ROWS;
+                    std::array<uint32_t, BLUE_PUSH_WORDS>& rp = out[route->second].push;
+                    for (uint32_t index : {uint32_t(out.size()), uint32_t(out.size() + 1)}) {
+                        if (rp[BLUE_PC_MOE_PATCH] == BLUE_MOE_MAX_PATCH) {
+                            return BLUE_ERROR("block '%s': more than %u MOEMM dispatches read the expert map '%s'",
+                                              m.blocks[b].name.c_str(), BLUE_MOE_MAX_PATCH / 2,
+                                              m.tensors[ti.args[3]].name.c_str());
+                        }
+                        rp[BLUE_PC_MOE_PATCH + 1 + rp[BLUE_PC_MOE_PATCH]++] = index;
+                    }
+                    rp[BLUE_PC_MOE_TEXELS] += uint32_t(pages.places[ti.args[1]].slice / 16);
+                    out.push_back(single);
+                }
+                if (ti.op == Op::MOEROUTE) routes[ti.args[2]] = out.size();
+                d.push[BLUE_PC_TILE] = d.tile;
+                out.push_back(d);
+                return Status::ok();
+            };
+            // A matrix split by rows (planPages): one dispatch per piece, each reading its own
+            // page and writing its rows of the destination (MATMUL) or the tokens in its rows
+            // (EMBED). No other op reads a split tensor.
+            for (size_t i = 0; i < ti.args.size(); ++i) {
+                char letter = info.format[i];
+                if ((letter != 't' && letter != 'o') || ti.args[i] == 0xFFFFFFFFu) continue;
+                const TensorPlace& p = pages.places[ti.args[i]];
+                if (p.pieces.empty() || ((ti.op == Op::MATMUL || ti.op == Op::EMBED) && i == 1))
+                    continue;
+                return BLUE_ERROR(
+                    "block '%s': %s reads tensor '%s', which is split by rows over %zu pages (it "
+                    "is larger than the device's largest storage binding); only MATMUL and EMBED "
+                    "read split matrices",
+                    m.blocks[b].name.c_str(), std::string(info.name).c_str(),
+                    m.tensors[ti.args[i]].name.c_str(), p.pieces.size());
             }
-            if (ti.op == Op::MOEROUTE) routes[ti.args[2]] = out.size();
-            d.push[BLUE_PC_TILE] = d.tile;
-            out.push_back(d);
+            const TensorPlace& wp = pages.places[ti.args.size() > 1 ? ti.args[1] : 0];
+            if ((ti.op == Op::MATMUL || ti.op == Op::EMBED) && !wp.pieces.empty()) {
+                const TensorDecl& w = m.tensors[ti.args[1]];
+                for (size_t k = 0; k < wp.pieces.size(); ++k) {
+                    const TensorPiece& piece = wp.pieces[k];
+                    DispatchDesc part = base;
+                    const uint32_t wat = BLUE_PC_OPERANDS + BLUE_TREF_WORDS;
+                    part.push[wat] = piece.page | w.cls << 16;
+                    part.push[wat + 1] = uint32_t(piece.offset);
+                    part.push[wat + 2] = uint32_t(piece.bytes);
+                    part.push[wat + 3] = uint32_t(w.ne[0] * piece.rows);
+                    part.operand_pages[1] = piece.page;
+                    uint64_t n = dst.elements();
+                    if (ti.op == Op::MATMUL) {  // rows [row_begin, +rows) of every item's output
+                        part.push[BLUE_PC_OPERANDS + 1] += piece.row_begin * 4;
+                        part.push[BLUE_PC_OPERANDS + 3] = piece.rows;
+                        n = piece.rows;
+                    } else {
+                        part.push[BLUE_PC_EMBED_BASE] = piece.row_begin;
+                        part.push[BLUE_PC_EMBED_LAST] = k + 1 == wp.pieces.size();
+                    }
+                    BLUE_TRY(emit(part, n));
+                }
+                continue;
+            }
+            BLUE_TRY(emit(base, dst.elements()));
         }
     }
     return out;

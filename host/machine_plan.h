@@ -28,12 +28,25 @@ struct ControlLayout {
 Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
                                   uint64_t max_binding_bytes);
 
+// A run of rows of a matrix larger than one page, stored as its own [K, rows] matrix in the GPU
+// weight layout.
+struct TensorPiece {
+    uint32_t page = 0;
+    uint64_t offset = 0;     // bytes into the page
+    uint64_t bytes = 0;      // the piece's weight-layout size
+    uint32_t row_begin = 0;  // first row (a multiple of 8)
+    uint32_t rows = 0;
+};
+
 struct TensorPlace {
     bool repacked = false;  // a matrix in the GPU weight layout (host/weight_layout.h)
     uint32_t page = 0;
     uint64_t offset = 0;  // bytes into the page
     uint64_t slice = 0;   // bytes of one slice (row, instance or whole tensor)
     uint64_t bytes = 0;   // total bytes
+    // A 2-D WEIGHT matrix larger than a page is split by rows into pieces (page and offset then
+    // name the first); MATMUL and EMBED run one dispatch per piece. Empty when not split.
+    std::vector<TensorPiece> pieces;
 };
 
 struct PagePlan {
@@ -43,8 +56,9 @@ struct PagePlan {
 
 // Packs tensors into pages of at most `page_limit` bytes (each tensor inside one page, aligned to
 // 256 bytes). 2-D WEIGHT tensors take their GPU weight layout's size; other slices are padded to
-// 16 bytes so kernels read them in whole texels. Fails naming the tensor when one is larger than a
-// page or pages run out.
+// 16 bytes so kernels read them in whole texels. A 2-D WEIGHT larger than a page is split by rows
+// (multiples of 8) into pieces that each fill at most a page. Fails naming the tensor when any
+// other tensor is larger than a page, when 8 rows of a matrix are, or when pages run out.
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit);
 
 // What planPages and planControl cannot see alone, checked against the device once both ran:

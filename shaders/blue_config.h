@@ -47,7 +47,7 @@
 #define BLUE_PC_OPERANDS 4  // first operand word
 // A tensor reference: {page | class << 16, byte offset, slice stride in bytes, slice elements}.
 #define BLUE_TREF_WORDS 4
-// Words the planner adds after the operands of two ops (host/machine_plan.cpp):
+// Words the planner adds after the operands of some ops (host/machine_plan.cpp):
 // MOEMM: K, N, experts, slots of the instruction (checked shapes; the map's words are not trusted).
 #define BLUE_PC_MOE_SHAPE 20
 // MOEROUTE: bytes of one expert's matrices over the MOEMMs that read its map, in 16-byte units;
@@ -55,6 +55,10 @@
 #define BLUE_PC_MOE_TEXELS 19
 #define BLUE_PC_MOE_PATCH 20
 #define BLUE_MOE_MAX_PATCH 11
+// EMBED over one piece of a table split by rows: its first row, and 1 on the last piece (which
+// writes the zeros of out-of-range tokens). Unsplit tables: 0 and 1.
+#define BLUE_PC_EMBED_BASE 20
+#define BLUE_PC_EMBED_LAST 21
 
 // ---- control buffer: header words ----------------------------------------------------------
 #define BLUE_H_NINST 0

@@ -1,7 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // EMBED: dst = row `token` of table [dim, vocab] (GPU weight layout, WTYPE_*), token =
-// local[arg + row index]; out-of-range tokens give zeros.
+// local[arg + row index]; out-of-range tokens give zeros. A table split by rows over pages runs
+// one dispatch per piece (BLUE_PC_EMBED_BASE: its first row); each writes the tokens in its rows,
+// the last also the zeros.
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
 #include "common/wlayout.glsl"
@@ -17,8 +19,11 @@ void main() {
     uint inst = itemInstance(item);
     uint addr = blockArg(inst, arg) + itemRowLocal(item);
     uint token = addr < ctl[BLUE_H_LOCAL_WORDS] ? localWord(inst, addr) : 0xFFFFFFFFu;
-    uint vocab = table.n / dst.n;
+    uint rows = table.n / dst.n, first = pc.w[BLUE_PC_EMBED_BASE];
+    if (token < first) return;  // an earlier piece's
+    token -= first;
+    if (token >= rows && pc.w[BLUE_PC_EMBED_LAST] == 0u) return;  // a later piece's
     float v = 0.0;
-    if (token < vocab) v = wElement(table.offset / 16u, (dst.n + WL_E - 1u) / WL_E, token, i);
+    if (token < rows) v = wElement(table.offset / 16u, (dst.n + WL_E - 1u) / WL_E, token, i);
     page_f[dst.page].d[sliceOffset(dst, item) / 4u + i] = v;
 }

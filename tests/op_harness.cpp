@@ -223,7 +223,7 @@ const std::vector<uint8_t>& BothMachines::refBytes(uint32_t tensor) const {
     return ref->tensors().data[tensor];
 }
 
-std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances) {
+std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on) {
     auto b = std::make_unique<BothMachines>();
     b->module = &m;
     Result<WeightSource> w = WeightSource::open(m, "");
@@ -236,7 +236,8 @@ std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances) {
     opt.instances = instances;
     opt.max_cycles = kMaxCycles;
     opt.chain_cycles = 8;
-    auto g = GpuMachine::create(*gpu().device, *gpu().pipelines, m, *b->weights, opt);
+    Gpu& dev = on ? *on : gpu();
+    auto g = GpuMachine::create(*dev.device, *dev.pipelines, m, *b->weights, opt);
     // Under an emulated device profile (BLUE_DEVICE_LIMITS) a test tensor may be larger than the
     // profile's page: refused at load with the tensor's name, as a user would see it.
     const char* limits = std::getenv("BLUE_DEVICE_LIMITS");

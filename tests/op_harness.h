@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "compiler/code_builder.h"
+#include "tests/gpu_fixture.h"
 #include "host/machine.h"
 #include "vm/interp.h"
 #include "vm/llm_abi.h"
@@ -118,7 +119,8 @@ struct BothMachines {
 // Runs `m` with `instances` instances on both machines; fails the test unless both runs end
 // with every instance halted.
 // Null when an emulated device profile refuses the module (a tensor larger than its page).
-std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances);
+// `on` picks another device than the shared one (with its pipelines).
+std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on = nullptr);
 
 // max |gpu - ref| and max |ref| over the compared elements; a NaN or infinity where the other
 // machine has none counts as an infinite error.

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "host/pipelines.h"
@@ -354,7 +356,78 @@ void runOpCase(Op op) {
     }
 }
 
+// MATMUL and EMBED over matrices larger than a page of a device whose texel views hold 2048
+// texels (32 KiB pages): planPages splits them by rows into pieces, one dispatch per piece.
+void splitCases(Gpu& small) {
+    struct Case {
+        DType t;
+        uint32_t pieces_w, pieces_table;  // pieces of the [256, 300] matrix and [256, 64] table
+    };
+    // 8 rows of K = 256: F32 8 KiB, Q4_0 1152 bytes, Q6_K 1792 bytes (host/weight_layout.h).
+    for (const Case& c : {Case{DType::F32, 10, 2}, Case{DType::Q4_0, 2, 1}, Case{DType::Q6_K, 3, 1}}) {
+        INFO("type " << lowerName(c.t));
+        const uint32_t k = 256, n = 300;
+        for (const std::vector<uint32_t>& rows : {std::vector<uint32_t>{1}, {3, 2, 1}, {6, 5, 8}}) {
+            OpModule om(kVocab, 24, kTokens + 8, 0x5B1 + uint32_t(c.t));
+            uint32_t x = om.rowsInput("x", k, -1, 1);
+            uint32_t w = om.data("w", BLUE_TC_WEIGHT, c.t, {k, n}, om.random(size_t(k) * n, -1, 1));
+            uint32_t table = om.data("table", BLUE_TC_WEIGHT, c.t, {k, kVocab},
+                                     om.random(size_t(k) * kVocab, -2, 2));
+            uint32_t y = om.tensor("y", BLUE_TC_ROWS, DType::F32, {n});
+            uint32_t yi = om.tensor("y_inst", BLUE_TC_INSTANCE, DType::F32, {n});
+            uint32_t e = om.tensor("e", BLUE_TC_ROWS, DType::F32, {k});
+            om.step(Op::MATMUL, {y, w, x});
+            om.step(Op::MATMUL, {yi, w, x});
+            om.step(Op::EMBED, {e, table, BLUE_FA_TOKENS});
+            std::vector<InstancePlan> plans = raggedPlans(om, rows, std::vector<uint32_t>(rows.size(), 0));
+            plans[0].tokens[0] = kVocab - 1;  // the last row of the last piece
+            if (rows.size() > 1) {
+                plans[1].tokens[0] = 3;
+                plans[1].tokens[1] = kVocab + 7;  // past the vocabulary: zeros
+            }
+            Module m = om.build(plans);
+            Result<PagePlan> pages = planPages(m, uint32_t(plans.size()), small.device->maxPageBytes());
+            REQUIRE_MESSAGE(pages.isOk(), pages.message());
+            CHECK(pages->places[w].pieces.size() == c.pieces_w);
+            CHECK(pages->places[table].pieces.size() == (c.pieces_table > 1 ? c.pieces_table : 0u));
+            auto both = runOnBoth(m, uint32_t(plans.size()), &small);
+            REQUIRE(both);
+            const uint32_t items = totalRows(plans);
+            // The same kernels as unsplit (see matmulCase and embedCase for the bounds).
+            expectClose(*both, y, items, 1e-4, "MATMUL split " + lowerName(c.t) + " rows");
+            expectClose(*both, yi, 0, 1e-4, "MATMUL split " + lowerName(c.t) + " instance");
+            expectClose(*both, e, items, c.t == DType::Q6_K ? 1e-6 : 0.0, "EMBED split " + lowerName(c.t));
+        }
+    }
+}
+
 }  // namespace
+
+TEST_CASE("ops gpu: MATMUL and EMBED over matrices split by rows across pages match the reference") {
+    std::string path = (std::filesystem::temp_directory_path() / "blue_split_pages.json").string();
+    {
+        std::ofstream f(path);
+        f << R"({"name": "split-pages", "device": "test", "source": "tests/test_ops_gpu.cpp",
+  "limits": {"maxTexelBufferElements": 2048}})";
+    }
+    DeviceOptions opt;
+    opt.limits = path;
+    const char* v = std::getenv("BLUE_VALIDATION");
+    opt.validation = !(v && std::string(v) == "0");
+    auto made = Device::create(opt);
+    std::remove(path.c_str());
+    REQUIRE_MESSAGE(made.isOk(), made.message());
+    Gpu small;
+    small.device = std::move(made.value());
+    REQUIRE(small.device->maxPageBytes() == 32768u);
+    auto pipelines = Pipelines::create(*small.device);
+    REQUIRE_MESSAGE(pipelines.isOk(), pipelines.message());
+    small.pipelines = std::move(pipelines.value());
+    splitCases(small);
+    small.pipelines.reset();
+    INFO("last validation message: " << small.device->lastValidationMessage());
+    CHECK(small.device->validationErrors() == 0u);
+}
 
 TEST_CASE("ops gpu: every tensor op of the table matches the reference, in every kernel variant") {
     opMeasures().clear();

@@ -109,7 +109,7 @@ Status checkMix(const Checker& c) {
 
 // The k largest of `logits` (ties: the lower index), and their weights by `gating`.
 void routeRow(const float* logits, uint32_t experts, uint32_t k, uint32_t gating, float* sel) {
-    uint32_t chosen[BLUE_MOE_MAX_SLOTS];
+    uint32_t chosen[BLUE_MOE_MAX_SLOTS] = {};
     for (uint32_t j = 0; j < k; ++j) {
         uint32_t best = 0xFFFFFFFFu;
         for (uint32_t e = 0; e < experts; ++e) {
