@@ -243,7 +243,7 @@ std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu
     const char* limits = std::getenv("BLUE_DEVICE_LIMITS");
     if (!g && limits && *limits &&
         g.message().find("more than the device's largest") != std::string::npos) {
-        MESSAGE("refused under the device profile " << limits << ": " << g.message());
+        MESSAGE("refused under the device profile " << std::string(limits) << ": " << g.message());
         return nullptr;
     }
     REQUIRE_MESSAGE(g.isOk(), g.message());
