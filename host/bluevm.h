@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 5
+#define BLUEVM_API_VERSION 6
 
 typedef enum bluevm_status {
     BLUEVM_OK = 0,
@@ -76,6 +76,8 @@ typedef struct bluevm_model_options {
     const char* device;  /* Vulkan device: index or part of its name; NULL picks the best */
     uint32_t ctx;        /* context per instance in tokens; 0: the model's, at most 2048 */
     int validation;      /* nonzero: the Khronos validation layer on (slow; for debugging) */
+    uint64_t vram_budget; /* device-local bytes its engines may use; weights beyond stay in host
+                             memory that the GPU reads directly; 0: no limit (API version 6) */
 } bluevm_model_options;
 
 void bluevm_model_options_init(bluevm_model_options* o);

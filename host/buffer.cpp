@@ -9,22 +9,31 @@ namespace blue {
 
 namespace {
 
-int findMemoryType(const Device& dev, uint32_t type_bits, VkMemoryPropertyFlags want) {
+// The first memory type allowed by `type_bits` that has every flag of `want` and none of `avoid`.
+int findMemoryType(const Device& dev, uint32_t type_bits, VkMemoryPropertyFlags want,
+                   VkMemoryPropertyFlags avoid) {
     const VkPhysicalDeviceMemoryProperties& mem = dev.memory();
     for (uint32_t i = 0; i < mem.memoryTypeCount; ++i) {
-        if ((type_bits & (1u << i)) && (mem.memoryTypes[i].propertyFlags & want) == want) return int(i);
+        const VkMemoryPropertyFlags f = mem.memoryTypes[i].propertyFlags;
+        if ((type_bits & (1u << i)) && (f & want) == want && !(f & avoid)) return int(i);
     }
     return -1;
 }
 
+struct MemPreference {
+    VkMemoryPropertyFlags want = 0, avoid = 0;
+};
+
 // Memory property preferences per kind, best first.
-std::vector<VkMemoryPropertyFlags> preferences(MemKind kind) {
+std::vector<MemPreference> preferences(MemKind kind) {
     const VkMemoryPropertyFlags local = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
     const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
     switch (kind) {
-        case MemKind::DEVICE: return {local | host, local};
-        case MemKind::SHARED: return {host | VK_MEMORY_PROPERTY_HOST_CACHED_BIT, host};
-        case MemKind::STAGING: return {host};
+        case MemKind::DEVICE: return {{local | host, 0}, {local, 0}};
+        case MemKind::SHARED: return {{host | VK_MEMORY_PROPERTY_HOST_CACHED_BIT, 0}, {host, 0}};
+        case MemKind::STAGING: return {{host, 0}};
+        // Unified-memory devices (lavapipe, integrated GPUs) have only device-local types.
+        case MemKind::HOST: return {{host, local}, {host, 0}};
     }
     return {};
 }
@@ -89,8 +98,8 @@ Status bindMemory(Device& dev, MemKind kind, Buffer* b) {
     vkGetBufferMemoryRequirements(dev.device(), b->buffer, &req);
     Status failed = Status::error("no memory type fits");
     VkMemoryPropertyFlags got = 0;
-    for (VkMemoryPropertyFlags want : preferences(kind)) {
-        int type = findMemoryType(dev, req.memoryTypeBits, want);
+    for (const MemPreference& pref : preferences(kind)) {
+        int type = findMemoryType(dev, req.memoryTypeBits, pref.want, pref.avoid);
         if (type < 0) continue;
         VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
         ai.allocationSize = req.size;

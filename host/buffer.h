@@ -1,7 +1,9 @@
-// GPU buffers: one VkBuffer with its own memory allocation. Three kinds of memory:
+// GPU buffers: one VkBuffer with its own memory allocation. Four kinds of memory:
 //   DEVICE  device-local (mappable too on unified-memory devices such as lavapipe)
 //   SHARED  host-visible and coherent, for rings and counters the host reads and writes
 //   STAGING host-visible, for uploads to DEVICE memory that the host cannot map
+//   HOST    host memory the kernels read directly (tier 1: weights beyond --vram-budget); not
+//           device-local where the device has such a type, so it takes no VRAM
 #pragma once
 
 #include <volk.h>
@@ -10,7 +12,7 @@
 
 namespace blue {
 
-enum class MemKind { DEVICE, SHARED, STAGING };
+enum class MemKind { DEVICE, SHARED, STAGING, HOST };
 
 struct Buffer {
     VkBuffer buffer = VK_NULL_HANDLE;

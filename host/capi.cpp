@@ -88,7 +88,7 @@ int bluevm_api_version(void) {
 }
 
 void bluevm_model_options_init(bluevm_model_options* o) {
-    if (o) *o = bluevm_model_options{nullptr, 0, 0};
+    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0};
 }
 
 bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* options,
@@ -105,6 +105,7 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
             if (options->device) eo.device = options->device;
             eo.ctx = options->ctx;
             eo.validation = options->validation != 0;
+            eo.vram_budget = options->vram_budget;
         }
         bool device_failed = false;
         blue::clearVkFailure();

@@ -46,10 +46,12 @@ Status GpuMachine::Impl::allocate() {
     std::memset(io.mapped, 0, layout.io_words * 4);
     for (size_t p = 0; p < pages.page_bytes.size(); ++p) {
         std::string what = strFormat("tensor page %zu", p);
+        const bool host = p < pages.page_tier.size() && pages.page_tier[p] == 1;
+        if (host) what += " (host memory, beyond the VRAM budget)";
         Result<Buffer> b = createBuffer(
             dev, pages.page_bytes[p],
             VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT,
-            MemKind::DEVICE, what.c_str());
+            host ? MemKind::HOST : MemKind::DEVICE, what.c_str());
         if (!b) return b.status();
         page_buffers.push_back(b.value());
         VkBufferViewCreateInfo vi{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
@@ -317,6 +319,23 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     auto layout = planControl(m, options, uint32_t(impl->dispatches.size()), dev.maxBindingBytes());
     if (!layout) return layout.status();
     impl->layout = layout.value();
+    if (options.vram_budget > 0) {
+        // The control buffer is device-local too; the dispatches (and so its size) do not
+        // depend on which tier a weight is in.
+        const uint64_t control = impl->layout.control_words * 4;
+        if (control >= options.vram_budget) {
+            return BLUE_ERROR("the control buffer for %u instances needs %.1f MiB of device memory, "
+                              "more than the VRAM budget of %.1f MiB",
+                              options.instances, double(control) / (1 << 20),
+                              double(options.vram_budget) / (1 << 20));
+        }
+        pages = planPages(m, options.instances, page_limit, options.vram_budget - control);
+        if (!pages) return pages.status();
+        impl->pages = std::move(pages.value());
+        dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0]);
+        if (!dispatches) return dispatches.status();
+        impl->dispatches = std::move(dispatches.value());
+    }
     BLUE_TRY(checkDeviceFit(impl->pages, impl->layout, options.instances,
                             dev.info().device_local_bytes, dev.info().max_workgroup_count[0]));
     BLUE_TRY(impl->allocate());
@@ -329,6 +348,8 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     pipelines.saveCache();
     std::unique_ptr<GpuMachine> machine(new GpuMachine(std::move(impl)));
     machine->stats_.instances = options.instances;
+    machine->stats_.vram_bytes = machine->impl_->layout.control_words * 4 + machine->impl_->pages.tierBytes(0);
+    machine->stats_.host_weight_bytes = machine->impl_->pages.tierBytes(1);
     machine->stats_.chain_cycles = options.chain_cycles;
     machine->stats_.chain_cycles_now = machine->impl_->cycles_now;
     machine->stats_.chain_cycles_min = machine->impl_->cycles_now;
@@ -507,12 +528,14 @@ std::string GpuStats::json() const {
         "\"submit_ms_max\":%.3f,\"submit_ms_mean\":%.3f,"
         "\"dispatches_recorded\":%llu,\"host_waits\":%llu,\"round_trips\":%llu,"
         "\"queue_drains\":%llu,\"resumes\":%llu,\"steps\":%llu,\"block_runs\":%llu,"
-        "\"output_records\":%llu,\"expert_bytes\":%llu,\"instances\":%u,\"wall_ms\":%.3f}",
+        "\"output_records\":%llu,\"expert_bytes\":%llu,\"vram_bytes\":%llu,\"host_weight_bytes\":%llu,"
+        "\"instances\":%u,\"wall_ms\":%.3f}",
         ull(submits), ull(cycles), ull(cycles_submitted), chain_cycles, chain_cycles_now,
         chain_cycles_min, ull(chain_rerecords), submit_ms_max,
         submits_timed ? submit_ms_total / double(submits_timed) : 0.0, ull(dispatches_recorded),
         ull(host_waits), ull(round_trips), ull(queue_drains), ull(resumes), ull(steps),
-        ull(block_runs), ull(output_records), ull(expert_bytes), instances, wall_ms);
+        ull(block_runs), ull(output_records), ull(expert_bytes), ull(vram_bytes),
+        ull(host_weight_bytes), instances, wall_ms);
 }
 
 }  // namespace blue

@@ -39,6 +39,10 @@ struct GpuOptions {
     double max_submit_ms = -1;
     // Called while create() uploads the weights: bytes done of the total (progress bars).
     std::function<void(uint64_t done, uint64_t total)> on_load;
+    // Device-local memory the machine may use (--vram-budget; 0: all it needs): the control
+    // buffer and the activations always, weights while they fit; the other weights stay in host
+    // memory that the kernels read directly (planPages in host/machine_plan.h).
+    uint64_t vram_budget = 0;
     // Keep clock(): one point per drained chain (one-shot runs; a server would grow it forever).
     bool record_clock = false;
 };
@@ -72,6 +76,8 @@ struct GpuStats {
     uint64_t block_runs = 0;           // (cycle, block) pairs with work
     uint64_t output_records = 0;
     uint64_t expert_bytes = 0;         // MoE expert weights the chosen experts' matmuls read
+    uint64_t vram_bytes = 0;           // device-local memory: the control buffer and tier-0 pages
+    uint64_t host_weight_bytes = 0;    // weights in host memory (beyond GpuOptions::vram_budget)
     uint32_t instances = 0;
     uint32_t chain_cycles = 0;         // cycles per chain asked for
     uint32_t chain_cycles_now = 0;     // the length the watchdog bound allows now

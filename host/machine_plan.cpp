@@ -1,6 +1,7 @@
 // Load-time planning for GpuMachine (see machine_plan.h).
 #include "host/machine_plan.h"
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <optional>
@@ -184,93 +185,147 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
     return c;
 }
 
-Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit) {
+Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
+                           uint64_t vram_budget) {
     PagePlan plan;
     plan.places.resize(m.tensors.size());
-    // Places `bytes` in the last page, or a new one when it does not fit there.
-    auto place = [&](uint64_t bytes, uint32_t* page, uint64_t* offset) -> Status {
-        if (plan.page_bytes.empty() ||
-            ((plan.page_bytes.back() + kTensorAlign - 1) & ~(kTensorAlign - 1)) + bytes >
-                page_limit) {
+    int last[2] = {-1, -1};  // the page each tier fills now
+    // Places `bytes` in the tier's current page, or a new one when it does not fit there.
+    auto place = [&](uint64_t bytes, uint8_t tier, uint32_t* page, uint64_t* offset) -> Status {
+        int& at = last[tier];
+        if (at < 0 || ((plan.page_bytes[at] + kTensorAlign - 1) & ~(kTensorAlign - 1)) + bytes >
+                          page_limit) {
             if (plan.page_bytes.size() == BLUE_MAX_PAGES) {
                 return BLUE_ERROR("the module's tensors need more than %u pages of %.1f MiB",
                                   BLUE_MAX_PAGES, double(page_limit) / (1 << 20));
             }
             plan.page_bytes.push_back(0);
+            plan.page_tier.push_back(tier);
+            at = int(plan.page_bytes.size() - 1);
         }
-        uint64_t& used = plan.page_bytes.back();
+        uint64_t& used = plan.page_bytes[at];
         used = (used + kTensorAlign - 1) & ~(kTensorAlign - 1);
-        *page = uint32_t(plan.page_bytes.size() - 1);
+        *page = uint32_t(at);
         *offset = used;
         used += bytes;
         return Status::ok();
     };
-    // WEIGHT tensors first so they share pages with each other, then activations.
-    for (int pass = 0; pass < 2; ++pass) {
-        for (uint32_t i = 0; i < m.tensors.size(); ++i) {
-            const TensorDecl& t = m.tensors[i];
-            if ((t.cls == BLUE_TC_WEIGHT) != (pass == 0)) continue;
-            TensorPlace& p = plan.places[i];
-            WeightLayout wl;
-            uint64_t count = t.cls == BLUE_TC_ROWS       ? m.layout.max_rows
-                             : t.cls == BLUE_TC_INSTANCE ? instances
-                                                         : 1;
-            if (t.cls == BLUE_TC_WEIGHT && (t.ndim == 2 || t.ndim == 3) &&
-                weightLayout(t.dtype, t.ne[0], t.ne[1], &wl)) {
-                // A 3-D weight holds experts' matrices: each repacked, one slice per expert.
-                p.repacked = true;
-                p.slice = wl.bytes;
-                if (t.ndim == 3) count = t.ne[2];
-            } else {
-                p.slice = (tensorSliceBytes(t) + 15) / 16 * 16;
-            }
-            p.bytes = p.slice * count;
-            if (p.bytes > page_limit && p.repacked && t.ndim == 2) {
-                // Split by rows: groups of 8 rows are contiguous in the weight layout.
-                const uint64_t group = wl.bytes / (wl.rows_padded / 8);
-                const uint64_t groups_per_piece = page_limit / group;
-                if (groups_per_piece == 0) {
-                    return BLUE_ERROR(
-                        "tensor '%s': 8 of its rows need %.1f KiB, more than the device's largest "
-                        "storage binding (%.1f KiB)",
-                        t.name.c_str(), double(group) / 1024, double(page_limit) / 1024);
-                }
-                const uint64_t groups = wl.rows_padded / 8;
-                const uint64_t npieces = (groups + groups_per_piece - 1) / groups_per_piece;
-                const uint64_t per = (groups + npieces - 1) / npieces;  // balanced pieces
-                for (uint64_t g = 0; g < groups; g += per) {
-                    TensorPiece piece;
-                    piece.row_begin = uint32_t(g * 8);
-                    piece.rows = uint32_t(std::min<uint64_t>(t.ne[1] - g * 8, per * 8));
-                    piece.bytes = std::min(per, groups - g) * group;
-                    BLUE_TRY(place(piece.bytes, &piece.page, &piece.offset));
-                    p.pieces.push_back(piece);
-                }
-                p.page = p.pieces[0].page;
-                p.offset = p.pieces[0].offset;
-                continue;
-            }
-            if (p.bytes > page_limit) {
-                return BLUE_ERROR(
-                    "tensor '%s' needs %.1f MiB, more than the device's largest "
-                    "storage binding (%.1f MiB)",
-                    t.name.c_str(), double(p.bytes) / (1 << 20), double(page_limit) / (1 << 20));
-            }
-            BLUE_TRY(place(p.bytes, &p.page, &p.offset));
+    // Sizes first: slices, totals, and the pieces of matrices larger than a page.
+    std::vector<uint64_t> group_bytes(m.tensors.size(), 0);
+    for (uint32_t i = 0; i < m.tensors.size(); ++i) {
+        const TensorDecl& t = m.tensors[i];
+        TensorPlace& p = plan.places[i];
+        WeightLayout wl;
+        uint64_t count = t.cls == BLUE_TC_ROWS       ? m.layout.max_rows
+                         : t.cls == BLUE_TC_INSTANCE ? instances
+                                                     : 1;
+        if (t.cls == BLUE_TC_WEIGHT && (t.ndim == 2 || t.ndim == 3) &&
+            weightLayout(t.dtype, t.ne[0], t.ne[1], &wl)) {
+            // A 3-D weight holds experts' matrices: each repacked, one slice per expert.
+            p.repacked = true;
+            p.slice = wl.bytes;
+            if (t.ndim == 3) count = t.ne[2];
+        } else {
+            p.slice = (tensorSliceBytes(t) + 15) / 16 * 16;
         }
+        p.bytes = p.slice * count;
+        if (p.bytes > page_limit && p.repacked && t.ndim == 2) {
+            // Split by rows: groups of 8 rows are contiguous in the weight layout.
+            const uint64_t group = wl.bytes / (wl.rows_padded / 8);
+            const uint64_t groups_per_piece = page_limit / group;
+            if (groups_per_piece == 0) {
+                return BLUE_ERROR(
+                    "tensor '%s': 8 of its rows need %.1f KiB, more than the device's largest "
+                    "storage binding (%.1f KiB)",
+                    t.name.c_str(), double(group) / 1024, double(page_limit) / 1024);
+            }
+            const uint64_t groups = wl.rows_padded / 8;
+            const uint64_t npieces = (groups + groups_per_piece - 1) / groups_per_piece;
+            const uint64_t per = (groups + npieces - 1) / npieces;  // balanced pieces
+            for (uint64_t g = 0; g < groups; g += per) {
+                TensorPiece piece;
+                piece.row_begin = uint32_t(g * 8);
+                piece.rows = uint32_t(std::min<uint64_t>(t.ne[1] - g * 8, per * 8));
+                piece.bytes = std::min(per, groups - g) * group;
+                p.pieces.push_back(piece);
+            }
+        } else if (p.bytes > page_limit) {
+            return BLUE_ERROR(
+                "tensor '%s' needs %.1f MiB, more than the device's largest "
+                "storage binding (%.1f MiB)",
+                t.name.c_str(), double(p.bytes) / (1 << 20), double(page_limit) / (1 << 20));
+        }
+    }
+    auto placeTensor = [&](uint32_t i, uint8_t tier) -> Status {
+        TensorPlace& p = plan.places[i];
+        p.tier = tier;
+        if (p.pieces.empty()) return place(p.bytes, tier, &p.page, &p.offset);
+        for (TensorPiece& piece : p.pieces) BLUE_TRY(place(piece.bytes, tier, &piece.page, &piece.offset));
+        p.page = p.pieces[0].page;
+        p.offset = p.pieces[0].offset;
+        return Status::ok();
+    };
+    // Upper bound of the bytes a tensor adds to its tier: itself and its alignment.
+    auto footprint = [&](uint32_t i) {
+        const TensorPlace& p = plan.places[i];
+        if (p.pieces.empty()) return p.bytes + kTensorAlign;
+        uint64_t n = 0;
+        for (const TensorPiece& piece : p.pieces) n += piece.bytes + kTensorAlign;
+        return n;
+    };
+    // Activations first when a budget is set (they must be device-local); otherwise after the
+    // weights, so weights share pages with each other.
+    std::vector<uint32_t> weights, others;
+    for (uint32_t i = 0; i < m.tensors.size(); ++i) {
+        (m.tensors[i].cls == BLUE_TC_WEIGHT ? weights : others).push_back(i);
+    }
+    if (vram_budget == 0) {
+        for (uint32_t i : weights) BLUE_TRY(placeTensor(i, 0));
+        for (uint32_t i : others) BLUE_TRY(placeTensor(i, 0));
+        return plan;
+    }
+    for (uint32_t i : others) BLUE_TRY(placeTensor(i, 0));
+    if (plan.tierBytes(0) > vram_budget) {
+        return BLUE_ERROR(
+            "the activations, KV caches and logits need %.1f MiB of device memory, more than the "
+            "VRAM budget of %.1f MiB (weights could go to host memory; these cannot)",
+            double(plan.tierBytes(0)) / (1 << 20), double(vram_budget) / (1 << 20));
+    }
+    // Weights read in full per token first, tables read a row at a time (EMBED only) last.
+    std::vector<uint8_t> dense(m.tensors.size(), 0);
+    for (const BlockDecl& blk : m.blocks) {
+        std::vector<TensorInstr> instrs;
+        if (!decodeBlock(m, blk, &instrs)) continue;
+        for (const TensorInstr& ti : instrs) {
+            const OpInfo& info = opInfo(ti.op);
+            for (size_t k = 1; k < ti.args.size() && k < info.format.size(); ++k) {
+                const char letter = info.format[k];
+                if ((letter == 't' || letter == 'o') && ti.args[k] < m.tensors.size() &&
+                    !(ti.op == Op::EMBED && k == 1)) {
+                    dense[ti.args[k]] = 1;
+                }
+            }
+        }
+    }
+    std::stable_partition(weights.begin(), weights.end(), [&](uint32_t i) { return dense[i] != 0; });
+    uint64_t device = plan.tierBytes(0);
+    for (uint32_t i : weights) {
+        const uint8_t tier = device + footprint(i) <= vram_budget ? 0 : 1;
+        if (tier == 0) device += footprint(i);
+        BLUE_TRY(placeTensor(i, tier));
     }
     return plan;
 }
 
 Status checkDeviceFit(const PagePlan& pages, const ControlLayout& layout, uint32_t instances,
                       uint64_t device_local_bytes, uint32_t max_groups_x) {
-    uint64_t total = layout.control_words * 4;
-    for (uint64_t bytes : pages.page_bytes) total += bytes;
+    const uint64_t total = layout.control_words * 4 + pages.tierBytes(0);  // host pages: no VRAM
     if (total > device_local_bytes) {
         return BLUE_ERROR(
             "the module needs %.1f MiB of device memory (%zu tensor pages and the "
-            "control buffer for %u instances), the device has %.1f MiB",
-            double(total) / (1 << 20), pages.page_bytes.size(), instances,
+            "control buffer for %u instances), the device has %.1f MiB; --vram-budget keeps "
+            "weights in host memory",
+            double(total) / (1 << 20), pages.page_bytes.size() - size_t(std::count(pages.page_tier.begin(), pages.page_tier.end(), 1)), instances,
             double(device_local_bytes) / (1 << 20));
     }
     uint64_t groups = (uint64_t(instances) + BLUE_SEQ_WG - 1) / BLUE_SEQ_WG;

@@ -47,11 +47,20 @@ struct TensorPlace {
     // A 2-D WEIGHT matrix larger than a page is split by rows into pieces (page and offset then
     // name the first); MATMUL and EMBED run one dispatch per piece. Empty when not split.
     std::vector<TensorPiece> pieces;
+    uint8_t tier = 0;  // 0: device-local memory; 1: host memory the kernels read directly
 };
 
 struct PagePlan {
     std::vector<uint64_t> page_bytes;  // size of each page
+    std::vector<uint8_t> page_tier;    // per page: 0 device-local, 1 host (beyond the VRAM budget)
     std::vector<TensorPlace> places;   // per tensor
+    uint64_t tierBytes(uint8_t tier) const {
+        uint64_t n = 0;
+        for (size_t p = 0; p < page_bytes.size(); ++p) {
+            n += (p < page_tier.size() ? page_tier[p] : 0) == tier ? page_bytes[p] : 0;
+        }
+        return n;
+    }
 };
 
 // Packs tensors into pages of at most `page_limit` bytes (each tensor inside one page, aligned to
@@ -59,7 +68,14 @@ struct PagePlan {
 // 16 bytes so kernels read them in whole texels. A 2-D WEIGHT larger than a page is split by rows
 // (multiples of 8) into pieces that each fill at most a page. Fails naming the tensor when any
 // other tensor is larger than a page, when 8 rows of a matrix are, or when pages run out.
-Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit);
+//
+// `vram_budget` (bytes, 0: none) bounds the device-local pages (tier 0): activations, KV caches
+// and logits always live there, then WEIGHT tensors while they fit, in this order: those that
+// some op other than EMBED reads (every row is read per token), in module order, then tables
+// only EMBED reads (one row per token). The rest go to host pages (tier 1) that the kernels read
+// directly. Fails with the numbers when the activations alone exceed the budget.
+Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
+                           uint64_t vram_budget = 0);
 
 // What planPages and planControl cannot see alone, checked against the device once both ran:
 // the pages and the control buffer (device-local memory) together fit `device_local_bytes`,

@@ -444,7 +444,7 @@ TEST_CASE("device limits: the pages and the control buffer must fit the device-l
     Status s = checkDeviceFit(pages, layout, 64, 5u << 20, 65535);
     CHECK(s.message() ==
           "the module needs 6.0 MiB of device memory (2 tensor pages and the control buffer for 64 "
-          "instances), the device has 5.0 MiB");
+          "instances), the device has 5.0 MiB; --vram-budget keeps weights in host memory");
     // The sequencer runs BLUE_SEQ_WG instances per workgroup along x.
     CHECK(checkDeviceFit(pages, layout, 65535 * BLUE_SEQ_WG, 6u << 20, 65535).isOk());
     s = checkDeviceFit(pages, layout, 65535 * BLUE_SEQ_WG + 1, 6u << 20, 65535);

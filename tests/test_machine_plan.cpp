@@ -488,3 +488,65 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
 
 }  // namespace
 }  // namespace blue::test
+
+namespace blue::test {
+namespace {
+
+// Two 64x64 F32 matrices (16 KiB each) that MATMUL reads and a 64x100 table (25 KiB) that only
+// EMBED reads, with small activations.
+std::string budgetSource() {
+    std::string s = ".layout regs=8 local=8 max_rows=2\n";
+    auto data = [&](const char* name, int n) {
+        s += strFormat(".tensor %s weight f32 [64, %d] data f32", name, n);
+        for (int i = 0; i < 64 * n; ++i) s += i % 7 ? " 0" : " 1";
+        s += "\n";
+    };
+    data("table", 100);
+    data("w1", 64);
+    data("w2", 64);
+    s += R"(.tensor e rows f32 [64]
+.tensor h rows f32 [64]
+.tensor y rows f32 [64]
+.block b args=4
+    embed e, table, 2
+    matmul h, w1, e
+    matmul y, w2, h
+.end
+main:
+    halt
+)";
+    return s;
+}
+
+TEST_CASE("plan: under a VRAM budget, activations stay device-local, then dense weights, then tables") {
+    Module m = assembleOrFail(budgetSource());
+    Result<PagePlan> all = planPages(m, 1, 1 << 20);
+    REQUIRE_MESSAGE(all.isOk(), all.message());
+    CHECK(all->tierBytes(1) == 0u);
+    // Activations: three ROWS tensors of 2 rows x 256 bytes (1536 bytes, aligned).
+    const uint64_t act = 3 * 512;
+    const uint64_t matrix = 64 * 64 * 4, table = 64 * 100 * 4;
+    auto tiers = [&](uint64_t budget) {
+        Result<PagePlan> p = planPages(m, 1, 1 << 20, budget);
+        REQUIRE_MESSAGE(p.isOk(), p.message());
+        CHECK(p->tierBytes(0) <= budget);
+        for (uint32_t t = 0; t < m.tensors.size(); ++t) {
+            const TensorPlace& tp = p->places[t];
+            CHECK(p->page_tier[tp.page] == tp.tier);  // a page holds one tier
+            if (m.tensors[t].cls != BLUE_TC_WEIGHT) CHECK(tp.tier == 0);
+        }
+        return std::vector<int>{p->places[0].tier, p->places[1].tier, p->places[2].tier};
+    };
+    CHECK(tiers(act + 2 * matrix + table + 4096) == std::vector<int>{0, 0, 0});
+    CHECK(tiers(act + 2 * matrix + 1024) == std::vector<int>{1, 0, 0});  // the table goes first
+    CHECK(tiers(act + matrix + 1024) == std::vector<int>{1, 0, 1});      // then later matrices
+    CHECK(tiers(act + 1024) == std::vector<int>{1, 1, 1});
+    Result<PagePlan> none = planPages(m, 1, 1 << 20, 1000);
+    REQUIRE_FALSE(none.isOk());
+    CHECK(none.message() ==
+          "the activations, KV caches and logits need 0.0 MiB of device memory, more than the VRAM "
+          "budget of 0.0 MiB (weights could go to host memory; these cannot)");
+}
+
+}  // namespace
+}  // namespace blue::test

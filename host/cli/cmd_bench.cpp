@@ -21,6 +21,7 @@ namespace {
 struct BenchArgs {
     std::string model, device, instances = "1";
     uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0, chain_cycles = 64;
+    uint64_t vram_budget = 0;
     bool json = false, no_bandwidth = false;
 };
 
@@ -81,6 +82,7 @@ Command addBenchCommand(CLI::App& app) {
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
+    addVramBudgetOption(sub, &a->vram_budget);
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_flag("--json", a->json, "print one JSON object instead of the table");
     sub->add_flag("--no-ceilings,--no-bandwidth", a->no_bandwidth,
@@ -98,6 +100,7 @@ Command addBenchCommand(CLI::App& app) {
         eo.device = a->device;
         eo.ctx = a->ctx ? a->ctx : std::max(a->prompt, 1u) + a->gen + 8;
         eo.chain_cycles = a->chain_cycles;
+        eo.vram_budget = a->vram_budget;
         ProgressBar bar("loading weights");
         eo.on_load = loadProgress(bar);
         auto engine = Engine::open(a->model, eo);
@@ -125,6 +128,11 @@ Command addBenchCommand(CLI::App& app) {
         double used = double(wbytes) * tg->tok_per_s / 1e9;
         j["weight_read_gb_per_s"] = used;
         const uint64_t all_experts = e.expertWeightBytes();
+        if (a->vram_budget > 0) {
+            const GpuStats& s = e.stats();
+            j["memory"] = {{"vram_budget", a->vram_budget}, {"vram_bytes", s.vram_bytes},
+                           {"host_weight_bytes", s.host_weight_bytes}};
+        }
         if (all_experts > 0) {
             // Measured by the GPU (MOEROUTE counts what the chosen experts' matmuls read).
             j["experts"] = {{"all_bytes", all_experts}, {"tg_bytes_per_token", tg->expert_bytes_per_row},
@@ -205,6 +213,13 @@ Command addBenchCommand(CLI::App& app) {
                     fractions(used, dev_read, nat_read).c_str());
         if (ceilings) std::printf("; nearer to the %s ceiling", j["tg"]["nearer_ceiling"].get<std::string>() == "read" ? "read" : "FMA");
         std::printf("\n");
+        if (a->vram_budget > 0) {
+            const GpuStats& s = e.stats();
+            std::printf("memory: %.1f MiB device-local (--vram-budget %.1f MiB), %.1f MiB of weights in host memory "
+                        "read by the GPU directly\n",
+                        double(s.vram_bytes) / (1 << 20), double(a->vram_budget) / (1 << 20),
+                        double(s.host_weight_bytes) / (1 << 20));
+        }
         if (all_experts > 0) {
             std::printf("experts read per token (GPU-counted): tg %.2f MiB, pp %.2f MiB, of %.2f MiB in all experts "
                         "(tg %.1f%%)\n",

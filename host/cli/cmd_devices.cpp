@@ -141,6 +141,36 @@ void addDeviceLimitsOption(CLI::App* sub) {
         "profile file (sets BLUE_DEVICE_LIMITS)");
 }
 
+std::optional<uint64_t> parseByteSize(const std::string& text) {
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || !(v >= 0)) return std::nullopt;
+    std::string unit(end);
+    for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+    if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+    if (unit.size() == 2 && unit[1] == 'I') unit.pop_back();
+    static const std::pair<const char*, double> kUnits[] = {
+        {"", 1}, {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}, {"T", 1099511627776.0}};
+    for (const auto& [name, scale] : kUnits) {
+        if (unit == name && v * scale < 1.8e19) return uint64_t(v * scale);
+    }
+    return std::nullopt;
+}
+
+void addVramBudgetOption(CLI::App* sub, uint64_t* bytes) {
+    sub->add_option_function<std::string>(
+        "--vram-budget",
+        [bytes](const std::string& text) {
+            std::optional<uint64_t> v = parseByteSize(text);
+            if (!v || *v == 0) {
+                throw CLI::ValidationError("--vram-budget", "'" + text + "' is not a size such as 512M, 1.5G or 300000");
+            }
+            *bytes = *v;
+        },
+        "device memory to use at most (e.g. 512M, 1.5G; K, M, G are powers of 1024): weights "
+        "beyond it stay in host memory, read by the GPU directly");
+}
+
 Command addDevicesCommand(CLI::App& app) {
     CLI::App* sub =
         app.add_subcommand("devices", "List Vulkan devices and what BlueVM uses of them");

@@ -23,6 +23,7 @@ struct GenerateArgs {
     SamplingParams sampling;
     bool seed_given = false;
     uint32_t instances = 1, ctx = 0, chain_cycles = 64;
+    uint64_t vram_budget = 0;
     bool stats = false, ids = false, no_echo = false, profile = false;
 };
 
@@ -192,6 +193,7 @@ Command addGenerateCommand(CLI::App& app) {
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
+    addVramBudgetOption(sub, &a->vram_budget);
     sub->add_option("--out", a->out, "with --prompts: write the JSONL results here");
     sub->add_flag("--ids", a->ids, "print token ids instead of text");
     sub->add_flag("--no-echo", a->no_echo, "do not print the prompt before the generated text");
@@ -205,6 +207,7 @@ Command addGenerateCommand(CLI::App& app) {
         eo.ctx = a->ctx;
         eo.chain_cycles = a->chain_cycles;
         eo.profile = a->profile;
+        eo.vram_budget = a->vram_budget;
         ProgressBar bar("loading weights");
         setLoading(&eo, &bar, a.get());
         auto engine = Engine::open(a->model, eo);

@@ -26,6 +26,7 @@ struct RunArgs {
     uint32_t instances = 1;
     int32_t siblings = -1;
     uint64_t max_cycles = 1000000;
+    uint64_t vram_budget = 0;
     uint32_t chain_cycles = 64;
     double max_submit_ms = -1;  // negative: GpuOptions' default (BLUE_MAX_SUBMIT_MS or 50)
     bool stats = false, ref = false, profile = false;
@@ -127,6 +128,7 @@ int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,
     opt.chain_cycles = args.chain_cycles;
     opt.profile = args.profile;
     opt.max_submit_ms = args.max_submit_ms;
+    opt.vram_budget = args.vram_budget;
     auto machine = GpuMachine::create(*dev.value(), *pipelines.value(), m, w, opt);
     if (!machine) return fail(machine.message());
     for (const auto& msg : inputs) {
@@ -228,6 +230,7 @@ Command addRunCommand(CLI::App& app) {
     sub->add_option("--instances,-n", args->instances, "instances to run")->check(CLI::Range(1u, 1u << 24));
     sub->add_option("--device", args->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
+    addVramBudgetOption(sub, &args->vram_budget);
     sub->add_option("--max-cycles", args->max_cycles, "stop a program that runs longer (watchdog)")->check(CLI::PositiveNumber);
     sub->add_option("--chain-cycles", args->chain_cycles, "cycles recorded per chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--max-submit-ms", args->max_submit_ms,
@@ -256,8 +259,13 @@ Command addRunCommand(CLI::App& app) {
     return [args] {
         auto m = loadProgram(args->program);
         if (!m) return fail(m.message());
-        if (const std::string* kind = m->metaValue("blue.kind"); kind && *kind == "cascade") return runCascade(*args);
-        if (const std::string* kind = m->metaValue("blue.kind"); kind && *kind == "llm-generate" && !args->ref) {
+        const std::string* kind = m->metaValue("blue.kind");
+        if (args->vram_budget && kind && (*kind == "cascade" || (*kind == "llm-generate" && !args->ref))) {
+            return fail("--vram-budget applies to `run` of plain programs; give it to `bluevm generate` "
+                        "or `bluevm serve` for models");
+        }
+        if (kind && *kind == "cascade") return runCascade(*args);
+        if (kind && *kind == "llm-generate" && !args->ref) {
             return runGenerationModule(args->program, args->prompt, args->n_predict, args->temperature,
                                        args->seed, args->instances, args->stats, args->device);
         }

@@ -30,6 +30,8 @@ int runGenerationModule(const std::string& path, const std::string& prompt, int3
 // Registers --device-limits NAME|FILE on a command that opens a device: it sets
 // BLUE_DEVICE_LIMITS for this process, which Device::create reads (host/device_profile.h).
 void addDeviceLimitsOption(CLI::App* sub);
+// --vram-budget SIZE (bytes, or with a unit: 512M, 2GiB; K/M/G are powers of 1024).
+void addVramBudgetOption(CLI::App* sub, uint64_t* bytes);
 
 // Prints "bluevm: message" to stderr and returns 1.
 int fail(const std::string& message);

@@ -205,6 +205,7 @@ Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, ui
     opt.chain_cycles = chain_cycles;
     opt.max_cycles = max_cycles;
     opt.profile = options_.profile;
+    opt.vram_budget = options_.vram_budget;
     opt.on_load = options_.on_load;
     BLUE_TRY(deviceUsable());
     clearVkFailure();

@@ -1,0 +1,183 @@
+// Memory as a user meets it, through `bluevm generate`:
+//   - matrices larger than the device's largest binding: a model whose embedding table (tied to
+//     the output, Q6_K in llama.cpp's Q4_0 mix) is larger than a page of an emulated device
+//     (`--device-limits`) runs split by rows across pages, with the ids of the unsplit run;
+//   - `--vram-budget`: weights beyond the budget stay in host memory that the GPU reads directly;
+//     the ids are those of the run without a budget, for F32 and Q4_0 files, on 1 and 16
+//     instances, and `--stats` shows what went where.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "compiler/gguf.h"
+#include "tests/child.h"
+#include "tests/test_paths.h"
+#include "tools/synth/synth.h"
+
+namespace blue::test {
+namespace {
+
+std::string binary(const std::string& rel) { return std::string(BLUE_BINARY_DIR) + "/" + rel; }
+
+// Seeded sampled ids of `bluevm generate` (sampling reads every logit, so a wrong row of the
+// output matrix changes them), with extra options.
+std::string sampledIds(const std::string& model, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {binary("host/bluevm"), "generate", "--model", model,
+                                     "--prompt", "Once upon a time", "-n", "24", "--temp", "0.8",
+                                     "--seed", "11", "--ctx", "64", "--ids", "--no-echo"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Child c(args);
+    INFO("stderr: " << c.err_text);
+    REQUIRE(c.wait() == 0);
+    return c.out_text;
+}
+
+TEST_CASE("memory: a model whose embedding is larger than a page runs split by rows, same ids") {
+    // A Qwen2-shaped model (tied output) with a vocabulary of 8192: the Q6_K table is 1.8 MiB in
+    // the GPU weight layout, larger than the emulated device's 1 MiB pages.
+    SynthConfig c = *synthPreset("qwen2-0.5b");
+    c.n_layer = 2;
+    c.dim = 256;
+    c.n_ff = 256;
+    c.n_head = 4;
+    c.n_head_kv = 2;
+    c.n_vocab = 8192;
+    SynthOptions opt;
+    opt.type = DType::Q4_0;  // llama.cpp's Q4_0 mix: the tied table is Q6_K
+    const std::string model = "/tmp/blue_test_split.gguf";
+    Status s = synthWrite(c, opt, model);
+    REQUIRE_MESSAGE(s, s.message());
+    Result<GgufFile> f = ggufOpen(model);
+    REQUIRE_MESSAGE(f, f.message());
+    const GgufTensor* table = f->findTensor("token_embd.weight");
+    REQUIRE(table);
+    CHECK(table->type == DType::Q6_K);
+    CHECK(f->findTensor("output.weight") == nullptr);
+
+    const std::string profile = "/tmp/blue_test_split_pages.json";
+    {
+        std::ofstream p(profile);
+        p << R"({"name": "pages-1m", "device": "test", "source": "tests/test_split.cpp",
+  "limits": {"maxTexelBufferElements": 65536}})";
+    }
+    const std::string want = sampledIds(model, {});
+    CHECK(want.size() > 24);
+    CHECK(sampledIds(model, {"--device-limits", profile}) == want);
+    CHECK(sampledIds(model, {"--device-limits", profile, "--instances", "4"}) == want);
+
+    // 8 rows of the table (one 256-element block each, 14 texels) are 1792 bytes: a device whose
+    // pages hold less cannot hold the matrix at all, and says so.
+    {
+        std::ofstream p(profile);
+        p << R"({"name": "pages-1k", "device": "test", "source": "tests/test_split.cpp",
+  "limits": {"maxTexelBufferElements": 64}})";
+    }
+    Child tiny({binary("host/bluevm"), "generate", "--model", model, "-n", "1", "--device-limits",
+                profile});
+    CHECK(tiny.wait() == 1);
+    CHECK(tiny.err_text.find("more than the device's largest storage binding") !=
+          std::string::npos);
+    std::remove(profile.c_str());
+    std::remove(model.c_str());
+}
+
+// The ids (or JSONL) and the --stats JSON of a `bluevm generate` run.
+struct Generated {
+    std::string out;
+    nlohmann::json stats;
+};
+Generated generate(std::vector<std::string> args) {
+    args.insert(args.begin(), {binary("host/bluevm"), "generate", "--ctx", "64", "--stats", "--no-echo"});
+    Child c(args);
+    INFO("stderr: " << c.err_text);
+    REQUIRE(c.wait() == 0);
+    Generated g;
+    g.out = c.out_text;
+    g.stats = nlohmann::json::parse(c.err_text.substr(c.err_text.rfind('{')));
+    return g;
+}
+
+TEST_CASE("memory: under --vram-budget, weights beyond it are read from host memory, same ids") {
+    const std::string stories = sharedDir() + "/models/stories260K/stories260K.gguf";
+    // One instance: the known greedy continuation, with about a quarter of the weights
+    // (1.1 MiB in all) in device memory.
+    std::vector<std::string> one = {"--model", stories, "--prompt", "", "-n", "48", "--ids", "--temp", "0"};
+    Generated plain = generate(one);
+    std::vector<std::string> budget = one;
+    budget.insert(budget.end(), {"--vram-budget", "1.9M"});
+    Generated paged = generate(budget);
+    CHECK(paged.out == plain.out);
+    CHECK(plain.stats["host_weight_bytes"] == 0);
+    CHECK(paged.stats["host_weight_bytes"].get<uint64_t>() > 700000u);
+    CHECK(paged.stats["vram_bytes"].get<uint64_t>() <= uint64_t(1.9 * 1048576));
+    CHECK(paged.stats["vram_bytes"].get<uint64_t>() < plain.stats["vram_bytes"].get<uint64_t>());
+    CHECK(paged.stats["round_trips"] == 0);
+    // The known greedy ids from BOS (the shared model's reference output).
+    std::vector<uint32_t> want = expectedGreedyIds();
+    std::string want_text;
+    for (size_t i = 0; i < 48 && i < want.size(); ++i) want_text += (i ? " " : "") + std::to_string(want[i]);
+    CHECK(plain.out.substr(0, want_text.size()) == want_text);
+
+    // Sixteen instances with sixteen prompts.
+    const std::string prompts = "/tmp/blue_test_budget_prompts.txt";
+    {
+        std::ofstream f(prompts);
+        for (const char* p : {"Once upon a time", "The dog", "Lily went", "One day", "Tom", "A cat",
+                              "The sun", "Mom said", "The bird", "Ben and", "It was", "She saw",
+                              "They ran", "The big", "A little", "He was"}) {
+            f << p << "\n";
+        }
+    }
+    std::vector<std::string> many = {"--model", stories, "--prompts", prompts, "--instances", "16",
+                                     "-n", "24", "--temp", "0"};
+    Generated many_plain = generate(many);
+    many.insert(many.end(), {"--vram-budget", "2.6M"});
+    Generated many_paged = generate(many);
+    CHECK(many_paged.out == many_plain.out);
+    CHECK(std::count(many_plain.out.begin(), many_plain.out.end(), '\n') == 16);
+    CHECK(many_paged.stats["host_weight_bytes"].get<uint64_t>() > 600000u);
+    CHECK(many_paged.stats["vram_bytes"].get<uint64_t>() <= uint64_t(2.6 * 1048576));
+    std::remove(prompts.c_str());
+
+    // A Q4_0 file (with its Q6_K table), sampled with a seed.
+    SynthConfig c = *synthPreset("qwen2-0.5b");
+    c.n_layer = 2;
+    c.dim = 256;
+    c.n_ff = 256;
+    c.n_head = 4;
+    c.n_head_kv = 2;
+    c.n_vocab = 8192;
+    SynthOptions opt;
+    opt.type = DType::Q4_0;
+    const std::string model = "/tmp/blue_test_budget_q4.gguf";
+    Status s = synthWrite(c, opt, model);
+    REQUIRE_MESSAGE(s, s.message());
+    std::vector<std::string> q = {"--model", model, "--prompt", "Once upon a time", "-n", "24",
+                                  "--temp", "0.8", "--seed", "5", "--ids"};
+    Generated q_plain = generate(q);
+    const uint64_t q_vram = q_plain.stats["vram_bytes"].get<uint64_t>();
+    q.insert(q.end(), {"--vram-budget", std::to_string(q_vram * 3 / 4)});
+    Generated q_paged = generate(q);
+    CHECK(q_paged.out == q_plain.out);
+    CHECK(q_paged.stats["host_weight_bytes"].get<uint64_t>() > 0u);
+    CHECK(q_paged.stats["vram_bytes"].get<uint64_t>() <= q_vram * 3 / 4);
+
+    // A budget below what the activations need is refused with the numbers; a bad size too.
+    Child small({binary("host/bluevm"), "generate", "--model", stories, "-n", "1", "--vram-budget", "1M"});
+    CHECK(small.wait() == 1);
+    CHECK(small.err_text.find("more than the VRAM budget of 1.0 MiB (weights could go to host memory; "
+                              "these cannot)") != std::string::npos);
+    Child bad({binary("host/bluevm"), "generate", "--model", stories, "--vram-budget", "lots"});
+    CHECK(bad.wait() != 0);
+    CHECK(bad.err_text.find("'lots' is not a size such as 512M") != std::string::npos);
+    std::remove(model.c_str());
+}
+
+}  // namespace
+}  // namespace blue::test
