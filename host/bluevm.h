@@ -77,7 +77,9 @@ typedef struct bluevm_model_options {
     uint32_t ctx;        /* context per instance in tokens; 0: the model's, at most 2048 */
     int validation;      /* nonzero: the Khronos validation layer on (slow; for debugging) */
     uint64_t vram_budget; /* device-local bytes its engines may use; weights beyond stay in host
-                             memory that the GPU reads directly; 0: no limit (API version 6) */
+                             memory; 0: no limit (API version 6) */
+    int host_weights;     /* with vram_budget: 1 the GPU reads them in host memory, 2 it streams
+                             them into device memory ahead of use, 0 the device decides */
 } bluevm_model_options;
 
 void bluevm_model_options_init(bluevm_model_options* o);

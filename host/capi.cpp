@@ -88,7 +88,7 @@ int bluevm_api_version(void) {
 }
 
 void bluevm_model_options_init(bluevm_model_options* o) {
-    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0};
+    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0};
 }
 
 bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* options,
@@ -106,6 +106,10 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
             eo.ctx = options->ctx;
             eo.validation = options->validation != 0;
             eo.vram_budget = options->vram_budget;
+            if (options->host_weights < 0 || options->host_weights > 2) {
+                return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "host_weights must be 0 (auto), 1 (read) or 2 (stream)");
+            }
+            eo.host_weights = blue::GpuOptions::HostWeights(options->host_weights);
         }
         bool device_failed = false;
         blue::clearVkFailure();

@@ -107,6 +107,15 @@ public:
     // UUID, timestamp period and memory types stay the real device's).
     const VkPhysicalDeviceProperties& props() const { return props_; }
     const VkPhysicalDeviceMemoryProperties& memory() const { return memory_; }
+    // Whether the device has host-visible memory that is not device-local (a discrete GPU's
+    // system RAM); unified-memory devices such as lavapipe have none.
+    bool hasHostOnlyMemory() const {
+        for (uint32_t i = 0; i < memory_.memoryTypeCount; ++i) {
+            const VkMemoryPropertyFlags f = memory_.memoryTypes[i].propertyFlags;
+            if ((f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && !(f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)) return true;
+        }
+        return false;
+    }
     const DeviceInfo& info() const { return info_; }
     // Largest buffer BlueVM binds whole (VK_WHOLE_SIZE): within one storage binding's range and
     // one allocation (every buffer has its own).

@@ -26,6 +26,7 @@ GpuMachine::Impl::~Impl() {
     if (operand_pool) vkDestroyDescriptorPool(d, operand_pool, nullptr);
     for (VkBufferView v : page_views) vkDestroyBufferView(d, v, nullptr);
     for (Buffer& b : page_buffers) destroyBuffer(dev, b);
+    for (Buffer& b : slot_buffers) destroyBuffer(dev, b);
     destroyBuffer(dev, control);
     destroyBuffer(dev, io);
 }
@@ -50,7 +51,8 @@ Status GpuMachine::Impl::allocate() {
         if (host) what += " (host memory, beyond the VRAM budget)";
         Result<Buffer> b = createBuffer(
             dev, pages.page_bytes[p],
-            VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT,
+            VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT |
+                VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
             host ? MemKind::HOST : MemKind::DEVICE, what.c_str());
         if (!b) return b.status();
         page_buffers.push_back(b.value());
@@ -61,6 +63,23 @@ Status GpuMachine::Impl::allocate() {
         VkBufferView view;
         BLUE_VK_TRY_ON(dev, vkCreateBufferView(dev.device(), &vi, nullptr, &view));
         page_views.push_back(view);
+    }
+    if (!streams.groups.empty()) {
+        // The slots' views follow the pages' (planStreams points operand 1 at them).
+        for (int s = 0; s < 2; ++s) {
+            Result<Buffer> b = createBuffer(
+                dev, pages.slot_bytes, VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                MemKind::DEVICE, s ? "weight slot B" : "weight slot A");
+            if (!b) return b.status();
+            slot_buffers[s] = b.value();
+            VkBufferViewCreateInfo vi{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
+            vi.buffer = b->buffer;
+            vi.format = VK_FORMAT_R32G32B32A32_UINT;
+            vi.range = b->size / 16 * 16;
+            VkBufferView view;
+            BLUE_VK_TRY_ON(dev, vkCreateBufferView(dev.device(), &vi, nullptr, &view));
+            page_views.push_back(view);
+        }
     }
     return Status::ok();
 }
@@ -101,8 +120,10 @@ Status GpuMachine::Impl::initControl() {
         w[at] = p.page | m.tensors[t].cls << 16;
         w[at + 1] = uint32_t(p.offset);
         w[at + 2] = uint32_t(p.slice);
-        // TLD and TST fault on a matrix split over pages rather than read past its first piece.
-        w[at + 3] = p.pieces.empty() ? uint32_t(m.tensors[t].elements()) : 0;
+        // TLD and TST fault on a matrix split over pages rather than read past its first piece,
+        // and on one that streams (only copies reach its page).
+        const bool streamed = !streams.groups.empty() && p.tier == 1 && p.repacked;
+        w[at + 3] = p.pieces.empty() && !streamed ? uint32_t(m.tensors[t].elements()) : 0;
     }
     w[BLUE_C_BUMP] = m.layout.heap_static;
     w[BLUE_C_LIVE] = n;
@@ -182,8 +203,10 @@ Status GpuMachine::Impl::createDescriptors() {
     VkDescriptorBufferInfo io_info{io.buffer, 0, VK_WHOLE_SIZE};
     std::vector<VkDescriptorBufferInfo> page_info(BLUE_MAX_PAGES);
     for (uint32_t p = 0; p < BLUE_MAX_PAGES; ++p) {
-        // Unused slots point at the I/O buffer; kernels never index them.
-        const Buffer& b = p < page_buffers.size() ? page_buffers[p] : io;
+        // Unused slots point at the I/O buffer; kernels never index them. Nor host pages whose
+        // weights stream: only copies read those.
+        const bool streamed = !streams.groups.empty() && pages.page_tier[p < pages.page_tier.size() ? p : 0] == 1;
+        const Buffer& b = p < page_buffers.size() && !streamed ? page_buffers[p] : io;
         page_info[p] = {b.buffer, 0, VK_WHOLE_SIZE};
     }
     VkWriteDescriptorSet writes[3] = {};
@@ -329,12 +352,18 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
                               options.instances, double(control) / (1 << 20),
                               double(options.vram_budget) / (1 << 20));
         }
-        pages = planPages(m, options.instances, page_limit, options.vram_budget - control);
+        using HW = GpuOptions::HostWeights;
+        const bool stream = options.host_weights == HW::STREAM ||
+                            (options.host_weights == HW::AUTO && dev.hasHostOnlyMemory());
+        pages = planPages(m, options.instances, page_limit, options.vram_budget - control, stream);
         if (!pages) return pages.status();
         impl->pages = std::move(pages.value());
         dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0]);
         if (!dispatches) return dispatches.status();
         impl->dispatches = std::move(dispatches.value());
+        if (stream) {
+            impl->streams = planStreams(impl->pages, &impl->dispatches, uint32_t(impl->pages.page_bytes.size()));
+        }
     }
     BLUE_TRY(checkDeviceFit(impl->pages, impl->layout, options.instances,
                             dev.info().device_local_bytes, dev.info().max_workgroup_count[0]));
@@ -350,6 +379,9 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     machine->stats_.instances = options.instances;
     machine->stats_.vram_bytes = machine->impl_->layout.control_words * 4 + machine->impl_->pages.tierBytes(0);
     machine->stats_.host_weight_bytes = machine->impl_->pages.tierBytes(1);
+    machine->stats_.streaming = !machine->impl_->streams.groups.empty();
+    machine->stats_.stream_bytes_per_cycle = machine->impl_->streams.bytesPerCycle();
+    if (machine->stats_.streaming) machine->stats_.vram_bytes += 2 * machine->impl_->pages.slot_bytes;
     machine->stats_.chain_cycles = options.chain_cycles;
     machine->stats_.chain_cycles_now = machine->impl_->cycles_now;
     machine->stats_.chain_cycles_min = machine->impl_->cycles_now;
@@ -529,13 +561,13 @@ std::string GpuStats::json() const {
         "\"dispatches_recorded\":%llu,\"host_waits\":%llu,\"round_trips\":%llu,"
         "\"queue_drains\":%llu,\"resumes\":%llu,\"steps\":%llu,\"block_runs\":%llu,"
         "\"output_records\":%llu,\"expert_bytes\":%llu,\"vram_bytes\":%llu,\"host_weight_bytes\":%llu,"
-        "\"instances\":%u,\"wall_ms\":%.3f}",
+        "\"streamed_bytes\":%llu,\"instances\":%u,\"wall_ms\":%.3f}",
         ull(submits), ull(cycles), ull(cycles_submitted), chain_cycles, chain_cycles_now,
         chain_cycles_min, ull(chain_rerecords), submit_ms_max,
         submits_timed ? submit_ms_total / double(submits_timed) : 0.0, ull(dispatches_recorded),
         ull(host_waits), ull(round_trips), ull(queue_drains), ull(resumes), ull(steps),
         ull(block_runs), ull(output_records), ull(expert_bytes), ull(vram_bytes),
-        ull(host_weight_bytes), instances, wall_ms);
+        ull(host_weight_bytes), ull(stream_bytes_per_cycle * cycles_submitted), instances, wall_ms);
 }
 
 }  // namespace blue

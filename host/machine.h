@@ -43,6 +43,12 @@ struct GpuOptions {
     // buffer and the activations always, weights while they fit; the other weights stay in host
     // memory that the kernels read directly (planPages in host/machine_plan.h).
     uint64_t vram_budget = 0;
+    // How kernels reach the weights beyond the budget: READ them in host memory in place, or
+    // STREAM them, a group of matrices at a time, into two device-local slots ahead of the
+    // dispatches that read them (copies overlap the previous group's compute). AUTO: STREAM
+    // where the device has host memory apart from its own (a discrete GPU), else READ.
+    enum class HostWeights { AUTO, READ, STREAM };
+    HostWeights host_weights = HostWeights::AUTO;
     // Keep clock(): one point per drained chain (one-shot runs; a server would grow it forever).
     bool record_clock = false;
 };
@@ -78,6 +84,8 @@ struct GpuStats {
     uint64_t expert_bytes = 0;         // MoE expert weights the chosen experts' matmuls read
     uint64_t vram_bytes = 0;           // device-local memory: the control buffer and tier-0 pages
     uint64_t host_weight_bytes = 0;    // weights in host memory (beyond GpuOptions::vram_budget)
+    uint64_t stream_bytes_per_cycle = 0;  // streaming: bytes copied into the slots each cycle
+    bool streaming = false;
     uint32_t instances = 0;
     uint32_t chain_cycles = 0;         // cycles per chain asked for
     uint32_t chain_cycles_now = 0;     // the length the watchdog bound allows now

@@ -15,7 +15,9 @@ namespace {
 
 // The resources a chain touches. Every dispatch binds all of them (set 0), so each counts as
 // reading and writing all three; the pages are also read through texel views (set 1).
-enum ChainResource : uint32_t { kControl, kIo, kPages, kChainResources };
+// Streaming adds the two weight slots (read by the dispatches of their groups through set 1 only)
+// and the host pages their copies read (bound to no kernel while weights stream).
+enum ChainResource : uint32_t { kControl, kIo, kPages, kSlot0, kSlot1, kHostPages, kChainResources };
 
 constexpr VkPipelineStageFlags kCompute = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
 constexpr VkPipelineStageFlags kTransfer = VK_PIPELINE_STAGE_TRANSFER_BIT;
@@ -38,6 +40,16 @@ constexpr SyncUse kBlockPredicate[] = {  // a block's instance count, which gate
 constexpr SyncUse kSnapshotOut[] = {  // control counters -> this chain's I/O snapshot
     {kControl, kTransfer, VK_ACCESS_TRANSFER_READ_BIT},
     {kIo, kTransfer, VK_ACCESS_TRANSFER_WRITE_BIT}};
+constexpr SyncUse kStreamCopy[2][2] = {  // host page -> slot
+    {{kHostPages, kTransfer, VK_ACCESS_TRANSFER_READ_BIT}, {kSlot0, kTransfer, VK_ACCESS_TRANSFER_WRITE_BIT}},
+    {{kHostPages, kTransfer, VK_ACCESS_TRANSFER_READ_BIT}, {kSlot1, kTransfer, VK_ACCESS_TRANSFER_WRITE_BIT}}};
+constexpr SyncUse kDispatchIndirectSlot[2][5] = {  // a dispatch reading its matrix from a slot
+    {{kControl, VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, VK_ACCESS_INDIRECT_COMMAND_READ_BIT},
+     {kControl, kCompute, kShaderRW}, {kIo, kCompute, kShaderRW}, {kPages, kCompute, kShaderRW},
+     {kSlot0, kCompute, VK_ACCESS_SHADER_READ_BIT}},
+    {{kControl, VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, VK_ACCESS_INDIRECT_COMMAND_READ_BIT},
+     {kControl, kCompute, kShaderRW}, {kIo, kCompute, kShaderRW}, {kPages, kCompute, kShaderRW},
+     {kSlot1, kCompute, VK_ACCESS_SHADER_READ_BIT}}};
 constexpr SyncUse kHostReads[] = {  // after the fence: rings, snapshots, and mapped buffers
     {kIo, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT},
     {kControl, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT},
@@ -52,6 +64,14 @@ struct ChainWriter {
     void copy(std::span<const SyncUse> uses, VkBuffer src, VkBuffer dst, VkBufferCopy region) {
         sync.use(cb, uses);
         if (cb) vkCmdCopyBuffer(cb, src, dst, 1, &region);
+    }
+    // One command per source page.
+    void copies(std::span<const SyncUse> uses, const std::vector<std::pair<VkBuffer, VkBufferCopy>>& regions,
+                VkBuffer dst) {
+        sync.use(cb, uses);
+        if (cb) {
+            for (const auto& [src, region] : regions) vkCmdCopyBuffer(cb, src, dst, 1, &region);
+        }
     }
     void dispatch(VkPipeline p) {
         sync.use(cb, kDispatch);
@@ -71,8 +91,12 @@ struct ChainWriter {
     void endCondition() {
         if (cb) vkCmdEndConditionalRenderingEXT(cb);
     }
-    void dispatchIndirect(VkPipeline p, VkBuffer args, VkDeviceSize offset) {
-        sync.use(cb, kDispatchIndirect);
+    void dispatchIndirect(VkPipeline p, VkBuffer args, VkDeviceSize offset, int32_t slot = -1) {
+        if (slot >= 0) {
+            sync.use(cb, kDispatchIndirectSlot[slot]);
+        } else {
+            sync.use(cb, kDispatchIndirect);
+        }
         if (!cb) return;
         vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p);
         vkCmdDispatchIndirect(cb, args, offset);
@@ -147,7 +171,7 @@ Status GpuMachine::Impl::createChains() {
         qi.queryCount = 2 * n;
         BLUE_VK_TRY_ON(dev, vkCreateQueryPool(d, &qi, nullptr, &timing));
         if (opt.profile) {
-            queries_per_chain = 1 + opt.chain_cycles * uint32_t(2 + dispatches.size());
+            queries_per_chain = 1 + opt.chain_cycles * uint32_t(2 + dispatches.size() + streams.groups.size());
             query_kernel.assign(queries_per_chain, 0);
             qi.queryCount = queries_per_chain * n;
             BLUE_VK_TRY_ON(dev, vkCreateQueryPool(d, &qi, nullptr, &queries));
@@ -190,6 +214,23 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
         vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, queries, qbase + q);
         ++q;
     };
+    // Streaming: each group's copies into its slot, and the group whose copy goes before each
+    // dispatch (group g + 1's before group g's first dispatch; group 0's at the cycle's start).
+    std::vector<std::vector<std::pair<VkBuffer, VkBufferCopy>>> group_copies;
+    std::vector<int32_t> copy_before(dispatches.size(), -1);
+    for (size_t g = 0; g < streams.groups.size(); ++g) {
+        std::vector<std::pair<VkBuffer, VkBufferCopy>> regions;
+        for (const StreamCopy& sc : streams.groups[g].copies) {
+            regions.push_back({page_buffers[sc.src_page].buffer, VkBufferCopy{sc.src_offset, sc.dst_offset, sc.bytes}});
+        }
+        group_copies.push_back(std::move(regions));
+        if (g + 1 < streams.groups.size()) copy_before[streams.groups[g].first_dispatch] = int32_t(g + 1);
+    }
+    auto streamGroup = [&](ChainWriter& w, size_t g) {
+        const uint32_t slot = streams.groups[g].slot;
+        w.copies(kStreamCopy[slot], group_copies[g], slot_buffers[slot].buffer);
+        stamp(w.cb, "stream copy");
+    };
     // The chain's body, the same for the dry run and the recording.
     auto body = [&](ChainWriter& w) {
         w.copy(kStageIn, io.buffer, control.buffer, stage_in);
@@ -207,6 +248,7 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
             w.dispatch(plan_pipeline);
             stamp(w.cb, "plan");
             n += 2;
+            if (!streams.groups.empty()) streamGroup(w, 0);
             VkDescriptorSet bound_set = VK_NULL_HANDLE;
             // With conditional rendering, a block no instance asked for this cycle is skipped as a
             // whole: its instance count (written by the plan) gates its dispatches.
@@ -219,6 +261,7 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
                     w.beginCondition(control.buffer, VkDeviceSize(layout.at(BLUE_O_BLOCKS) +
                                                                   open_block * BLUE_BLOCK_WORDS + BLUE_B_INSTS) * 4);
                 }
+                if (copy_before[d] >= 0) streamGroup(w, size_t(copy_before[d]));
                 if (dispatches[d].custom >= 0) {
                     // A custom kernel has a pipeline layout of its own: bind its set and push its
                     // words, then give set 0 back to the built-in kernels (set 1 is rebound too,
@@ -249,7 +292,7 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
                     vkCmdPushConstants(w.cb, pipelines.layout(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                        BLUE_PUSH_WORDS * 4, dispatches[d].push.data());
                 }
-                w.dispatchIndirect(op_pipelines[d], control.buffer, indirect + d * 12);
+                w.dispatchIndirect(op_pipelines[d], control.buffer, indirect + d * 12, dispatches[d].stream_slot);
                 stamp(w.cb, dispatches[d].pipeline);
                 ++n;
             }

@@ -21,6 +21,8 @@ struct GpuMachine::Impl {
     ControlLayout layout;
     PagePlan pages;
     std::vector<DispatchDesc> dispatches;
+    StreamPlan streams;                 // empty unless weights stream (GpuOptions::host_weights)
+    Buffer slot_buffers[2];             // streaming: the two device-local slots
 
     Buffer control, io;
     std::vector<Buffer> page_buffers;

@@ -186,7 +186,7 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
 }
 
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
-                           uint64_t vram_budget) {
+                           uint64_t vram_budget, bool stream) {
     PagePlan plan;
     plan.places.resize(m.tensors.size());
     int last[2] = {-1, -1};  // the page each tier fills now
@@ -292,24 +292,51 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
             double(plan.tierBytes(0)) / (1 << 20), double(vram_budget) / (1 << 20));
     }
     // Weights read in full per token first, tables read a row at a time (EMBED only) last.
-    std::vector<uint8_t> dense(m.tensors.size(), 0);
+    // Streaming copies only matrices that MATMUL, EMBED and MOEMM read as their operand 1.
+    std::vector<uint8_t> dense(m.tensors.size(), 0), streamable(m.tensors.size(), 1);
     for (const BlockDecl& blk : m.blocks) {
         std::vector<TensorInstr> instrs;
         if (!decodeBlock(m, blk, &instrs)) continue;
         for (const TensorInstr& ti : instrs) {
             const OpInfo& info = opInfo(ti.op);
-            for (size_t k = 1; k < ti.args.size() && k < info.format.size(); ++k) {
+            for (size_t k = 0; k < ti.args.size() && k < info.format.size(); ++k) {
                 const char letter = info.format[k];
-                if ((letter == 't' || letter == 'o') && ti.args[k] < m.tensors.size() &&
-                    !(ti.op == Op::EMBED && k == 1)) {
-                    dense[ti.args[k]] = 1;
+                if ((letter != 't' && letter != 'o') || ti.args[k] >= m.tensors.size()) continue;
+                if (!(ti.op == Op::EMBED && k == 1)) dense[ti.args[k]] = 1;
+                if (!((ti.op == Op::MATMUL || ti.op == Op::EMBED || ti.op == Op::MOEMM) && k == 1)) {
+                    streamable[ti.args[k]] = 0;
                 }
             }
         }
     }
-    std::stable_partition(weights.begin(), weights.end(), [&](uint32_t i) { return dense[i] != 0; });
+    for (uint32_t i : weights) streamable[i] &= plan.places[i].repacked ? 1 : 0;
     uint64_t device = plan.tierBytes(0);
+    if (stream) {
+        // The slots first, then the weights that cannot stream.
+        for (uint32_t i : weights) {
+            if (!streamable[i]) continue;
+            const TensorPlace& p = plan.places[i];
+            if (p.pieces.empty()) plan.slot_bytes = std::max(plan.slot_bytes, p.bytes);
+            for (const TensorPiece& piece : p.pieces) plan.slot_bytes = std::max(plan.slot_bytes, piece.bytes);
+        }
+        device += 2 * plan.slot_bytes;
+        for (uint32_t i : weights) {
+            if (streamable[i]) continue;
+            device += footprint(i);
+            BLUE_TRY(placeTensor(i, 0));
+        }
+        if (device > vram_budget) {
+            return BLUE_ERROR(
+                "streaming weights needs %.1f MiB of device memory (activations, KV caches, "
+                "logits, the weights only device memory can hold, and two slots of %.1f MiB for "
+                "the largest matrix), more than the VRAM budget of %.1f MiB",
+                double(device) / (1 << 20), double(plan.slot_bytes) / (1 << 20),
+                double(vram_budget) / (1 << 20));
+        }
+    }
+    std::stable_partition(weights.begin(), weights.end(), [&](uint32_t i) { return dense[i] != 0; });
     for (uint32_t i : weights) {
+        if (stream && !streamable[i]) continue;  // placed above
         const uint8_t tier = device + footprint(i) <= vram_budget ? 0 : 1;
         if (tier == 0) device += footprint(i);
         BLUE_TRY(placeTensor(i, tier));
@@ -317,9 +344,43 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
     return plan;
 }
 
+StreamPlan planStreams(const PagePlan& pages, std::vector<DispatchDesc>* dispatches,
+                       uint32_t slot_view_base) {
+    StreamPlan plan;
+    // Matrices (page, offset) of the open group, and where each sits in its slot.
+    std::map<std::pair<uint32_t, uint64_t>, uint64_t> open;
+    for (size_t d = 0; d < dispatches->size(); ++d) {
+        DispatchDesc& disp = (*dispatches)[d];
+        if (disp.weight_page == DispatchDesc::kNoPage || pages.page_tier[disp.weight_page] != 1) continue;
+        const auto key = std::make_pair(disp.weight_page, disp.weight_offset);
+        auto at = open.find(key);
+        if (at == open.end()) {
+            if (plan.groups.empty() || plan.groups.back().bytes + disp.weight_bytes > pages.slot_bytes) {
+                StreamGroup g;
+                g.first_dispatch = uint32_t(d);
+                g.slot = uint32_t(plan.groups.size() % 2);
+                plan.groups.push_back(g);
+                open.clear();
+            }
+            StreamGroup& g = plan.groups.back();
+            at = open.emplace(key, g.bytes).first;
+            g.copies.push_back({disp.weight_page, disp.weight_offset, g.bytes, disp.weight_bytes});
+            g.bytes += (disp.weight_bytes + kTensorAlign - 1) & ~(kTensorAlign - 1);
+        }
+        const StreamGroup& g = plan.groups.back();
+        disp.stream_slot = int32_t(g.slot);
+        disp.operand_pages[1] = slot_view_base + g.slot;
+        const uint32_t wat = BLUE_PC_OPERANDS + BLUE_TREF_WORDS;
+        disp.push[wat] = (slot_view_base + g.slot) | (disp.push[wat] & 0xFFFF0000u);
+        disp.push[wat + 1] = uint32_t(at->second);
+    }
+    return plan;
+}
+
 Status checkDeviceFit(const PagePlan& pages, const ControlLayout& layout, uint32_t instances,
                       uint64_t device_local_bytes, uint32_t max_groups_x) {
-    const uint64_t total = layout.control_words * 4 + pages.tierBytes(0);  // host pages: no VRAM
+    // Host pages take no VRAM; streaming's two slots do.
+    const uint64_t total = layout.control_words * 4 + pages.tierBytes(0) + 2 * pages.slot_bytes;
     if (total > device_local_bytes) {
         return BLUE_ERROR(
             "the module needs %.1f MiB of device memory (%zu tensor pages and the "
@@ -411,6 +472,12 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 }
                 const TensorDecl& t = m.tensors[ti.args[i]];
                 const TensorPlace& p = pages.places[ti.args[i]];
+                if (i == 1 && p.repacked &&
+                    (ti.op == Op::MATMUL || ti.op == Op::EMBED || ti.op == Op::MOEMM)) {
+                    base.weight_page = p.page;
+                    base.weight_offset = p.offset;
+                    base.weight_bytes = p.bytes;
+                }
                 base.push[word++] = p.page | t.cls << 16;
                 base.push[word++] = uint32_t(p.offset);
                 base.push[word++] = uint32_t(p.slice);
@@ -538,6 +605,9 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     part.push[wat + 2] = uint32_t(piece.bytes);
                     part.push[wat + 3] = uint32_t(w.ne[0] * piece.rows);
                     part.operand_pages[1] = piece.page;
+                    part.weight_page = piece.page;
+                    part.weight_offset = piece.offset;
+                    part.weight_bytes = piece.bytes;
                     uint64_t n = dst.elements();
                     if (ti.op == Op::MATMUL) {  // rows [row_begin, +rows) of every item's output
                         part.push[BLUE_PC_OPERANDS + 1] += piece.row_begin * 4;

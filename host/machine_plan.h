@@ -54,6 +54,7 @@ struct PagePlan {
     std::vector<uint64_t> page_bytes;  // size of each page
     std::vector<uint8_t> page_tier;    // per page: 0 device-local, 1 host (beyond the VRAM budget)
     std::vector<TensorPlace> places;   // per tensor
+    uint64_t slot_bytes = 0;  // streaming: the size of each of the two device-local slots
     uint64_t tierBytes(uint8_t tier) const {
         uint64_t n = 0;
         for (size_t p = 0; p < page_bytes.size(); ++p) {
@@ -74,8 +75,13 @@ struct PagePlan {
 // some op other than EMBED reads (every row is read per token), in module order, then tables
 // only EMBED reads (one row per token). The rest go to host pages (tier 1) that the kernels read
 // directly. Fails with the numbers when the activations alone exceed the budget.
+//
+// `stream`: host-page weights are copied into two device-local slots ahead of their dispatches
+// (planStreams) instead of read in place. Only matrices that MATMUL, EMBED and MOEMM alone read
+// can stream, so every other weight stays device-local; the two slots (each as large as the
+// largest streamable matrix or piece, PagePlan::slot_bytes) come out of the budget first.
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
-                           uint64_t vram_budget = 0);
+                           uint64_t vram_budget = 0, bool stream = false);
 
 // What planPages and planControl cannot see alone, checked against the device once both ran:
 // the pages and the control buffer (device-local memory) together fit `device_local_bytes`,
@@ -100,7 +106,40 @@ struct DispatchDesc {
     static constexpr uint32_t kNoPage = 0xFFFFFFFFu;
     // KERNEL: the module's custom kernel it runs (host/machine_kernel.cpp); -1 for built-in ops.
     int32_t custom = -1;
+    // MATMUL, EMBED, MOEMM: where the repacked matrix (or piece) operand 1 reads lies.
+    uint32_t weight_page = kNoPage;
+    uint64_t weight_offset = 0, weight_bytes = 0;
+    int32_t stream_slot = -1;  // streaming: the slot it reads its matrix from (-1: none)
 };
+
+// Streaming plan: groups of consecutive dispatches whose host-page matrices are copied together
+// into one slot; group g uses slot g % 2, and its copy is recorded before group g - 1's first
+// dispatch (group 0's at the start of the cycle), so it overlaps that group's compute.
+struct StreamCopy {
+    uint32_t src_page = 0;
+    uint64_t src_offset = 0, dst_offset = 0, bytes = 0;
+};
+struct StreamGroup {
+    uint32_t first_dispatch = 0;
+    uint32_t slot = 0;
+    uint64_t bytes = 0;
+    std::vector<StreamCopy> copies;
+};
+struct StreamPlan {
+    std::vector<StreamGroup> groups;
+    uint64_t bytesPerCycle() const {
+        uint64_t n = 0;
+        for (const StreamGroup& g : groups) n += g.bytes;
+        return n;
+    }
+};
+
+// Groups the dispatches that read a matrix in a host page (PagePlan::page_tier 1) and points
+// their operand 1 at the slot: offset within the slot in the push words, and operand_pages[1] =
+// `slot_view_base + slot` (the slots' texel views follow the pages'). Matrices shared by
+// consecutive dispatches (a MATMUL's variants, a tied table) are copied once per group.
+StreamPlan planStreams(const PagePlan& pages, std::vector<DispatchDesc>* dispatches,
+                       uint32_t slot_view_base);
 
 // Rows of a weight matrix one MATMUL invocation computes, by weight type.
 uint32_t matmulRowsPerInvocation(DType type);

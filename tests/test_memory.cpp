@@ -97,6 +97,8 @@ Generated generate(std::vector<std::string> args) {
     Child c(args);
     INFO("stderr: " << c.err_text);
     REQUIRE(c.wait() == 0);
+    // Under BLUE_VALIDATION (the test runs), the child's validation layer reports here.
+    CHECK(c.err_text.find("[validation") == std::string::npos);
     Generated g;
     g.out = c.out_text;
     g.stats = nlohmann::json::parse(c.err_text.substr(c.err_text.rfind('{')));
@@ -118,6 +120,18 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
     CHECK(paged.stats["vram_bytes"].get<uint64_t>() <= uint64_t(1.9 * 1048576));
     CHECK(paged.stats["vram_bytes"].get<uint64_t>() < plain.stats["vram_bytes"].get<uint64_t>());
     CHECK(paged.stats["round_trips"] == 0);
+    CHECK(paged.stats["streamed_bytes"] == 0);
+    // Streamed: copied a group of matrices at a time into two device-local slots.
+    budget = one;
+    budget.insert(budget.end(), {"--vram-budget", "2M", "--host-weights", "stream"});
+    Generated streamed = generate(budget);
+    CHECK(streamed.out == plain.out);
+    CHECK(streamed.stats["host_weight_bytes"].get<uint64_t>() > 700000u);
+    CHECK(streamed.stats["vram_bytes"].get<uint64_t>() <= uint64_t(2 * 1048576));
+    // Every submitted cycle copies the host-memory weights once.
+    CHECK(streamed.stats["streamed_bytes"].get<uint64_t>() >=
+          streamed.stats["host_weight_bytes"].get<uint64_t>() * streamed.stats["cycles"].get<uint64_t>());
+    CHECK(streamed.stats["round_trips"] == 0);
     // The known greedy ids from BOS (the shared model's reference output).
     std::vector<uint32_t> want = expectedGreedyIds();
     std::string want_text;
@@ -143,16 +157,20 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
     CHECK(std::count(many_plain.out.begin(), many_plain.out.end(), '\n') == 16);
     CHECK(many_paged.stats["host_weight_bytes"].get<uint64_t>() > 600000u);
     CHECK(many_paged.stats["vram_bytes"].get<uint64_t>() <= uint64_t(2.6 * 1048576));
+    many.insert(many.end(), {"--host-weights", "stream"});
+    Generated many_streamed = generate(many);
+    CHECK(many_streamed.out == many_plain.out);
+    CHECK(many_streamed.stats["streamed_bytes"].get<uint64_t>() > 0u);
     std::remove(prompts.c_str());
 
     // A Q4_0 file (with its Q6_K table), sampled with a seed.
     SynthConfig c = *synthPreset("qwen2-0.5b");
-    c.n_layer = 2;
+    c.n_layer = 4;
     c.dim = 256;
-    c.n_ff = 256;
+    c.n_ff = 1024;
     c.n_head = 4;
     c.n_head_kv = 2;
-    c.n_vocab = 8192;
+    c.n_vocab = 4096;
     SynthOptions opt;
     opt.type = DType::Q4_0;
     const std::string model = "/tmp/blue_test_budget_q4.gguf";
@@ -167,6 +185,13 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
     CHECK(q_paged.out == q_plain.out);
     CHECK(q_paged.stats["host_weight_bytes"].get<uint64_t>() > 0u);
     CHECK(q_paged.stats["vram_bytes"].get<uint64_t>() <= q_vram * 3 / 4);
+    // Streaming reserves two slots as large as the largest matrix (the 0.9 MiB Q6_K table): with
+    // the unbudgeted run's device memory as the budget, the rest of the weights partly stream.
+    q.back() = std::to_string(q_vram);
+    q.insert(q.end(), {"--host-weights", "stream"});
+    Generated q_streamed = generate(q);
+    CHECK(q_streamed.out == q_plain.out);
+    CHECK(q_streamed.stats["streamed_bytes"].get<uint64_t>() > 0u);
 
     // A budget below what the activations need is refused with the numbers; a bad size too.
     Child small({binary("host/bluevm"), "generate", "--model", stories, "-n", "1", "--vram-budget", "1M"});

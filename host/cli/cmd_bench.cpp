@@ -22,6 +22,7 @@ struct BenchArgs {
     std::string model, device, instances = "1";
     uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0, chain_cycles = 64;
     uint64_t vram_budget = 0;
+    GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     bool json = false, no_bandwidth = false;
 };
 
@@ -82,7 +83,7 @@ Command addBenchCommand(CLI::App& app) {
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
-    addVramBudgetOption(sub, &a->vram_budget);
+    addVramBudgetOption(sub, &a->vram_budget, &a->host_weights);
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_flag("--json", a->json, "print one JSON object instead of the table");
     sub->add_flag("--no-ceilings,--no-bandwidth", a->no_bandwidth,
@@ -101,6 +102,7 @@ Command addBenchCommand(CLI::App& app) {
         eo.ctx = a->ctx ? a->ctx : std::max(a->prompt, 1u) + a->gen + 8;
         eo.chain_cycles = a->chain_cycles;
         eo.vram_budget = a->vram_budget;
+        eo.host_weights = a->host_weights;
         ProgressBar bar("loading weights");
         eo.on_load = loadProgress(bar);
         auto engine = Engine::open(a->model, eo);
@@ -131,7 +133,8 @@ Command addBenchCommand(CLI::App& app) {
         if (a->vram_budget > 0) {
             const GpuStats& s = e.stats();
             j["memory"] = {{"vram_budget", a->vram_budget}, {"vram_bytes", s.vram_bytes},
-                           {"host_weight_bytes", s.host_weight_bytes}};
+                           {"host_weight_bytes", s.host_weight_bytes}, {"streaming", s.streaming},
+                           {"stream_bytes_per_cycle", s.stream_bytes_per_cycle}};
         }
         if (all_experts > 0) {
             // Measured by the GPU (MOEROUTE counts what the chosen experts' matmuls read).
@@ -215,10 +218,15 @@ Command addBenchCommand(CLI::App& app) {
         std::printf("\n");
         if (a->vram_budget > 0) {
             const GpuStats& s = e.stats();
-            std::printf("memory: %.1f MiB device-local (--vram-budget %.1f MiB), %.1f MiB of weights in host memory "
-                        "read by the GPU directly\n",
+            std::printf("memory: %.1f MiB device-local (--vram-budget %.1f MiB), %.1f MiB of weights in host memory, ",
                         double(s.vram_bytes) / (1 << 20), double(a->vram_budget) / (1 << 20),
                         double(s.host_weight_bytes) / (1 << 20));
+            if (s.streaming) {
+                std::printf("streamed into two slots (%.1f MiB copied per cycle)\n",
+                            double(s.stream_bytes_per_cycle) / (1 << 20));
+            } else {
+                std::printf("read by the GPU in place\n");
+            }
         }
         if (all_experts > 0) {
             std::printf("experts read per token (GPU-counted): tg %.2f MiB, pp %.2f MiB, of %.2f MiB in all experts "

@@ -157,7 +157,18 @@ std::optional<uint64_t> parseByteSize(const std::string& text) {
     return std::nullopt;
 }
 
-void addVramBudgetOption(CLI::App* sub, uint64_t* bytes) {
+void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights* mode) {
+    using HW = GpuOptions::HostWeights;
+    sub->add_option_function<std::string>(
+        "--host-weights",
+        [mode](const std::string& v) {
+            if (v == "read") *mode = HW::READ;
+            else if (v == "stream") *mode = HW::STREAM;
+            else if (v == "auto") *mode = HW::AUTO;
+            else throw CLI::ValidationError("--host-weights", "'" + v + "': use read, stream or auto");
+        },
+        "with --vram-budget: read host-memory weights in place, or stream them into two "
+        "device-local slots ahead of use (auto: stream on GPUs with their own memory)");
     sub->add_option_function<std::string>(
         "--vram-budget",
         [bytes](const std::string& text) {

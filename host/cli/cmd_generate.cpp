@@ -24,6 +24,7 @@ struct GenerateArgs {
     bool seed_given = false;
     uint32_t instances = 1, ctx = 0, chain_cycles = 64;
     uint64_t vram_budget = 0;
+    GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     bool stats = false, ids = false, no_echo = false, profile = false;
 };
 
@@ -193,7 +194,7 @@ Command addGenerateCommand(CLI::App& app) {
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
-    addVramBudgetOption(sub, &a->vram_budget);
+    addVramBudgetOption(sub, &a->vram_budget, &a->host_weights);
     sub->add_option("--out", a->out, "with --prompts: write the JSONL results here");
     sub->add_flag("--ids", a->ids, "print token ids instead of text");
     sub->add_flag("--no-echo", a->no_echo, "do not print the prompt before the generated text");
@@ -208,6 +209,7 @@ Command addGenerateCommand(CLI::App& app) {
         eo.chain_cycles = a->chain_cycles;
         eo.profile = a->profile;
         eo.vram_budget = a->vram_budget;
+        eo.host_weights = a->host_weights;
         ProgressBar bar("loading weights");
         setLoading(&eo, &bar, a.get());
         auto engine = Engine::open(a->model, eo);

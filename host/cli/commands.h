@@ -8,6 +8,8 @@
 #include <functional>
 #include <string>
 
+#include "host/machine.h"
+
 namespace blue::cli {
 
 using Command = std::function<int()>;
@@ -31,7 +33,8 @@ int runGenerationModule(const std::string& path, const std::string& prompt, int3
 // BLUE_DEVICE_LIMITS for this process, which Device::create reads (host/device_profile.h).
 void addDeviceLimitsOption(CLI::App* sub);
 // --vram-budget SIZE (bytes, or with a unit: 512M, 2GiB; K/M/G are powers of 1024).
-void addVramBudgetOption(CLI::App* sub, uint64_t* bytes);
+// --host-weights read|stream|auto: how kernels reach the weights beyond the budget.
+void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights* mode);
 
 // Prints "bluevm: message" to stderr and returns 1.
 int fail(const std::string& message);
