@@ -12,14 +12,15 @@ using namespace blue::capi;
 
 extern "C" {
 
-bluevm_status bluevm_generate(bluevm_model* model, const bluevm_request* request, const char* kv_load,
-                              const char* kv_save, bluevm_completion* out) {
+bluevm_status bluevm_generate(bluevm_model* model, const bluevm_request* request,
+                              const char* kv_load, const char* kv_save, bluevm_completion* out) {
     return guarded([&] {
         if (!model || !request || !out) {
             return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model, request and out must not be NULL");
         }
         *out = bluevm_completion{};
-        if (request->n_stop) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "bluevm_generate takes no stop strings");
+        if (request->n_stop)
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "bluevm_generate takes no stop strings");
         blue::Engine& e = *model->engine;
         blue::KvSnapshot restore, saved;
         blue::KvRun kv;
@@ -48,18 +49,22 @@ bluevm_status bluevm_generate(bluevm_model* model, const bluevm_request* request
         setRequestParams(*request, &r);
         const uint64_t restored = kv_load ? restore.tokens.size() : 0;
         if (restored + r.prompt.size() >= e.contextLength()) {
-            return failWith(BLUEVM_ERR_TOO_LONG,
-                            blue::strFormat("the prompt has %zu tokens after %llu restored ones; the context holds %u",
-                                            r.prompt.size(), (unsigned long long)restored, e.contextLength()));
+            return failWith(
+                BLUEVM_ERR_TOO_LONG,
+                blue::strFormat(
+                    "the prompt has %zu tokens after %llu restored ones; the context holds %u",
+                    r.prompt.size(), (unsigned long long)restored, e.contextLength()));
         }
         blue::clearVkFailure();
         auto results = e.run({r}, {}, kv);
         if (!results) {
             blue::VkFailure f = blue::lastVkFailure();
-            return failWith(f.result != VK_SUCCESS ? deviceStatus() : BLUEVM_ERR_INVALID_ARGUMENT, results.message());
+            return failWith(f.result != VK_SUCCESS ? deviceStatus() : BLUEVM_ERR_INVALID_ARGUMENT,
+                            results.message());
         }
         if (kv_save) {
-            if (blue::Status s = e.writeKv(saved, kv_save); !s) return failWith(BLUEVM_ERR_IO, s.message());
+            if (blue::Status s = e.writeKv(saved, kv_save); !s)
+                return failWith(BLUEVM_ERR_IO, s.message());
         }
         const blue::Completion& c = results.value()[0];
         bluevm_completion o{};

@@ -191,6 +191,13 @@ TEST_CASE("cli: generate --kv-save then --kv-load continues exactly as one unint
         }
         CHECK(parts == whole);
     }
+    // Restoring is I/O before the run: the continued run makes no host round trip.
+    Child c({binary("host/bluevm"), "generate", "--model", stories(), "--ctx", "128", "-n", "8", "--kv-load", a,
+             "-p", " Lily", "--stats", "--no-echo"});
+    REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    json stats = json::parse(c.err_text.substr(c.err_text.rfind('{')));
+    CHECK(stats["round_trips"] == 0);
+    CHECK(stats["instances"] == 1);
 }
 
 TEST_CASE("cli: generate --kv-load refuses a snapshot of another model, a damaged or truncated one, with one line") {

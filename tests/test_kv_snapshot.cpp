@@ -36,9 +36,12 @@ std::string refusal(std::span<const uint8_t> bytes) {
     return r.message();
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+}
 
-TEST_CASE("kv snapshot: encode and decode give the snapshot back, and it passes its own layout's check") {
+TEST_CASE(
+    "kv snapshot: encode and decode give the snapshot back, and it passes its own layout's check") {
     KvSnapshot s = sample(5);
     std::vector<uint8_t> bytes = kvSnapshotEncode(s);
     CHECK(bytes.size() == kKvSnapshotHeaderBytes + 5 * 4 + 4 * 5 * 12);
@@ -83,7 +86,9 @@ TEST_CASE("kv snapshot: every truncation and every flipped byte is refused with 
     CHECK(refusal(v2) == "x.kv: snapshot format version 2; this build reads version 1");
 }
 
-TEST_CASE("kv snapshot: another model, KV layout, cache type or a short context are refused naming the difference") {
+TEST_CASE(
+    "kv snapshot: another model, KV layout, cache type or a short context are refused naming the "
+    "difference") {
     const KvSnapshot s = sample(3);
     KvLayout here = s.layout;
     auto refused = [&](const KvLayout& l, uint32_t vocab, const std::string& part) {
@@ -93,10 +98,13 @@ TEST_CASE("kv snapshot: another model, KV layout, cache type or a short context 
     };
     KvLayout other = here;
     other.model_hash ^= 1;
-    refused(other, 100, "x.kv: saved with another model (model hash 0123456789abcdef; this model's is 0123456789abcdee)");
+    refused(other, 100,
+            "x.kv: saved with another model (model hash 0123456789abcdef; this model's is "
+            "0123456789abcdee)");
     other = here;
     other.row_elems = 8;
-    refused(other, 100, "KV layout differs: the snapshot has 4 caches of 6-element rows, this program 4 of 8");
+    refused(other, 100,
+            "KV layout differs: the snapshot has 4 caches of 6-element rows, this program 4 of 8");
     other = here;
     other.type = DType::F32;
     refused(other, 100, "KV cache type differs: the snapshot holds F16 rows, this program F32");
@@ -105,7 +113,8 @@ TEST_CASE("kv snapshot: another model, KV layout, cache type or a short context 
     refused(other, 100, "the snapshot holds 3 tokens; this context holds 3");
     refused(here, 11, "token 13 at position 2 is outside the vocabulary (11)");
     KvSnapshot empty = sample(0);
-    CHECK(kvSnapshotCheck(empty, here, 100, "x.kv").message() == "x.kv: the snapshot holds no tokens");
+    CHECK(kvSnapshotCheck(empty, here, 100, "x.kv").message() ==
+          "x.kv: the snapshot holds no tokens");
 }
 
 TEST_CASE("kv snapshot: the model hash covers the GGUF header and the weights' bytes") {

@@ -54,7 +54,8 @@ Status Engine::writeKv(const KvSnapshot& s, const std::string& path) const {
     return kvSnapshotWrite(s, path);
 }
 
-Result<GenerationRequest> Engine::kvRequest(const GenerationRequest& in, const KvSnapshot& restore) const {
+Result<GenerationRequest> Engine::kvRequest(const GenerationRequest& in,
+                                            const KvSnapshot& restore) const {
     BLUE_TRY(kvSnapshotCheck(restore, kvLayout(), config_.n_vocab, "the KV snapshot"));
     GenerationRequest r = in;
     const uint32_t n = uint32_t(restore.tokens.size());
@@ -74,7 +75,8 @@ Status Engine::kvRestore(GpuMachine& machine, const KvSnapshot& s, uint32_t posi
     BLUE_TRY(machine.writeLocal(0, BLUE_LM_HISTORY, tokens));
     const uint64_t bytes = uint64_t(positions) * l.rowBytes();
     for (size_t c = 0; c < caches.size(); ++c) {
-        BLUE_TRY(machine.writeInstanceTensor(caches[c], 0, 0, std::span<const uint8_t>(s.caches[c].data(), bytes)));
+        BLUE_TRY(machine.writeInstanceTensor(caches[c], 0, 0,
+                                             std::span<const uint8_t>(s.caches[c].data(), bytes)));
     }
     return Status::ok();
 }
@@ -83,7 +85,8 @@ Status Engine::kvSave(GpuMachine& machine, KvSnapshot* out) const {
     uint32_t n = 0;
     BLUE_TRY(machine.readLocal(0, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN, std::span<uint32_t>(&n, 1)));
     if (n == 0) return Status::error("the run processed no tokens: there is no KV state to save");
-    if (n > ctx_) return BLUE_ERROR("the instance reports %u positions, more than the context (%u)", n, ctx_);
+    if (n > ctx_)
+        return BLUE_ERROR("the instance reports %u positions, more than the context (%u)", n, ctx_);
     KvSnapshot s;
     s.layout = kvLayout();
     s.tokens.resize(n);

@@ -103,13 +103,15 @@ Result<KvSnapshot> kvSnapshotDecode(std::span<const uint8_t> bytes, const std::s
                           bytes.size(), kKvSnapshotHeaderBytes);
     }
     const uint8_t* h = bytes.data();
-    if (std::memcmp(h, kMagic, 8) != 0) return BLUE_ERROR("%s: not a BlueVM KV snapshot (bad magic)", f);
+    if (std::memcmp(h, kMagic, 8) != 0)
+        return BLUE_ERROR("%s: not a BlueVM KV snapshot (bad magic)", f);
     const uint32_t version = get32(h + 8);
     if (version != kKvSnapshotVersion) {
         return BLUE_ERROR("%s: snapshot format version %u; this build reads version %u", f, version,
                           kKvSnapshotVersion);
     }
-    if (get32(h + 60) != crc(h, 60)) return BLUE_ERROR("%s: byte 60: header checksum mismatch (the file is corrupt)", f);
+    if (get32(h + 60) != crc(h, 60))
+        return BLUE_ERROR("%s: byte 60: header checksum mismatch (the file is corrupt)", f);
     KvSnapshot s;
     KvLayout& l = s.layout;
     const uint32_t type = get32(h + 12);
@@ -119,14 +121,17 @@ Result<KvSnapshot> kvSnapshotDecode(std::span<const uint8_t> bytes, const std::s
     l.row_elems = get32(h + 28);
     l.ctx = get32(h + 32);
     const uint32_t n = get32(h + 36);
-    if (l.type != DType::F32 && l.type != DType::F16) return BLUE_ERROR("%s: byte 12: cache type %u is not F32 or F16", f, type);
-    if (l.caches == 0 || l.caches > kMaxCaches || l.row_elems == 0 || l.row_elems > kMaxRowElems || n > kMaxTokens) {
-        return BLUE_ERROR("%s: bad header: %u caches of %u-element rows, %u tokens", f, l.caches, l.row_elems, n);
+    if (l.type != DType::F32 && l.type != DType::F16)
+        return BLUE_ERROR("%s: byte 12: cache type %u is not F32 or F16", f, type);
+    if (l.caches == 0 || l.caches > kMaxCaches || l.row_elems == 0 || l.row_elems > kMaxRowElems ||
+        n > kMaxTokens) {
+        return BLUE_ERROR("%s: bad header: %u caches of %u-element rows, %u tokens", f, l.caches,
+                          l.row_elems, n);
     }
     const uint64_t payload = payloadBytes(l, n);
     if (get64(h + 40) != payload) {
-        return BLUE_ERROR("%s: byte 40: payload size %llu disagrees with the header's shape (%llu)", f,
-                          (unsigned long long)get64(h + 40), (unsigned long long)payload);
+        return BLUE_ERROR("%s: byte 40: payload size %llu disagrees with the header's shape (%llu)",
+                          f, (unsigned long long)get64(h + 40), (unsigned long long)payload);
     }
     const uint64_t want = kKvSnapshotHeaderBytes + payload;
     if (bytes.size() < want) {
@@ -152,33 +157,41 @@ Result<KvSnapshot> kvSnapshotDecode(std::span<const uint8_t> bytes, const std::s
     return s;
 }
 
-Status kvSnapshotCheck(const KvSnapshot& s, const KvLayout& here, uint32_t n_vocab, const std::string& name) {
+Status kvSnapshotCheck(const KvSnapshot& s, const KvLayout& here, uint32_t n_vocab,
+                       const std::string& name) {
     const char* f = name.c_str();
     const KvLayout& l = s.layout;
     if (l.model_hash != here.model_hash) {
-        return BLUE_ERROR("%s: saved with another model (model hash %016llx; this model's is %016llx)", f,
-                          (unsigned long long)l.model_hash, (unsigned long long)here.model_hash);
+        return BLUE_ERROR(
+            "%s: saved with another model (model hash %016llx; this model's is %016llx)", f,
+            (unsigned long long)l.model_hash, (unsigned long long)here.model_hash);
     }
     if (l.caches != here.caches || l.row_elems != here.row_elems) {
-        return BLUE_ERROR("%s: KV layout differs: the snapshot has %u caches of %u-element rows, this program %u of %u",
-                          f, l.caches, l.row_elems, here.caches, here.row_elems);
+        return BLUE_ERROR(
+            "%s: KV layout differs: the snapshot has %u caches of %u-element rows, this program %u "
+            "of %u",
+            f, l.caches, l.row_elems, here.caches, here.row_elems);
     }
     if (l.type != here.type) {
-        return BLUE_ERROR("%s: KV cache type differs: the snapshot holds %s rows, this program %s", f,
-                          typeName(l.type).c_str(), typeName(here.type).c_str());
+        return BLUE_ERROR("%s: KV cache type differs: the snapshot holds %s rows, this program %s",
+                          f, typeName(l.type).c_str(), typeName(here.type).c_str());
     }
-    if (s.caches.size() != l.caches) return BLUE_ERROR("%s: %zu caches, the layout says %u", f, s.caches.size(), l.caches);
+    if (s.caches.size() != l.caches)
+        return BLUE_ERROR("%s: %zu caches, the layout says %u", f, s.caches.size(), l.caches);
     for (const std::vector<uint8_t>& c : s.caches) {
-        if (c.size() != s.tokens.size() * l.rowBytes()) return BLUE_ERROR("%s: a cache's rows do not match its tokens", f);
+        if (c.size() != s.tokens.size() * l.rowBytes())
+            return BLUE_ERROR("%s: a cache's rows do not match its tokens", f);
     }
     if (s.tokens.empty()) return BLUE_ERROR("%s: the snapshot holds no tokens", f);
     if (s.tokens.size() >= here.ctx) {
-        return BLUE_ERROR("%s: the snapshot holds %zu tokens; this context holds %u (use a larger --ctx)", f,
-                          s.tokens.size(), here.ctx);
+        return BLUE_ERROR(
+            "%s: the snapshot holds %zu tokens; this context holds %u (use a larger --ctx)", f,
+            s.tokens.size(), here.ctx);
     }
     for (size_t i = 0; i < s.tokens.size(); ++i) {
         if (s.tokens[i] >= n_vocab) {
-            return BLUE_ERROR("%s: token %u at position %zu is outside the vocabulary (%u)", f, s.tokens[i], i, n_vocab);
+            return BLUE_ERROR("%s: token %u at position %zu is outside the vocabulary (%u)", f,
+                              s.tokens[i], i, n_vocab);
         }
     }
     return Status::ok();
@@ -208,8 +221,10 @@ Status kvSnapshotWrite(const KvSnapshot& s, const std::string& path) {
 
 Result<KvSnapshot> kvSnapshotRead(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) return BLUE_ERROR("%s: cannot open KV snapshot (%s)", path.c_str(), std::strerror(errno));
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in)
+        return BLUE_ERROR("%s: cannot open KV snapshot (%s)", path.c_str(), std::strerror(errno));
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                               std::istreambuf_iterator<char>());
     if (in.bad()) return BLUE_ERROR("%s: read failed", path.c_str());
     return kvSnapshotDecode(bytes, path);
 }

@@ -40,11 +40,11 @@ inline constexpr size_t kKvSnapshotHeaderBytes = 64;
 
 // What a snapshot must match to be restored into a program.
 struct KvLayout {
-    uint64_t model_hash = 0;    // kvModelHash of the model's GGUF
-    DType type = DType::F16;    // cache elements: F32 or F16
-    uint32_t caches = 0;        // 2 x layers
-    uint32_t row_elems = 0;     // elements per position per cache
-    uint32_t ctx = 0;           // positions a cache holds
+    uint64_t model_hash = 0;  // kvModelHash of the model's GGUF
+    DType type = DType::F16;  // cache elements: F32 or F16
+    uint32_t caches = 0;      // 2 x layers
+    uint32_t row_elems = 0;   // elements per position per cache
+    uint32_t ctx = 0;         // positions a cache holds
     uint64_t rowBytes() const { return uint64_t(row_elems) * (type == DType::F32 ? 4 : 2); }
 };
 
@@ -64,7 +64,8 @@ std::vector<uint8_t> kvSnapshotEncode(const KvSnapshot& s);
 Result<KvSnapshot> kvSnapshotDecode(std::span<const uint8_t> bytes, const std::string& name);
 // Checks a decoded snapshot against the layout of the program it is to be restored into and
 // the model's vocabulary; `name` starts every message.
-Status kvSnapshotCheck(const KvSnapshot& s, const KvLayout& here, uint32_t n_vocab, const std::string& name);
+Status kvSnapshotCheck(const KvSnapshot& s, const KvLayout& here, uint32_t n_vocab,
+                       const std::string& name);
 
 // Writes atomically (a temporary file renamed over `path`).
 Status kvSnapshotWrite(const KvSnapshot& s, const std::string& path);
