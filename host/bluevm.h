@@ -234,8 +234,8 @@ typedef struct bluevm_completion {
 } bluevm_completion;
 /* Runs one request to its end on one instance of the model's device, outside any engine (do not
  * call it while an engine of the same model serves). kv_load (may be NULL): a snapshot file;
- * the request's prompt continues the saved conversation (text is tokenized without BOS, ids are
- * taken as they are) and an empty prompt goes on generating as if the saved run had asked for
+ * the request's prompt continues the saved conversation (text is tokenized without BOS, with
+ * parse_special as for bluevm_submit; ids are taken as they are) and an empty prompt goes on generating as if the saved run had asked for
  * more tokens. kv_save (may be NULL; may equal kv_load): where the conversation (every token it
  * holds, and their KV rows) is saved after the run. Stop strings are not supported here
  * (n_stop must be 0). Fails with BLUEVM_ERR_IO when a snapshot cannot be read or written,

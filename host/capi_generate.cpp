@@ -41,7 +41,7 @@ bluevm_status bluevm_generate(bluevm_model* model, const bluevm_request* request
         } else {
             std::string text = request->prompt ? request->prompt : "";
             if (kv_load) {
-                r.prompt = e.continuationTokens(text);
+                r.prompt = e.continuationTokens(text, request->parse_special != 0);
             } else {
                 r.prompt = request->parse_special ? e.specialTokens(text) : e.promptTokens(text);
             }

@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "tests/child.h"
+#include "vm/module.h"
+#include "vm/verify.h"
 #include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 
@@ -198,6 +200,22 @@ TEST_CASE("cli: generate --kv-save then --kv-load continues exactly as one unint
     json stats = json::parse(c.err_text.substr(c.err_text.rfind('{')));
     CHECK(stats["round_trips"] == 0);
     CHECK(stats["instances"] == 1);
+}
+
+TEST_CASE("cli: a generation program lowered before request layout 2 (no start position) is refused") {
+    TempDir dir;
+    const std::string bir = dir.path + "/s.bir";
+    Child lower({binary("compiler/bluec"), "lower", "--model", stories(), "-o", bir, "--ctx", "64"});
+    REQUIRE_MESSAGE(lower.wait() == 0, lower.err_text);
+    Child fresh({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4"});
+    CHECK(fresh.wait() == 0);
+    auto m = loadModuleFile(bir);
+    REQUIRE_MESSAGE(m, m.message());
+    std::erase_if(m->meta, [](const auto& kv) { return kv.first == "llm.request"; });
+    REQUIRE(writeModuleFile(m.value(), bir).isOk());
+    Child old({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4"});
+    CHECK(old.wait() == 1);
+    CHECK(old.err_text == "bluevm: " + bir + ": lowered by an older bluec (request layout 1; this build's is 2): lower the model again\n");
 }
 
 TEST_CASE("cli: generate --kv-load refuses a snapshot of another model, a damaged or truncated one, with one line") {

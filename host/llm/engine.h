@@ -124,8 +124,9 @@ public:
 
     // KV persistence (engine_kv.cpp). The layout a snapshot must match to be restored here.
     KvLayout kvLayout() const;
-    // Token ids for text that continues a restored conversation (no BOS).
-    std::vector<uint32_t> continuationTokens(const std::string& text) const;
+    // Token ids for text that continues a restored conversation (no BOS); `special`: special-
+    // token text becomes special tokens (a chat-formatted turn).
+    std::vector<uint32_t> continuationTokens(const std::string& text, bool special = false) const;
     // Reads a snapshot file and checks it against this model and context; messages name the
     // file and what is wrong (never a crash on a malformed file).
     Result<KvSnapshot> readKv(const std::string& path) const;

@@ -37,9 +37,9 @@ KvLayout Engine::kvLayout() const {
     return l;
 }
 
-std::vector<uint32_t> Engine::continuationTokens(const std::string& text) const {
+std::vector<uint32_t> Engine::continuationTokens(const std::string& text, bool special) const {
     std::vector<uint32_t> out;
-    for (int32_t id : tokenizer_.encode(text, false, false)) out.push_back(uint32_t(id));
+    for (int32_t id : tokenizer_.encode(text, false, special)) out.push_back(uint32_t(id));
     return out;
 }
 
