@@ -365,6 +365,14 @@ TEST_CASE("capi: bluevm_generate refuses a missing, truncated, corrupt, wrong-ve
     v9[8] = 9;
     refused(v9, BLUEVM_ERR_SNAPSHOT, "bad.kv: snapshot format version 9; this build reads version 1");
     refused({'h', 'i'}, BLUEVM_ERR_SNAPSHOT, "bad.kv: truncated: 2 bytes, shorter than the 64-byte snapshot header");
+    refused(fileBytes(storiesPath()), BLUEVM_ERR_SNAPSHOT, "bad.kv: not a BlueVM KV snapshot (bad magic)");
+    // Flipped bytes across the whole file: each is refused before anything runs.
+    for (size_t at = 0; at < bytes.size(); at += bytes.size() / 61 + 1) {
+        CAPTURE(at);
+        std::vector<uint8_t> one = bytes;
+        one[at] ^= 0x41;
+        refused(one, BLUEVM_ERR_SNAPSHOT, "bad.kv: ");
+    }
     CHECK(generate(m, r, (dir.path + "/none.kv").c_str(), nullptr, &g) == BLUEVM_ERR_IO);
     CHECK(std::string(bluevm_last_error()).find("none.kv: no such KV snapshot file") != std::string::npos);
     // 41 restored tokens and a 30-token turn do not fit 64 positions.

@@ -223,8 +223,15 @@ Result<KvSnapshot> kvSnapshotRead(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in)
         return BLUE_ERROR("%s: cannot open KV snapshot (%s)", path.c_str(), std::strerror(errno));
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                               std::istreambuf_iterator<char>());
+    // The header first: a file that is not a snapshot (a model passed by mistake) is refused
+    // without reading it whole.
+    std::vector<uint8_t> bytes(kKvSnapshotHeaderBytes);
+    in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size()));
+    bytes.resize(size_t(in.gcount()));
+    if (bytes.size() == kKvSnapshotHeaderBytes && std::memcmp(bytes.data(), kMagic, 8) == 0) {
+        bytes.insert(bytes.end(), std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
+    }
     if (in.bad()) return BLUE_ERROR("%s: read failed", path.c_str());
     return kvSnapshotDecode(bytes, path);
 }
