@@ -493,6 +493,7 @@ Status GpuMachine::readLocal(uint32_t inst, uint32_t word, std::span<uint32_t> o
     if (inst >= im.opt.instances || word > words || out.size() > words - word) {
         return BLUE_ERROR("local words [%u, +%zu) of instance %u are outside its memory", word, out.size(), inst);
     }
+    if (out.empty()) return Status::ok();
     uint64_t at = im.layout.at(BLUE_O_LOCAL) + uint64_t(inst) * words + word;
     return downloadFromBuffer(im.dev, im.control, at * 4, out.data(), out.size() * 4);
 }
@@ -504,6 +505,7 @@ Status GpuMachine::writeLocal(uint32_t inst, uint32_t word, std::span<const uint
     if (inst >= im.opt.instances || word > words || in.size() > words - word) {
         return BLUE_ERROR("local words [%u, +%zu) of instance %u are outside its memory", word, in.size(), inst);
     }
+    if (in.empty()) return Status::ok();
     uint64_t at = im.layout.at(BLUE_O_LOCAL) + uint64_t(inst) * words + word;
     return uploadToBuffer(im.dev, im.control, at * 4, in.data(), in.size() * 4);
 }

@@ -326,6 +326,20 @@ TEST_CASE("capi: bluevm_generate saves and restores a conversation; continuing e
         CHECK(mustGenerate(m, r, b.c_str(), b.c_str()).tokens == continued.tokens);
         CHECK(fileBytes(b).size() > fileBytes(a).size());
     }
+    // A snapshot of BOS alone (no token generated) goes on as a run from BOS.
+    bluevm_request r;
+    bluevm_request_init(&r);
+    r.temperature = 0;
+    r.ignore_eos = 1;
+    r.prompt = "";
+    r.max_tokens = 0;
+    CHECK(mustGenerate(m, r, nullptr, a.c_str()).tokens.empty());
+    CHECK(fileBytes(a).size() == 64 + 4 + 10 * 32 * 2);  // 1 token; 5 layers of K and V, 32 F16 each
+    r.max_tokens = 9;
+    const Generated from_bos = mustGenerate(m, r);
+    CHECK(mustGenerate(m, r, a.c_str(), nullptr).tokens == from_bos.tokens);
+    const std::vector<uint32_t> greedy = expectedGreedyIds();
+    CHECK(from_bos.tokens == std::vector<uint32_t>(greedy.begin(), greedy.begin() + 9));
     bluevm_model_info info;
     REQUIRE(bluevm_model_get_info(m, &info) == BLUEVM_OK);
     CHECK(info.validation_errors == 0u);
