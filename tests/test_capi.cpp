@@ -1,6 +1,8 @@
 // The public C API (host/bluevm.h), used as a C program would: stories260K greedy from BOS through
 // submit/poll gives the expected 256 tokens; concurrent requests stream their text; cancel frees
-// the instance; every misuse gets a status and a message, never a crash.
+// the instance; every misuse gets a status and a message, never a crash; bluevm_generate saves
+// and restores a conversation (KV snapshot) and goes on exactly as an uninterrupted run, and
+// refuses damaged snapshots.
 #include <doctest/doctest.h>
 
 #include <cstdlib>

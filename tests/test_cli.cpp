@@ -1,6 +1,7 @@
 // The command-line programs as a user runs them: `bluevm serve` answers HTTP and stops cleanly on
-// SIGTERM, `bluevm generate --prompts` writes one JSONL result per prompt, the C example runs, and
-// user errors print one line and exit 1.
+// SIGTERM, `bluevm generate --prompts` writes one JSONL result per prompt, the C example runs,
+// `--kv-save`/`--kv-load` continue a conversation exactly, and user errors (a damaged snapshot or
+// one of another model included) print one line and exit 1.
 #include <doctest/doctest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
