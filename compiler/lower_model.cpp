@@ -217,6 +217,7 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
 enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
     kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kIid, kCancelMark, kFlagWord,
+    kStart,
 };
 
 void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
@@ -271,20 +272,26 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.op(Op::ADDI, {kI, kI}, 1);
     cb.li(kN, BLUE_REQ_MAX_STOP);
     cb.jump(Op::BLTU, {kI, kN}, copy_stop);
-    // The prompt goes into the history; a prompt that does not fit is rejected.
+    // The prompt goes into the history at its start position (the positions before it are a
+    // restored conversation: history and KV rows the host wrote); one that does not fit is
+    // rejected.
+    cb.li(kTmp, BLUE_REQ_START);
+    cb.op(Op::INLD, {kStart, kSlot, kTmp});
+    cb.jump(Op::BGEU, {kStart, kCtx}, reject);
     cb.op(Op::INLEN, {kTmp, kSlot});
     cb.op(Op::ADDI, {kTmp, kTmp}, uint32_t(-int32_t(BLUE_REQ_HEADER)));
     cb.jump(Op::BGEU, {kTmp, kCtx}, reject);
+    cb.op(Op::ADD, {kTmp, kTmp, kStart});
+    cb.jump(Op::BGEU, {kTmp, kCtx}, reject);
     cb.li(kHist, BLUE_LM_HISTORY);
     cb.li(kTmp2, BLUE_REQ_HEADER);
-    cb.op(Op::MOV, {kPrompt, kHist});
+    cb.op(Op::ADD, {kPrompt, kHist, kStart});
     cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
     cb.op(Op::INFREE, {kSlot});
     cb.jump(Op::BEQZ, {kPrompt}, finish);
-    cb.li(kTmp, 0);
-    cb.op(Op::ST, {kTmp, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
+    cb.op(Op::ADD, {kPrompt, kPrompt, kStart});  // kPrompt = the position after the prompt
     cb.op(Op::ST, {kHist, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_ADDR);
-    cb.li(kPos, 0);
+    cb.op(Op::MOV, {kPos, kStart});
     cb.li(kChunk, chunk);
     cb.li(kArgSampling, BLUE_LM_SAMPLING);
     // Prefill in chunks; every chunk samples, the last chunk's sample is the first token.
@@ -297,6 +304,9 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.op(Op::ADD, {kArgTokens, kHist, kPos});
     cb.op(Op::ADD, {kPos, kPos, kArgRows});
     cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+    // The RNG counter is the position of the token being sampled, so a seed draws the same
+    // numbers however the sequence was split into chunks, requests or restored snapshots.
+    cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
     cb.op(Op::RUN, {kArgRows}, block);
     cb.jump(Op::BLTU, {kPos, kPrompt}, prefill);
     cb.li(kGenerated, 0);
@@ -335,6 +345,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.op(Op::ADD, {kArgTokens, kHist, kPos});
     cb.op(Op::ADDI, {kPos, kPos}, 1);
     cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
+    cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
     cb.op(Op::RUN, {kArgRows}, block);
     cb.jump(Op::JMP, {}, gen);
     cb.bind(reject);
@@ -402,7 +413,8 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     BLUE_TRY(cb.finish());
     m.meta = {{kMetaKind, "llm-generate"},
               {kMetaArch, std::string(modelArchName(cfg.arch))},
-              {kMetaCtx, std::to_string(ctx)}};
+              {kMetaCtx, std::to_string(ctx)},
+              {kMetaRequest, std::to_string(BLUE_REQ_LAYOUT)}};
     Status s = verifyModule(m);
     if (!s) return s.prefix("lowered module fails verification (compiler bug)");
     return m;

@@ -62,5 +62,6 @@ std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelCon
 inline constexpr const char* kMetaKind = "blue.kind";          // "llm-generate"
 inline constexpr const char* kMetaCtx = "llm.context";         // decimal
 inline constexpr const char* kMetaArch = "llm.architecture";
+inline constexpr const char* kMetaRequest = "llm.request";     // BLUE_REQ_LAYOUT, decimal
 
 }  // namespace blue

@@ -56,9 +56,11 @@ typedef enum bluevm_status {
     BLUEVM_ERR_TIMEOUT = 8,          /* bluevm_poll: nothing new within the timeout */
     BLUEVM_ERR_SHUTDOWN = 9,         /* the engine is stopping or has failed */
     BLUEVM_ERR_INTERNAL = 10,
-    BLUEVM_ERR_DEVICE_LOST = 11 /* the device was lost or ran out of memory; an engine
+    BLUEVM_ERR_DEVICE_LOST = 11, /* the device was lost or ran out of memory; an engine
                                    rebuilds it by itself (retry later); a failed
                                    bluevm_engine_create may simply be called again */
+    BLUEVM_ERR_SNAPSHOT = 12     /* (API 6) a KV snapshot is malformed, corrupt, of another
+                                    format version or of another model */
 } bluevm_status;
 
 /* "ok", "invalid argument", ... (static strings). */
@@ -221,6 +223,32 @@ typedef struct bluevm_health {
 
 bluevm_status bluevm_engine_health(const bluevm_engine* engine, bluevm_health* out);
 
+/* ---- one request with KV persistence (API 6) -------------------------------------------------- */
+/* A conversation can be saved after a run and continued later: the continued run gives exactly
+ * the tokens an uninterrupted one would (greedy or seeded). Snapshot files are versioned,
+ * checksummed and bound to the model (README "KV snapshots"); `bluevm generate --kv-save/--kv-load`
+ * reads and writes the same files. */
+typedef struct bluevm_completion {
+    char* text;            /* the generated text, NUL-terminated */
+    size_t text_len;
+    uint32_t* tokens;      /* the generated token ids */
+    size_t n_tokens;
+    uint32_t prompt_tokens;  /* prompt tokens run (after the restored ones) */
+    bluevm_finish reason;  /* BLUEVM_FINISH_STOP or BLUEVM_FINISH_LENGTH */
+} bluevm_completion;
+/* Runs one request to its end on one instance of the model's device, outside any engine (do not
+ * call it while an engine of the same model serves). kv_load (may be NULL): a snapshot file;
+ * the request's prompt continues the saved conversation (text is tokenized without BOS, with
+ * parse_special as for bluevm_submit; ids are taken as they are) and an empty prompt goes on generating as if the saved run had asked for
+ * more tokens. kv_save (may be NULL; may equal kv_load): where the conversation (every token it
+ * holds, and their KV rows) is saved after the run. Stop strings are not supported here
+ * (n_stop must be 0). Fails with BLUEVM_ERR_IO when a snapshot cannot be read or written,
+ * BLUEVM_ERR_SNAPSHOT when it is truncated, corrupt, of another version or of another model
+ * (the message names the file and the fault), BLUEVM_ERR_TOO_LONG when the conversation and
+ * the prompt do not fit the context. On BLUEVM_OK free *out with bluevm_completion_free. */
+bluevm_status bluevm_generate(bluevm_model* model, const bluevm_request* request, const char* kv_load,
+                              const char* kv_save, bluevm_completion* out);
+void bluevm_completion_free(bluevm_completion* c);
 /* ---- cascades -------------------------------------------------------------------------------- */
 
 /* A compiled cascade (`bluec cascade X.cas -o X.bir`): several models taking turns over a

@@ -21,10 +21,6 @@
 #include "host/llm/serving.h"
 #include "host/vk_check.h"
 
-struct bluevm_model {
-    std::unique_ptr<blue::Engine> engine;
-    std::string name, architecture, device;
-};
 
 using namespace blue::capi;
 
@@ -75,6 +71,7 @@ const char* bluevm_status_name(bluevm_status s) {
         case BLUEVM_ERR_SHUTDOWN: return "shut down";
         case BLUEVM_ERR_INTERNAL: return "internal error";
         case BLUEVM_ERR_DEVICE_LOST: return "device lost";
+        case BLUEVM_ERR_SNAPSHOT: return "bad KV snapshot";
     }
     return "unknown status";
 }
@@ -256,16 +253,7 @@ bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request
             std::string text = request->prompt ? request->prompt : "";
             r.prompt = request->parse_special ? e.specialTokens(text) : e.promptTokens(text);
         }
-        r.max_new = request->max_tokens;
-        r.sampling.temperature = request->temperature;
-        r.sampling.top_k = request->top_k;
-        r.sampling.top_p = request->top_p;
-        r.sampling.min_p = request->min_p;
-        r.sampling.repeat_penalty = request->repeat_penalty;
-        r.sampling.presence_penalty = request->presence_penalty;
-        r.sampling.frequency_penalty = request->frequency_penalty;
-        r.sampling.seed = request->seed;
-        r.ignore_eog = request->ignore_eos != 0;
+        setRequestParams(*request, &r);
         if (r.prompt.size() >= e.contextLength()) {
             return failWith(BLUEVM_ERR_TOO_LONG,
                             blue::strFormat("the prompt has %zu tokens; the context holds %u",

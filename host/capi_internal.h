@@ -3,15 +3,36 @@
 #pragma once
 
 #include <cstdio>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
 
 #include "host/bluevm.h"
+#include "host/llm/engine.h"
 #include "host/llm/serving.h"
 #include "host/vk_check.h"
 
+struct bluevm_model {
+    std::unique_ptr<blue::Engine> engine;
+    std::string name, architecture, device;
+};
+
 namespace blue::capi {
+
+// A request's generation parameters (all but the prompt and stop strings).
+inline void setRequestParams(const bluevm_request& in, GenerationRequest* r) {
+    r->max_new = in.max_tokens;
+    r->sampling.temperature = in.temperature;
+    r->sampling.top_k = in.top_k;
+    r->sampling.top_p = in.top_p;
+    r->sampling.min_p = in.min_p;
+    r->sampling.repeat_penalty = in.repeat_penalty;
+    r->sampling.presence_penalty = in.presence_penalty;
+    r->sampling.frequency_penalty = in.frequency_penalty;
+    r->sampling.seed = in.seed;
+    r->ignore_eog = in.ignore_eos != 0;
+}
 
 inline thread_local std::string t_last_error;
 

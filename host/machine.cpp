@@ -530,6 +530,70 @@ Status GpuMachine::readTensor(uint32_t index, std::vector<uint8_t>* out) {
     return Status::ok();
 }
 
+namespace {
+
+// Where `bytes` bytes from `offset` of instance `inst`'s slice of `tensor` lie in its page.
+Result<uint64_t> instanceRange(const Module& m, const PagePlan& pages, uint32_t instances, uint32_t tensor,
+                               uint32_t inst, uint64_t offset, uint64_t bytes) {
+    if (tensor >= m.tensors.size()) return BLUE_ERROR("tensor %u is out of range (the module has %zu)", tensor, m.tensors.size());
+    const TensorDecl& t = m.tensors[tensor];
+    if (t.cls != BLUE_TC_INSTANCE) return BLUE_ERROR("tensor '%s' is not an INSTANCE tensor", t.name.c_str());
+    if (inst >= instances) return BLUE_ERROR("instance %u is out of range (the machine has %u)", inst, instances);
+    const uint64_t natural = tensorSliceBytes(t);
+    if (offset > natural || bytes > natural - offset) {
+        return BLUE_ERROR("bytes [%llu, +%llu) are outside tensor '%s' (%llu bytes per instance)",
+                          (unsigned long long)offset, (unsigned long long)bytes, t.name.c_str(),
+                          (unsigned long long)natural);
+    }
+    const TensorPlace& p = pages.places[tensor];
+    return p.offset + uint64_t(inst) * p.slice + offset;
+}
+
+}  // namespace
+
+Status GpuMachine::readLocal(uint32_t inst, uint32_t word, std::span<uint32_t> out) {
+    Impl& im = *impl_;
+    const uint64_t words = im.m.layout.local_words;
+    if (!im.inflight.empty()) return Status::error("instance memory is read between runs only");
+    if (inst >= im.opt.instances || word > words || out.size() > words - word) {
+        return BLUE_ERROR("local words [%u, +%zu) of instance %u are outside its memory", word, out.size(), inst);
+    }
+    if (out.empty()) return Status::ok();
+    uint64_t at = im.layout.at(BLUE_O_LOCAL) + uint64_t(inst) * words + word;
+    return downloadFromBuffer(im.dev, im.control, at * 4, out.data(), out.size() * 4);
+}
+
+Status GpuMachine::writeLocal(uint32_t inst, uint32_t word, std::span<const uint32_t> in) {
+    Impl& im = *impl_;
+    const uint64_t words = im.m.layout.local_words;
+    if (!im.inflight.empty()) return Status::error("instance memory is written between runs only");
+    if (inst >= im.opt.instances || word > words || in.size() > words - word) {
+        return BLUE_ERROR("local words [%u, +%zu) of instance %u are outside its memory", word, in.size(), inst);
+    }
+    if (in.empty()) return Status::ok();
+    uint64_t at = im.layout.at(BLUE_O_LOCAL) + uint64_t(inst) * words + word;
+    return uploadToBuffer(im.dev, im.control, at * 4, in.data(), in.size() * 4);
+}
+
+Status GpuMachine::readInstanceTensor(uint32_t tensor, uint32_t inst, uint64_t offset, std::span<uint8_t> out) {
+    Impl& im = *impl_;
+    if (!im.inflight.empty()) return Status::error("instance memory is read between runs only");
+    Result<uint64_t> at = instanceRange(im.m, im.pages, im.opt.instances, tensor, inst, offset, out.size());
+    if (!at) return at.status();
+    if (out.empty()) return Status::ok();
+    return downloadFromBuffer(im.dev, im.page_buffers[im.pages.places[tensor].page], at.value(), out.data(), out.size());
+}
+
+Status GpuMachine::writeInstanceTensor(uint32_t tensor, uint32_t inst, uint64_t offset,
+                                       std::span<const uint8_t> in) {
+    Impl& im = *impl_;
+    if (!im.inflight.empty()) return Status::error("instance memory is written between runs only");
+    Result<uint64_t> at = instanceRange(im.m, im.pages, im.opt.instances, tensor, inst, offset, in.size());
+    if (!at) return at.status();
+    if (in.empty()) return Status::ok();
+    return uploadToBuffer(im.dev, im.page_buffers[im.pages.places[tensor].page], at.value(), in.data(), in.size());
+}
+
 std::string formatProfile(const GpuStats& stats) {
     std::vector<KernelTime> rows;
     double total = 0;

@@ -1,15 +1,19 @@
 // The public C API (host/bluevm.h), used as a C program would: stories260K greedy from BOS through
 // submit/poll gives the expected 256 tokens; concurrent requests stream their text; cancel frees
-// the instance; every misuse gets a status and a message, never a crash.
+// the instance; every misuse gets a status and a message, never a crash; bluevm_generate saves
+// and restores a conversation (KV snapshot) and goes on exactly as an uninterrupted run, and
+// refuses damaged snapshots.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "host/bluevm.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 
 namespace blue::test {
@@ -237,5 +241,167 @@ TEST_CASE("capi: misuse gets a status and a message") {
     checkNoValidationErrors(o.model);
 }
 
+
+// bluevm_generate's result as a vector and text; REQUIREs success.
+struct Generated {
+    std::vector<uint32_t> tokens;
+    std::string text;
+    bluevm_finish reason = BLUEVM_FINISH_NONE;
+};
+
+bluevm_status generate(bluevm_model* m, const bluevm_request& r, const char* load, const char* save, Generated* g) {
+    bluevm_completion c;
+    bluevm_status s = bluevm_generate(m, &r, load, save, &c);
+    if (s != BLUEVM_OK) return s;
+    g->tokens.assign(c.tokens, c.tokens + c.n_tokens);
+    g->text.assign(c.text, c.text_len);
+    g->reason = c.reason;
+    bluevm_completion_free(&c);
+    return s;
+}
+
+Generated mustGenerate(bluevm_model* m, const bluevm_request& r, const char* load = nullptr, const char* save = nullptr) {
+    Generated g;
+    bluevm_status s = generate(m, r, load, save, &g);
+    REQUIRE_MESSAGE(s == BLUEVM_OK, bluevm_status_name(s), ": ", bluevm_last_error());
+    return g;
+}
+
+std::vector<uint8_t> fileBytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void writeBytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+TEST_CASE("capi: bluevm_generate saves and restores a conversation; continuing equals the uninterrupted run, greedy and seeded") {
+    TempDir dir;
+    bluevm_model_options mo;
+    bluevm_model_options_init(&mo);
+    mo.ctx = 128;
+    mo.validation = 1;
+    bluevm_model* m = nullptr;
+    REQUIRE_MESSAGE(bluevm_model_open(storiesPath().c_str(), &mo, &m) == BLUEVM_OK, bluevm_last_error());
+    const std::string a = dir.path + "/a.kv", b = dir.path + "/b.kv";
+    for (float temp : {0.0f, 0.9f}) {
+        CAPTURE(temp);
+        bluevm_request r;
+        bluevm_request_init(&r);
+        r.temperature = temp;
+        r.seed = 11;
+        r.ignore_eos = 1;
+        r.prompt = "Once upon a time";
+        r.max_tokens = 30;
+        const Generated whole = mustGenerate(m, r);
+        REQUIRE(whole.tokens.size() == 30);
+        // 12 tokens and save; 18 more from the snapshot (empty prompt) and save again.
+        r.max_tokens = 12;
+        const Generated first = mustGenerate(m, r, nullptr, a.c_str());
+        r.prompt = "";
+        r.max_tokens = 18;
+        const Generated second = mustGenerate(m, r, a.c_str(), b.c_str());
+        std::vector<uint32_t> joined = first.tokens;
+        joined.insert(joined.end(), second.tokens.begin(), second.tokens.end());
+        CHECK(joined == whole.tokens);
+        CHECK(first.text + second.text == whole.text);
+        CHECK(second.reason == BLUEVM_FINISH_LENGTH);
+        // A new turn appended to the saved conversation equals one run over the whole history.
+        std::vector<uint32_t> history(64);
+        size_t n = 0;
+        REQUIRE(bluevm_tokenize(m, "Once upon a time", 16, 1, history.data(), history.size(), &n) == BLUEVM_OK);
+        history.resize(n);
+        history.insert(history.end(), whole.tokens.begin(), whole.tokens.end());
+        const uint32_t turn[] = {365, 296, 265};
+        r.prompt_ids = turn;
+        r.n_prompt_ids = 3;
+        r.max_tokens = 10;
+        const Generated continued = mustGenerate(m, r, b.c_str(), nullptr);
+        history.insert(history.end(), std::begin(turn), std::end(turn));
+        r.prompt_ids = history.data();
+        r.n_prompt_ids = history.size();
+        CHECK(continued.tokens == mustGenerate(m, r).tokens);
+        // The same file loaded and saved by one call grows by the turn and its answer.
+        r.prompt_ids = turn;
+        r.n_prompt_ids = 3;
+        CHECK(mustGenerate(m, r, b.c_str(), b.c_str()).tokens == continued.tokens);
+        CHECK(fileBytes(b).size() > fileBytes(a).size());
+    }
+    // A snapshot of BOS alone (no token generated) goes on as a run from BOS.
+    bluevm_request r;
+    bluevm_request_init(&r);
+    r.temperature = 0;
+    r.ignore_eos = 1;
+    r.prompt = "";
+    r.max_tokens = 0;
+    CHECK(mustGenerate(m, r, nullptr, a.c_str()).tokens.empty());
+    CHECK(fileBytes(a).size() == 64 + 4 + 10 * 32 * 2);  // 1 token; 5 layers of K and V, 32 F16 each
+    r.max_tokens = 9;
+    const Generated from_bos = mustGenerate(m, r);
+    CHECK(mustGenerate(m, r, a.c_str(), nullptr).tokens == from_bos.tokens);
+    const std::vector<uint32_t> greedy = expectedGreedyIds();
+    CHECK(from_bos.tokens == std::vector<uint32_t>(greedy.begin(), greedy.begin() + 9));
+    bluevm_model_info info;
+    REQUIRE(bluevm_model_get_info(m, &info) == BLUEVM_OK);
+    CHECK(info.validation_errors == 0u);
+    bluevm_model_close(m);
+}
+
+TEST_CASE("capi: bluevm_generate refuses a missing, truncated, corrupt, wrong-version or too long snapshot") {
+    TempDir dir;
+    bluevm_model_options mo;
+    bluevm_model_options_init(&mo);
+    mo.ctx = 64;
+    bluevm_model* m = nullptr;
+    REQUIRE_MESSAGE(bluevm_model_open(storiesPath().c_str(), &mo, &m) == BLUEVM_OK, bluevm_last_error());
+    const std::string good = dir.path + "/good.kv", bad = dir.path + "/bad.kv";
+    bluevm_request r;
+    bluevm_request_init(&r);
+    r.temperature = 0;
+    r.ignore_eos = 1;
+    r.prompt = "Once upon a time";
+    r.max_tokens = 40;
+    mustGenerate(m, r, nullptr, good.c_str());
+    const std::vector<uint8_t> bytes = fileBytes(good);
+    REQUIRE(bytes.size() > 64);
+    Generated g;
+    auto refused = [&](const std::vector<uint8_t>& file, bluevm_status want, const std::string& part) {
+        writeBytes(bad, file);
+        r.prompt = "";
+        r.max_tokens = 5;
+        CHECK(generate(m, r, bad.c_str(), nullptr, &g) == want);
+        CHECK_MESSAGE(std::string(bluevm_last_error()).find(part) != std::string::npos, bluevm_last_error());
+    };
+    refused(std::vector<uint8_t>(bytes.begin(), bytes.begin() + 100), BLUEVM_ERR_SNAPSHOT, "bad.kv: truncated: 100 bytes");
+    std::vector<uint8_t> flipped = bytes;
+    flipped[bytes.size() / 2] ^= 0x10;
+    refused(flipped, BLUEVM_ERR_SNAPSHOT, "bad.kv: byte 64: payload checksum mismatch");
+    std::vector<uint8_t> v9 = bytes;
+    v9[8] = 9;
+    refused(v9, BLUEVM_ERR_SNAPSHOT, "bad.kv: snapshot format version 9; this build reads version 1");
+    refused({'h', 'i'}, BLUEVM_ERR_SNAPSHOT, "bad.kv: truncated: 2 bytes, shorter than the 64-byte snapshot header");
+    refused(fileBytes(storiesPath()), BLUEVM_ERR_SNAPSHOT, "bad.kv: not a BlueVM KV snapshot (bad magic)");
+    // Flipped bytes across the whole file: each is refused before anything runs.
+    for (size_t at = 0; at < bytes.size(); at += bytes.size() / 61 + 1) {
+        CAPTURE(at);
+        std::vector<uint8_t> one = bytes;
+        one[at] ^= 0x41;
+        refused(one, BLUEVM_ERR_SNAPSHOT, "bad.kv: ");
+    }
+    CHECK(generate(m, r, (dir.path + "/none.kv").c_str(), nullptr, &g) == BLUEVM_ERR_IO);
+    CHECK(std::string(bluevm_last_error()).find("none.kv: no such KV snapshot file") != std::string::npos);
+    // 41 restored tokens and a 30-token turn do not fit 64 positions.
+    std::vector<uint32_t> turn(30, 300);
+    r.prompt_ids = turn.data();
+    r.n_prompt_ids = turn.size();
+    CHECK(generate(m, r, good.c_str(), nullptr, &g) == BLUEVM_ERR_TOO_LONG);
+    CHECK(std::string(bluevm_last_error()) == "the prompt has 30 tokens after 45 restored ones; the context holds 64");
+    r.prompt_ids = nullptr;
+    // The model still works after every refusal.
+    r.prompt = "";
+    CHECK(mustGenerate(m, r, good.c_str(), nullptr).tokens.size() == 5);
+    bluevm_model_close(m);
+}
 }  // namespace
 }  // namespace blue::test

@@ -1,6 +1,7 @@
 // The command-line programs as a user runs them: `bluevm serve` answers HTTP and stops cleanly on
-// SIGTERM, `bluevm generate --prompts` writes one JSONL result per prompt, the C example runs, and
-// user errors print one line and exit 1.
+// SIGTERM, `bluevm generate --prompts` writes one JSONL result per prompt, the C example runs,
+// `--kv-save`/`--kv-load` continue a conversation exactly, and user errors (a damaged snapshot or
+// one of another model included) print one line and exit 1.
 #include <doctest/doctest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -11,9 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -21,6 +25,9 @@
 #include <vector>
 
 #include "tests/child.h"
+#include "vm/module.h"
+#include "vm/verify.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 
 namespace blue::test {
@@ -154,5 +161,98 @@ TEST_CASE("cli: the C API example serves its prompts") {
     CHECK(c.err_text.find(", 0 round trips") != std::string::npos);
 }
 
+
+// `bluevm generate --ids` token ids of one run (REQUIREs exit 0).
+std::vector<uint32_t> generateIds(const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {binary("host/bluevm"), "generate", "--model", stories(), "--ctx", "128", "--ids"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Child c(args);
+    REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    std::istringstream in(c.out_text);
+    std::vector<uint32_t> ids;
+    for (uint32_t id; in >> id;) ids.push_back(id);
+    return ids;
+}
+
+TEST_CASE("cli: generate --kv-save then --kv-load continues exactly as one uninterrupted run, greedy and seeded") {
+    TempDir dir;
+    const std::string a = dir.path + "/a.kv", b = dir.path + "/b.kv";
+    for (std::vector<std::string> sampling : {std::vector<std::string>{"--temp", "0"},
+                                              std::vector<std::string>{"--temp", "0.9", "--seed", "5"}}) {
+        CAPTURE(sampling[1]);
+        auto with = [&](std::vector<std::string> args) {
+            args.insert(args.end(), sampling.begin(), sampling.end());
+            return generateIds(args);
+        };
+        const std::vector<uint32_t> whole = with({"-p", "Once upon a time", "-n", "36"});
+        REQUIRE(whole.size() == 36);
+        std::vector<uint32_t> parts = with({"-p", "Once upon a time", "-n", "10", "--kv-save", a});
+        for (const char* n : {"11", "15"}) {  // two more runs, each going on from the last
+            std::vector<uint32_t> more = with({"-n", n, "--kv-load", a, "--kv-save", b});
+            parts.insert(parts.end(), more.begin(), more.end());
+            std::filesystem::rename(b, a);
+        }
+        CHECK(parts == whole);
+    }
+    // Restoring is I/O before the run: the continued run makes no host round trip.
+    Child c({binary("host/bluevm"), "generate", "--model", stories(), "--ctx", "128", "-n", "8", "--kv-load", a,
+             "-p", " Lily", "--stats", "--no-echo"});
+    REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    json stats = json::parse(c.err_text.substr(c.err_text.rfind('{')));
+    CHECK(stats["round_trips"] == 0);
+    CHECK(stats["instances"] == 1);
+}
+
+TEST_CASE("cli: a generation program lowered before request layout 2 (no start position) is refused") {
+    TempDir dir;
+    const std::string bir = dir.path + "/s.bir";
+    Child lower({binary("compiler/bluec"), "lower", "--model", stories(), "-o", bir, "--ctx", "64"});
+    REQUIRE_MESSAGE(lower.wait() == 0, lower.err_text);
+    Child fresh({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4"});
+    CHECK(fresh.wait() == 0);
+    auto m = loadModuleFile(bir);
+    REQUIRE_MESSAGE(m, m.message());
+    std::erase_if(m->meta, [](const auto& kv) { return kv.first == "llm.request"; });
+    REQUIRE(writeModuleFile(m.value(), bir).isOk());
+    Child old({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4"});
+    CHECK(old.wait() == 1);
+    CHECK(old.err_text == "bluevm: " + bir + ": lowered by an older bluec (request layout 1; this build's is 2): lower the model again\n");
+}
+
+TEST_CASE("cli: generate --kv-load refuses a snapshot of another model, a damaged or truncated one, with one line") {
+    TempDir dir;
+    const std::string kv = dir.path + "/s.kv", bad = dir.path + "/bad.kv", tiny = dir.path + "/tiny.gguf";
+    generateIds({"-p", "Once upon a time", "-n", "8", "--temp", "0", "--kv-save", kv});
+    Child synth({binary("tools/synth/blue-synth"), "--preset", "stories15M", "--layers", "2", "--dim", "64",
+                 "--heads", "4", "--vocab", "300", "-t", "f32", "-o", tiny});
+    REQUIRE_MESSAGE(synth.wait() == 0, synth.err_text);
+    auto refused = [&](const std::string& model, const std::string& file, const std::string& part) {
+        Child c({binary("host/bluevm"), "generate", "--model", model, "--ctx", "128", "-n", "4", "--kv-load", file});
+        CHECK(c.wait() == 1);
+        CHECK_MESSAGE(c.err_text.find("bluevm: " + file + part) != std::string::npos, c.err_text);
+        CHECK(std::count(c.err_text.begin(), c.err_text.end(), '\n') == 1);
+    };
+    refused(tiny, kv, ": saved with another model (model hash ");
+    std::ifstream in(kv, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(bad, std::ios::binary) << bytes.substr(0, bytes.size() - 3);
+    refused(stories(), bad, ": truncated: ");
+    std::string flipped = bytes;
+    flipped[70] ^= 1;
+    std::ofstream(bad, std::ios::binary) << flipped;
+    refused(stories(), bad, ": byte 64: payload checksum mismatch (the file is corrupt)");
+    std::string header = bytes;
+    header[20] ^= 1;
+    std::ofstream(bad, std::ios::binary) << header;
+    refused(stories(), bad, ": byte 60: header checksum mismatch (the file is corrupt)");
+    std::string v3 = bytes;
+    v3[8] = 3;
+    std::ofstream(bad, std::ios::binary) << v3;
+    refused(stories(), bad, ": snapshot format version 3; this build reads version 1");
+    refused(stories(), dir.path + "/missing.kv", ": cannot open KV snapshot");
+    Child many({binary("host/bluevm"), "generate", "--model", stories(), "--prompts", kv, "--kv-load", kv});
+    CHECK(many.wait() == 1);
+    CHECK(many.err_text == "bluevm: --kv-save and --kv-load take one --prompt, not --prompts\n");
+}
 }  // namespace
 }  // namespace blue::test

@@ -22,7 +22,11 @@
 #define BLUE_REQ_STOP 13        // [BLUE_REQ_MAX_STOP] stop token ids
 #define BLUE_REQ_MAX_STOP 8
 #define BLUE_REQ_FLAGS 21       // BLUE_REQ_FLAG_*
-#define BLUE_REQ_HEADER 22      // prompt tokens follow
+#define BLUE_REQ_START 22       // position of the first prompt token: the instance's history and
+                                // KV cache already hold the positions before it (a restored
+                                // conversation, host/memory/kv_snapshot.h); 0 for a fresh one
+#define BLUE_REQ_HEADER 23      // prompt tokens follow
+#define BLUE_REQ_LAYOUT 2       // this layout's version (module metadata llm.request)
 
 #define BLUE_REQ_FLAG_IGNORE_EOG 1u  // do not stop at the model's end-of-generation tokens (benchmarks)
 

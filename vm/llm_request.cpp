@@ -28,6 +28,7 @@ std::vector<uint32_t> encodeRequest(const GenerationRequest& r) {
     w[BLUE_REQ_N_STOP] = uint32_t(n_stop);
     for (size_t i = 0; i < n_stop; ++i) w[BLUE_REQ_STOP + i] = r.stop_tokens[i];
     w[BLUE_REQ_FLAGS] = r.ignore_eog ? BLUE_REQ_FLAG_IGNORE_EOG : 0u;
+    w[BLUE_REQ_START] = r.start;
     w.insert(w.end(), r.prompt.begin(), r.prompt.end());
     return w;
 }

@@ -25,6 +25,8 @@ struct GenerationRequest {
     std::vector<uint32_t> stop_tokens;  // at most BLUE_REQ_MAX_STOP, besides the model's own
     std::vector<uint32_t> prompt;       // token ids
     bool ignore_eog = false;            // generate max_new tokens whatever they are (benchmarks)
+    uint32_t start = 0;                 // position of prompt[0]; the instance holds the ones
+                                        // before it (a restored KV snapshot)
 };
 
 // The input-ring message for a request. Stop tokens beyond the limit are dropped (callers check).

@@ -2,6 +2,8 @@
 //   one prompt:    --prompt TEXT, streamed to stdout as it is produced
 //   many prompts:  --prompts FILE (one per line, or JSONL objects with per-prompt parameters),
 //                  results as JSONL, --instances N instances serving them together
+//   conversations: --kv-save F keeps the KV cache of a --prompt run; --kv-load F continues one
+//                  (the prompt is appended; an empty prompt goes on generating)
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -18,7 +20,7 @@ namespace blue::cli {
 namespace {
 
 struct GenerateArgs {
-    std::string model, prompt, prompts_file, out, device;
+    std::string model, prompt, prompts_file, out, device, kv_save, kv_load;
     int32_t n_predict = 256;
     SamplingParams sampling;
     bool seed_given = false;
@@ -91,14 +93,28 @@ int runOne(Engine& engine, const GenerateArgs& a) {
     GenerationRequest r;
     r.max_new = uint32_t(a.n_predict);
     r.sampling = a.sampling;
-    r.prompt = engine.promptTokens(a.prompt);
+    KvSnapshot restore, saved;
+    KvRun kv;
+    if (!a.kv_load.empty()) {
+        auto snap = engine.readKv(a.kv_load);
+        if (!snap) return fail(snap.message());
+        restore = std::move(snap.value());
+        kv.restore = &restore;
+        r.prompt = engine.continuationTokens(a.prompt);
+    } else {
+        r.prompt = engine.promptTokens(a.prompt);
+    }
+    if (!a.kv_save.empty()) kv.save = &saved;
     auto t0 = std::chrono::steady_clock::now();
     auto results = engine.run({r}, [&](size_t, uint32_t, const std::string& text) {
         if (a.ids) return;
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
-    });
+    }, kv);
     if (!results) return fail(results.message());
+    if (kv.save) {
+        if (Status s = engine.writeKv(saved, a.kv_save); !s) return fail(s.message());
+    }
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const Completion& c = results.value()[0];
     if (a.ids) {
@@ -196,12 +212,19 @@ Command addGenerateCommand(CLI::App& app) {
     addDeviceLimitsOption(sub);
     addVramBudgetOption(sub, &a->vram_budget, &a->host_weights);
     sub->add_option("--out", a->out, "with --prompts: write the JSONL results here");
+    sub->add_option("--kv-save", a->kv_save, "after the run, save the conversation's KV cache to this file");
+    sub->add_option("--kv-load", a->kv_load,
+                    "continue a conversation saved with --kv-save: the prompt is appended to it "
+                    "(no BOS); an empty prompt goes on generating");
     sub->add_flag("--ids", a->ids, "print token ids instead of text");
     sub->add_flag("--no-echo", a->no_echo, "do not print the prompt before the generated text");
     sub->add_flag("--stats", a->stats, "print counters and speed as one JSON line on stderr");
     sub->add_flag("--profile", a->profile, "time every kernel (stderr)");
     return [a] {
         if (!a->seed_given) a->sampling.seed = uint32_t(std::time(nullptr));
+        if (!a->prompts_file.empty() && (!a->kv_save.empty() || !a->kv_load.empty())) {
+            return fail("--kv-save and --kv-load take one --prompt, not --prompts");
+        }
         EngineOptions eo;
         eo.device = a->device;
         eo.instances = a->instances;

@@ -50,6 +50,11 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         if (!kind || *kind != "llm-generate" || m->externs.empty()) {
             return BLUE_ERROR("%s: not a generation program (lower a model with `bluec lower`)", path.c_str());
         }
+        const std::string* layout = m->metaValue(kMetaRequest);
+        if (!layout || *layout != std::to_string(BLUE_REQ_LAYOUT)) {
+            return BLUE_ERROR("%s: lowered by an older bluec (request layout %s; this build's is %u): lower the model again",
+                              path.c_str(), layout ? layout->c_str() : "1", BLUE_REQ_LAYOUT);
+        }
         module_dir = dirOf(path);
         gguf_path = resolveModulePath(module_dir, m->externs[0]);
         e->module_ = std::move(m.value());
@@ -57,6 +62,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     auto g = ggufOpen(gguf_path);
     if (!g) return g.status();
     e->gguf_ = std::move(g.value());
+    e->model_hash_ = kvModelHash(e->gguf_);
     auto cfg = modelConfigFromGguf(e->gguf_);
     if (!cfg) return cfg.status();
     e->config_ = cfg.value();
@@ -179,6 +185,10 @@ std::string Engine::modelName() const {
 
 Status Engine::validate(const GenerationRequest& r) const {
     if (r.prompt.empty()) return Status::error("the prompt is empty (and the model has no BOS token)");
+    if (r.start > 0 && uint64_t(r.start) + r.prompt.size() >= ctx_) {
+        return BLUE_ERROR("the prompt has %zu tokens after %u restored ones; the context holds %u (use a larger --ctx)",
+                          r.prompt.size(), r.start, ctx_);
+    }
     if (r.prompt.size() >= ctx_) {
         return BLUE_ERROR("the prompt has %zu tokens; the context holds %u (use a larger --ctx)",
                           r.prompt.size(), ctx_);
@@ -292,8 +302,18 @@ std::string describeRunning(const std::vector<uint32_t>& serving, size_t n_reque
 
 }  // namespace
 
-Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests,
-                                            const TokenCallback& on_token) {
+Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests_in,
+                                            const TokenCallback& on_token, const KvRun& kv) {
+    const bool with_kv = kv.restore || kv.save;
+    if (with_kv && requests_in.size() != 1) {
+        return BLUE_ERROR("saving or restoring a KV snapshot takes one request (%zu given)", requests_in.size());
+    }
+    std::vector<GenerationRequest> requests = requests_in;
+    if (kv.restore) {
+        auto r = kvRequest(requests[0], *kv.restore);
+        if (!r) return r.status();
+        requests[0] = r.value();
+    }
     for (size_t i = 0; i < requests.size(); ++i) {
         Status s = validate(requests[i]);
         if (!s) return s.prefix(strFormat("request %zu", i));
@@ -302,9 +322,11 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
     for (const GenerationRequest& r : requests) {
         budget += r.prompt.size() + r.max_new + 4;
     }
-    auto machine = createMachine(options_.instances, options_.chain_cycles,
+    const uint32_t instances = with_kv ? 1 : options_.instances;
+    auto machine = createMachine(instances, options_.chain_cycles,
                                  options_.max_cycles ? options_.max_cycles : budget * 2);
     if (!machine) return machine.status();
+    if (kv.restore) BLUE_TRY(kvRestore(*machine.value(), *kv.restore, requests[0].start));
     std::vector<Completion> out(requests.size());
     std::vector<TokenStreamDecoder> decoders;
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -312,12 +334,12 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
         r.tag = uint32_t(i);
         BLUE_TRY(machine.value()->pushInput(encodeRequest(r)));
         // Text continues the prompt unless the prompt was just BOS.
-        bool fresh = r.prompt.size() == 1 && int32_t(r.prompt[0]) == tokenizer_.bos();
+        bool fresh = r.start == 0 && r.prompt.size() == 1 && int32_t(r.prompt[0]) == tokenizer_.bos();
         decoders.emplace_back(tokenizer_, false, fresh);
     }
     machine.value()->closeInput();
     // An instance announces which request it serves (BEGIN), streams its tokens, then END.
-    std::vector<uint32_t> serving(options_.instances, 0xFFFFFFFFu);
+    std::vector<uint32_t> serving(instances, 0xFFFFFFFFu);
     auto sink = [&](std::span<const OutputRecord> records) {
         for (const OutputRecord& rec : records) {
             uint32_t req = rec.inst < serving.size() ? serving[rec.inst] : 0xFFFFFFFFu;
@@ -347,6 +369,7 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
     if (!report.value().status) return report.value().status;
     std::string faults = describeFaults(module_, report.value().instances);
     if (!faults.empty()) return Status::error("the generation program faulted: " + faults);
+    if (kv.save) BLUE_TRY(kvSave(*machine.value(), kv.save));
     return out;
 }
 

@@ -16,6 +16,7 @@
 #include "compiler/model_config.h"
 #include "compiler/tokenizer.h"
 #include "host/device.h"
+#include "host/memory/kv_snapshot.h"
 #include "host/machine.h"
 #include "host/pipelines.h"
 #include "host/vk_check.h"
@@ -55,6 +56,17 @@ struct Completion {
 
 // Called from the engine's thread as tokens arrive (once per chain, in order per request).
 using TokenCallback = std::function<void(size_t request, uint32_t token, const std::string& text)>;
+
+// KV persistence of one conversation in a run() of a single request (host/memory/kv_snapshot.h).
+// restore: the instance starts with the snapshot's tokens and KV rows, and the request's prompt
+// continues after them (position P); an empty prompt re-runs the snapshot's last token at P - 1,
+// so the run goes on as if the saved one had asked for more tokens. save: after the request
+// ended, the tokens the instance processed (prompt and generated, as fed back: a stop token
+// that ended it is not among them) and their KV rows.
+struct KvRun {
+    const KvSnapshot* restore = nullptr;
+    KvSnapshot* save = nullptr;
+};
 
 class Engine {
 public:
@@ -107,9 +119,20 @@ public:
     Status validate(const GenerationRequest& r) const;
 
     // Runs requests to completion on the engine's instances. Requests are queued in order; free
-    // instances take them on the GPU. `on_token` streams the text as it is produced.
+    // instances take them on the GPU. `on_token` streams the text as it is produced. With `kv`
+    // restoring or saving, there must be one request, and it runs on one instance.
     Result<std::vector<Completion>> run(const std::vector<GenerationRequest>& requests,
-                                        const TokenCallback& on_token = {});
+                                        const TokenCallback& on_token = {}, const KvRun& kv = {});
+
+    // KV persistence (engine_kv.cpp). The layout a snapshot must match to be restored here.
+    KvLayout kvLayout() const;
+    // Token ids for text that continues a restored conversation (no BOS); `special`: special-
+    // token text becomes special tokens (a chat-formatted turn).
+    std::vector<uint32_t> continuationTokens(const std::string& text, bool special = false) const;
+    // Reads a snapshot file and checks it against this model and context; messages name the
+    // file and what is wrong (never a crash on a malformed file).
+    Result<KvSnapshot> readKv(const std::string& path) const;
+    Status writeKv(const KvSnapshot& s, const std::string& path) const;
 
     // Replaces EngineOptions::on_load for the machines created from now on.
     void setLoadCallback(std::function<void(uint64_t, uint64_t)> f) { options_.on_load = std::move(f); }
@@ -136,6 +159,12 @@ public:
 private:
     Engine() = default;
     Status deviceUsable() const;
+    // engine_kv.cpp: the K and V cache tensors in snapshot order (kcache.0, vcache.0, ...).
+    std::vector<uint32_t> kvCaches() const;
+    // A request continuing `restore`: its start position and (for an empty prompt) the last token.
+    Result<GenerationRequest> kvRequest(const GenerationRequest& r, const KvSnapshot& restore) const;
+    Status kvRestore(GpuMachine& machine, const KvSnapshot& s, uint32_t positions) const;
+    Status kvSave(GpuMachine& machine, KvSnapshot* out) const;
 
     EngineOptions options_;
     GgufFile gguf_;
@@ -148,6 +177,7 @@ private:
     mutable std::mutex device_mutex_;         // guards replacing device_ against validationErrors()
     uint32_t retired_validation_errors_ = 0;  // of devices resetDevice() destroyed
     uint32_t ctx_ = 0;
+    uint64_t model_hash_ = 0;  // kvModelHash of the GGUF
     GpuStats stats_;
 };
 
