@@ -2,7 +2,8 @@
 # Builds BlueVM and runs the test suite with the Khronos validation layer on (core and
 # synchronization checks; any validation message fails a test), then again as other devices:
 #   - lavapipe's subgroup sizes 4 and 16 (LP_NATIVE_VECTOR_WIDTH=128/512; the first run is 8)
-#   - emulated device limits (BLUE_DEVICE_LIMITS: NVIDIA, AMD, Intel, Mali and the minimum)
+#   - emulated device limits (BLUE_DEVICE_LIMITS: NVIDIA, AMD, Intel, Mali and the minimum; a
+#     profile that lowers no limit of the device at hand is skipped)
 #   - GPU-assisted validation (BLUE_VALIDATION=gpu) over the GPU kernel and program tests
 #   - AddressSanitizer + UBSan build (tools/test_sanitize.sh)
 # Usage: tools/test.sh [--quick] [doctest options]   (--quick: the first run only)
@@ -64,8 +65,15 @@ if [ "$quick" -eq 0 ]; then
   host_heavy='-tce=cascade serving*,cascade wal*,capi: bluevm_cascade*,cli: bluevm serve --cascade*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,peak: bluevm devices*,cascade: mutated*,verify: mutants*,cascade: every program in programs/ gives*'
   run subgroup-4 LP_NATIVE_VECTOR_WIDTH=128 -- "$host_heavy" "$@"
   run subgroup-16 LP_NATIVE_VECTOR_WIDTH=512 -- "$host_heavy" "$@"
+  # A profile that lowers none of this device's limits (`bluevm devices` says so) would repeat
+  # the first run exactly: it is skipped, with a line saying why.
+  bluevm="${BUILD_DIR:-build}/host/bluevm"
   for profile in nvidia-rtx4090 amd-rx7900xtx-radv intel-arc-a770-anv mali-g610-panvk bluevm-minimum; do
     if [ -f "host/device_profiles/$profile.json" ]; then
+      if "$bluevm" devices --device-limits "$profile" 2>/dev/null | grep -q "no limit lower than the device's"; then
+        printf '%-28s skipped: it lowers no limit of this device (the first run covers it)\n' "limits-$profile"
+        continue
+      fi
       run "limits-$profile" BLUE_DEVICE_LIMITS="$profile" -- "$host_heavy" "$@"
     fi
   done
