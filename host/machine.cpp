@@ -551,28 +551,26 @@ Result<uint64_t> instanceRange(const Module& m, const PagePlan& pages, uint32_t 
 
 }  // namespace
 
-Status GpuMachine::readLocal(uint32_t inst, uint32_t word, std::span<uint32_t> out) {
-    Impl& im = *impl_;
+Result<uint64_t> GpuMachine::localBytes(uint32_t inst, uint32_t word, size_t n, const char* verb) const {
+    const Impl& im = *impl_;
     const uint64_t words = im.m.layout.local_words;
-    if (!im.inflight.empty()) return Status::error("instance memory is read between runs only");
-    if (inst >= im.opt.instances || word > words || out.size() > words - word) {
-        return BLUE_ERROR("local words [%u, +%zu) of instance %u are outside its memory", word, out.size(), inst);
+    if (!im.inflight.empty()) return Status::error(std::string("instance memory is ") + verb + " between runs only");
+    if (inst >= im.opt.instances || word > words || n > words - word) {
+        return BLUE_ERROR("local words [%u, +%zu) of instance %u are outside its memory", word, n, inst);
     }
+    return (im.layout.at(BLUE_O_LOCAL) + uint64_t(inst) * words + word) * 4;
+}
+
+Status GpuMachine::readLocal(uint32_t inst, uint32_t word, std::span<uint32_t> out) {
+    BLUE_TRY_ASSIGN(uint64_t at, localBytes(inst, word, out.size(), "read"));
     if (out.empty()) return Status::ok();
-    uint64_t at = im.layout.at(BLUE_O_LOCAL) + uint64_t(inst) * words + word;
-    return downloadFromBuffer(im.dev, im.control, at * 4, out.data(), out.size() * 4);
+    return downloadFromBuffer(impl_->dev, impl_->control, at, out.data(), out.size() * 4);
 }
 
 Status GpuMachine::writeLocal(uint32_t inst, uint32_t word, std::span<const uint32_t> in) {
-    Impl& im = *impl_;
-    const uint64_t words = im.m.layout.local_words;
-    if (!im.inflight.empty()) return Status::error("instance memory is written between runs only");
-    if (inst >= im.opt.instances || word > words || in.size() > words - word) {
-        return BLUE_ERROR("local words [%u, +%zu) of instance %u are outside its memory", word, in.size(), inst);
-    }
+    BLUE_TRY_ASSIGN(uint64_t at, localBytes(inst, word, in.size(), "written"));
     if (in.empty()) return Status::ok();
-    uint64_t at = im.layout.at(BLUE_O_LOCAL) + uint64_t(inst) * words + word;
-    return uploadToBuffer(im.dev, im.control, at * 4, in.data(), in.size() * 4);
+    return uploadToBuffer(impl_->dev, impl_->control, at, in.data(), in.size() * 4);
 }
 
 Status GpuMachine::readInstanceTensor(uint32_t tensor, uint32_t inst, uint64_t offset, std::span<uint8_t> out) {

@@ -162,6 +162,8 @@ public:
 private:
     struct Impl;
     explicit GpuMachine(std::unique_ptr<Impl> impl);
+    // Byte offset in the control buffer of local words [word, +n) of instance `inst`, checked.
+    Result<uint64_t> localBytes(uint32_t inst, uint32_t word, size_t n, const char* verb) const;
     std::unique_ptr<Impl> impl_;
     GpuStats stats_;
     std::vector<CycleTime> clock_;

@@ -1,7 +1,12 @@
 // The shared test device (see gpu_fixture.h).
 #include "tests/gpu_fixture.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 namespace blue::test {
 
@@ -29,6 +34,20 @@ Gpu& gpu() {
         return g;
     }();
     return *instance;
+}
+
+std::unique_ptr<Device> emulatedDevice(const std::string& profile_json) {
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("blue_profile_" + std::to_string(getpid()) + ".json")).string();
+    std::ofstream(path) << profile_json;
+    DeviceOptions opt;
+    opt.limits = path;
+    const char* v = std::getenv("BLUE_VALIDATION");
+    opt.validation = !(v && std::string(v) == "0");
+    auto made = Device::create(opt);
+    std::remove(path.c_str());
+    REQUIRE_MESSAGE(made.isOk(), made.message());
+    return std::move(made.value());
 }
 
 BothRuns runBoth(const Module& m, const WeightSource& w, uint32_t instances,

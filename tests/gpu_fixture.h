@@ -21,6 +21,10 @@ struct Gpu {
 // The shared device; fails the calling test when no usable Vulkan device exists.
 Gpu& gpu();
 
+// A device of its own, emulating the device-limit profile given as JSON text (validation as for
+// the shared device); fails the calling test when it cannot be made.
+std::unique_ptr<Device> emulatedDevice(const std::string& profile_json);
+
 // Runs a module on the GPU and on the reference machine with the same inputs. Chains keep
 // `chain_cycles` (no watchdog bound) unless `max_submit_ms` is given.
 struct BothRuns {

@@ -496,17 +496,10 @@ show:
 TEST_CASE(
     "device limits: on an emulated device with 4 KiB pages and no ballot, a program split over six "
     "pages runs as on the reference") {
-    std::string path = writeTemp("tiny_pages.json", R"({
+    std::unique_ptr<Device> made = emulatedDevice(R"({
   "name": "tiny-pages", "device": "test", "source": "tests/test_device_limits.cpp",
   "limits": {"maxTexelBufferElements": 256}, "features": {"subgroupBallot": false}})");
-    DeviceOptions opt;
-    opt.limits = path;
-    const char* v = std::getenv("BLUE_VALIDATION");
-    opt.validation = !(v && std::string(v) == "0");
-    auto made = Device::create(opt);
-    std::remove(path.c_str());
-    REQUIRE_MESSAGE(made.isOk(), made.message());
-    Device& dev = *made.value();
+    Device& dev = *made;
     CHECK(dev.info().profile == "tiny-pages");
     CHECK(dev.maxPageBytes() == 4096u);
     CHECK(kernelVariant("sequencer", dev.info()) == "sequencer_noballot");

@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <numeric>
 
 #include "host/pipelines.h"
@@ -404,21 +402,9 @@ void splitCases(Gpu& small) {
 }  // namespace
 
 TEST_CASE("ops gpu: MATMUL and EMBED over matrices split by rows across pages match the reference") {
-    std::string path = (std::filesystem::temp_directory_path() / "blue_split_pages.json").string();
-    {
-        std::ofstream f(path);
-        f << R"({"name": "split-pages", "device": "test", "source": "tests/test_ops_gpu.cpp",
-  "limits": {"maxTexelBufferElements": 2048}})";
-    }
-    DeviceOptions opt;
-    opt.limits = path;
-    const char* v = std::getenv("BLUE_VALIDATION");
-    opt.validation = !(v && std::string(v) == "0");
-    auto made = Device::create(opt);
-    std::remove(path.c_str());
-    REQUIRE_MESSAGE(made.isOk(), made.message());
     Gpu small;
-    small.device = std::move(made.value());
+    small.device = emulatedDevice(R"({"name": "split-pages", "device": "test",
+  "source": "tests/test_ops_gpu.cpp", "limits": {"maxTexelBufferElements": 2048}})");
     REQUIRE(small.device->maxPageBytes() == 32768u);
     auto pipelines = Pipelines::create(*small.device);
     REQUIRE_MESSAGE(pipelines.isOk(), pipelines.message());
