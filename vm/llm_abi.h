@@ -61,6 +61,7 @@
 #define BLUE_LM_SAMPLING 0                // the sampling block
 #define BLUE_LM_STOP (BLUE_SP_WORDS)      // [BLUE_REQ_MAX_STOP] stop tokens of this request
 #define BLUE_LM_HISTORY (BLUE_SP_WORDS + BLUE_REQ_MAX_STOP)  // [ctx] prompt and generated tokens
+// then [2 * BLUE_MAX_TOP_LOGPROBS] at BLUE_LM_HISTORY + ctx: SAMPLE's alternatives (BLUE_SP_TOP_ADDR)
 
 // ---- arguments of the forward block ------------------------------------------------------------
 #define BLUE_FA_ROWS 0      // rows (tokens) this instance runs in this step
