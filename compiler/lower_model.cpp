@@ -217,8 +217,11 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
 enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
     kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kIid, kCancelMark, kFlagWord,
-    kStart,
+    kStart, kLp,
 };
+
+// Where SAMPLE writes the top log-probabilities: after the history.
+uint32_t topLogprobsAddr(uint32_t ctx) { return BLUE_LM_HISTORY + ctx; }
 
 void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
     auto next = cb.newLabel("next_request"), halt = cb.newLabel("halt");
@@ -250,6 +253,16 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.li(kTmp, BLUE_REQ_FLAGS);
     cb.op(Op::INLD, {kFlags, kSlot, kTmp});
     cb.op(Op::ANDI, {kFlags, kFlags}, BLUE_REQ_FLAG_IGNORE_EOG);
+    // Log-probabilities: kLp = 0 (none) or 1 + N alternatives, which SAMPLE writes when N > 0.
+    cb.li(kTmp, BLUE_REQ_LOGPROBS);
+    cb.op(Op::INLD, {kLp, kSlot, kTmp});
+    cb.li(kTmp, BLUE_MAX_TOP_LOGPROBS + 1);
+    cb.op(Op::MINU, {kLp, kLp, kTmp});
+    cb.op(Op::ADDI, {kWord, kLp}, uint32_t(-1));
+    cb.op(Op::MINU, {kWord, kWord, kLp});  // kLp - 1, or 0 when kLp is 0
+    cb.op(Op::ST, {kWord, 0}, BLUE_LM_SAMPLING + BLUE_SP_TOP_N);
+    cb.li(kWord, topLogprobsAddr(ctx));
+    cb.op(Op::ST, {kWord, 0}, BLUE_LM_SAMPLING + BLUE_SP_TOP_ADDR);
     // Sampling parameters: request words TEMP..SEED map in order onto SP_TEMP..SP_SEED.
     cb.li(kI, 0);
     cb.li(kN, BLUE_SP_SEED + 1);
@@ -333,7 +346,24 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.jump(Op::BEQ, {kTok, kWord}, finish);
     cb.op(Op::ADDI, {kI, kI}, 1);
     cb.jump(Op::JMP, {}, stop_next);
+    // Asked for: the token's log-probability and its alternatives' go out ahead of it.
+    auto emit_token = cb.newLabel("emit_token"), emit_top = cb.newLabel("emit_top");
     cb.bind(emit);
+    cb.jump(Op::BEQZ, {kLp}, emit_token);
+    cb.op(Op::LD, {kWord, 0}, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
+    cb.op(Op::OUTF, {kWord});
+    cb.li(kI, 0);
+    cb.op(Op::ADDI, {kN, kLp}, uint32_t(-1));
+    cb.bind(emit_top);
+    cb.jump(Op::BGEU, {kI, kN}, emit_token);
+    cb.op(Op::ADD, {kTmp, kI, kI});
+    cb.op(Op::LD, {kWord, kTmp}, topLogprobsAddr(ctx));
+    cb.op(Op::OUT, {kWord});
+    cb.op(Op::LD, {kWord, kTmp}, topLogprobsAddr(ctx) + 1);
+    cb.op(Op::OUTF, {kWord});
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, emit_top);
+    cb.bind(emit_token);
     cb.op(Op::OUTT, {kTok});
     cb.op(Op::ADDI, {kGenerated, kGenerated}, 1);
     cb.op(Op::INFLAG, {kFlagWord, kIid});
@@ -402,7 +432,7 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     Lowering lw{gguf, cfg, opt.kv_type, m, "", 0, {}};
     m.externs.push_back(opt.model_path);
     m.layout.regs = 32;
-    m.layout.local_words = BLUE_LM_HISTORY + ctx;
+    m.layout.local_words = topLogprobsAddr(ctx) + 2 * BLUE_MAX_TOP_LOGPROBS;
     m.layout.in_slots = opt.in_slots;
     m.layout.in_slot_words = BLUE_REQ_HEADER + ctx + 1;
     m.layout.max_rows = max_rows;

@@ -108,6 +108,16 @@ bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info
 bluevm_status bluevm_tokenize(const bluevm_model* model, const char* text, size_t text_len,
                               int add_bos, uint32_t* ids, size_t capacity, size_t* count);
 
+/* API 6: the text of token ids, as generation streams it (SentencePiece drops one leading space
+ * of the first piece; control tokens give no text). Writes at most `capacity` bytes (no NUL) and
+ * sets *len to the bytes the text has (call again with more room when it is larger). An id
+ * outside the vocabulary fails with BLUEVM_ERR_INVALID_ARGUMENT naming it. */
+bluevm_status bluevm_detokenize(const bluevm_model* model, const uint32_t* ids, size_t n_ids,
+                                char* text, size_t capacity, size_t* len);
+/* API 6: the text one token contributes (spaces restored; empty for control tokens and ids
+ * outside the vocabulary); *text stays valid while the model is open (not NUL-terminated). */
+bluevm_status bluevm_token_piece(const bluevm_model* model, uint32_t id, const char** text, size_t* len);
+
 /* A chat conversation formatted with the model's chat template, ending with the opening of an
  * assistant turn, as a NUL-terminated string the caller frees with bluevm_free. */
 bluevm_status bluevm_format_chat(const bluevm_model* model, const char* const* roles,
@@ -153,6 +163,10 @@ typedef struct bluevm_request {
     const char* const* stop;  /* strings that end the request when they appear (cut from the text) */
     size_t n_stop;
     int ignore_eos;           /* nonzero: generate max_tokens tokens whatever they are (benchmarks) */
+    /* API 6: nonzero: each token's log-probability (of the model's distribution after the
+     * penalties, at temperature 1) comes on the events; default 0 */
+    int logprobs;
+    uint32_t top_logprobs;    /* and that many most likely alternatives' (0..20; implies logprobs) */
 } bluevm_request;
 
 void bluevm_request_init(bluevm_request* r);
@@ -179,6 +193,12 @@ typedef struct bluevm_event {
     uint32_t prompt_tokens, completion_tokens; /* completion_tokens: total so far */
     bluevm_status error; /* with BLUEVM_FINISH_ERROR: BLUEVM_ERR_DEVICE_LOST when the device
                             failed (the engine is rebuilding it), else BLUEVM_ERR_INTERNAL */
+    /* API 6, with bluevm_request.logprobs or top_logprobs (else NULL and 0): */
+    const float* logprobs;      /* [n_tokens]: each new token's log-probability */
+    uint32_t n_top;             /* alternatives per token (top_logprobs, at most the vocabulary) */
+    const uint32_t* top_ids;    /* [n_tokens * n_top]: token i's alternatives at i * n_top,
+                                   most likely first (ties: lower id first) */
+    const float* top_logprobs;  /* [n_tokens * n_top]: their log-probabilities */
 } bluevm_event;
 
 /* Waits up to timeout_ms (negative: without limit, 0: not at all) for new text or the end of a

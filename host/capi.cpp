@@ -4,7 +4,9 @@
 #include "host/bluevm.h"
 #include "host/capi_internal.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,11 @@ struct RequestState {
     std::vector<uint32_t> pending_tokens;
     std::string taken_text;
     std::vector<uint32_t> taken_tokens;
+    bool logprobs = false;  // the request asked: the vectors below are parallel to the tokens
+    uint32_t n_top = 0;
+    std::vector<float> pending_lp, taken_lp;
+    std::vector<uint32_t> pending_top_ids, taken_top_ids;
+    std::vector<float> pending_top_lp, taken_top_lp;
     bool finished = false;
     bool finish_taken = false;
     bluevm_finish reason = BLUEVM_FINISH_NONE;
@@ -154,6 +161,39 @@ bluevm_status bluevm_tokenize(const bluevm_model* model, const char* text, size_
     });
 }
 
+bluevm_status bluevm_detokenize(const bluevm_model* model, const uint32_t* ids, size_t n_ids,
+                                char* text, size_t capacity, size_t* len) {
+    return guarded([&] {
+        if (!model || (!ids && n_ids) || !len || (!text && capacity)) {
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model, ids, text and len must not be NULL");
+        }
+        const blue::Tokenizer& tok = model->engine->tokenizer();
+        std::vector<int32_t> v(n_ids);
+        for (size_t i = 0; i < n_ids; ++i) {
+            if (!tok.isValid(int32_t(ids[i])) || ids[i] > INT32_MAX) {
+                return failWith(BLUEVM_ERR_INVALID_ARGUMENT,
+                                blue::strFormat("token %u (at %zu) is outside the vocabulary (%d)", ids[i], i,
+                                                tok.vocabSize()));
+            }
+            v[i] = int32_t(ids[i]);
+        }
+        std::string s = tok.decode(v);
+        *len = s.size();
+        if (capacity) std::memcpy(text, s.data(), std::min(capacity, s.size()));
+        return ok();
+    });
+}
+
+bluevm_status bluevm_token_piece(const bluevm_model* model, uint32_t id, const char** text, size_t* len) {
+    return guarded([&] {
+        if (!model || !text || !len) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model, text and len must not be NULL");
+        std::string_view p = id > INT32_MAX ? std::string_view() : model->engine->tokenizer().piece(int32_t(id));
+        *text = p.data();
+        *len = p.size();
+        return ok();
+    });
+}
+
 bluevm_status bluevm_format_chat(const bluevm_model* model, const char* const* roles,
                                  const char* const* contents, size_t n_messages, char** out) {
     return guarded([&] {
@@ -269,12 +309,22 @@ bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request
         }
         auto state = std::make_shared<RequestState>();
         state->prompt_tokens = uint32_t(r.prompt.size());
+        state->logprobs = r.logprobs || r.top_logprobs;
+        state->n_top = std::min(r.top_logprobs, e.config().n_vocab);
         bluevm_engine* eng = engine;
         auto callback = [eng, state](const blue::StreamEvent& ev) {
             {
                 std::lock_guard<std::mutex> lock(eng->mutex);
                 state->pending_text += ev.text;
                 state->pending_tokens.insert(state->pending_tokens.end(), ev.tokens.begin(), ev.tokens.end());
+                for (const blue::TokenLogprobs& lp : ev.logprobs) {
+                    state->pending_lp.push_back(lp.logprob);
+                    for (uint32_t i = 0; i < state->n_top; ++i) {
+                        bool has = i < lp.top.size();
+                        state->pending_top_ids.push_back(has ? lp.top[i].first : 0);
+                        state->pending_top_lp.push_back(has ? lp.top[i].second : -INFINITY);
+                    }
+                }
                 state->completion_tokens = ev.completion_tokens;
                 if (ev.finished) {
                     state->finished = true;
@@ -333,6 +383,12 @@ bluevm_status bluevm_poll(bluevm_engine* engine, uint64_t id, int timeout_ms, bl
         st->taken_tokens = std::move(st->pending_tokens);
         st->pending_text.clear();
         st->pending_tokens.clear();
+        st->taken_lp = std::move(st->pending_lp);
+        st->taken_top_ids = std::move(st->pending_top_ids);
+        st->taken_top_lp = std::move(st->pending_top_lp);
+        st->pending_lp.clear();
+        st->pending_top_ids.clear();
+        st->pending_top_lp.clear();
         *out = bluevm_event{};
         out->text = st->taken_text.data();
         out->text_len = st->taken_text.size();
@@ -342,6 +398,12 @@ bluevm_status bluevm_poll(bluevm_engine* engine, uint64_t id, int timeout_ms, bl
         out->reason = st->reason;
         out->prompt_tokens = st->prompt_tokens;
         out->completion_tokens = st->completion_tokens;
+        if (st->logprobs && st->taken_lp.size() == st->taken_tokens.size()) {
+            out->logprobs = st->taken_lp.data();
+            out->n_top = st->n_top;
+            out->top_ids = st->n_top ? st->taken_top_ids.data() : nullptr;
+            out->top_logprobs = st->n_top ? st->taken_top_lp.data() : nullptr;
+        }
         if (!st->finished && out->text_len == 0 && out->n_tokens == 0) {
             return failWith(BLUEVM_ERR_TIMEOUT, "no new text within the timeout");
         }

@@ -32,6 +32,8 @@ inline void setRequestParams(const bluevm_request& in, GenerationRequest* r) {
     r->sampling.frequency_penalty = in.frequency_penalty;
     r->sampling.seed = in.seed;
     r->ignore_eog = in.ignore_eos != 0;
+    r->logprobs = in.logprobs != 0;
+    r->top_logprobs = in.top_logprobs;
 }
 
 inline thread_local std::string t_last_error;

@@ -5,7 +5,7 @@
 // N history tokens; entropy and log-probability of the penalized T = 1 distribution; greedy when
 // T <= 0; else top-k, top-p and min-p thresholds, temperature, and one Philox draw walking the
 // kept tokens in id order (common/sampling.glsl). Writes token, entropy and log-probability into
-// the parameter block and advances its counter.
+// the parameter block and advances its counter; with TOP_N, the most likely tokens too.
 // SAMPLEQ (WRITE_PROBS): also writes the distribution it drew from (greedy: one-hot) into row
 // local[sp + BLUE_SP_ROW] of a table, for speculative decoding's draft model.
 #include "common/tensor.glsl"
@@ -49,6 +49,35 @@ void applyPenalties(uint inst, uint sp) {
     barrier();
 }
 
+// The TOP_N most likely tokens (ties: lower id first) and their T = 1 log-probabilities as (id,
+// lp) pairs at local[TOP_ADDR]: TOP_N argmax passes, each over the tokens below the last pick.
+void writeTop(uint inst, uint sp, RowStats s) {
+    uint n = min(min(localWord(inst, sp + BLUE_SP_TOP_N), BLUE_MAX_TOP_LOGPROBS), g_n);
+    uint addr = localWord(inst, sp + BLUE_SP_TOP_ADDR), lw = ctl[BLUE_H_LOCAL_WORDS];
+    if (n == 0u || addr > lw || 2u * n > lw - addr) return;
+    float lz = log(s.z), prev = 0.0;
+    uint prev_i = 0xFFFFFFFFu;
+    uint dst = ctl[BLUE_O_LOCAL] + inst * lw + addr;
+    for (uint k = 0u; k < n; ++k) {
+        float best = -1.0 / 0.0;
+        uint best_i = 0xFFFFFFFFu;
+        for (uint i = gl_LocalInvocationID.x; i < g_n; i += SAMPLE_WG) {
+            float v = logit(i);
+            bool below = k == 0u || v < prev || (v == prev && i > prev_i);
+            if (below && (best_i == 0xFFFFFFFFu || v > best)) {
+                best = v;
+                best_i = i;
+            }
+        }
+        prev_i = workgroupArgmax(best, best_i);
+        prev = logit(prev_i);
+        if (gl_LocalInvocationID.x == 0u) {
+            ctl[dst + 2u * k] = prev_i;
+            ctl[dst + 2u * k + 1u] = floatBitsToUint(prev - s.m - lz);  // as the chosen token's
+        }
+    }
+}
+
 void main() {
     TRef lt = tref(BLUE_PC_OPERANDS);
     uint arg = pc.w[BLUE_PC_OPERANDS + 4u];
@@ -87,6 +116,7 @@ void main() {
         }
     }
 #endif
+    writeTop(inst, sp, s);
     if (lid == 0u) {
         uint base = ctl[BLUE_O_LOCAL] + inst * ctl[BLUE_H_LOCAL_WORDS] + sp;
         ctl[base + BLUE_SP_OUT_TOKEN] = tok;

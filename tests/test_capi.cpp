@@ -2,7 +2,8 @@
 // submit/poll gives the expected 256 tokens; concurrent requests stream their text; cancel frees
 // the instance; every misuse gets a status and a message, never a crash; bluevm_generate saves
 // and restores a conversation (KV snapshot) and goes on exactly as an uninterrupted run, and
-// refuses damaged snapshots.
+// refuses damaged snapshots; log-probabilities reach the events and bluevm_detokenize inverts the
+// stream.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -105,6 +106,53 @@ TEST_CASE("capi: stories260K greedy from BOS through submit and poll gives the e
     CHECK(ev.text_len == 0);
     REQUIRE(bluevm_release(o.engine, id) == BLUEVM_OK);
     CHECK(bluevm_poll(o.engine, id, 0, &ev) == BLUEVM_ERR_NOT_FOUND);
+    checkNoValidationErrors(o.model);
+}
+
+TEST_CASE("capi: log-probabilities on the events (greedy: the chosen token is the first of 4 alternatives); detokenize") {
+    Opened o;
+    open(&o, 1, 256);
+    bluevm_request r;
+    bluevm_request_init(&r);
+    CHECK(r.logprobs == 0);
+    CHECK(r.top_logprobs == 0u);
+    r.prompt = "Once upon a time";
+    r.max_tokens = 24;
+    r.temperature = 0;
+    uint64_t plain_id = 0, id = 0;
+    REQUIRE(bluevm_submit(o.engine, &r, &plain_id) == BLUEVM_OK);
+    Finished plain = drain(o.engine, plain_id);
+    r.top_logprobs = 4;
+    REQUIRE(bluevm_submit(o.engine, &r, &id) == BLUEVM_OK);
+    std::vector<uint32_t> tokens;
+    for (bool done = false; !done;) {
+        bluevm_event ev;
+        REQUIRE(bluevm_poll(o.engine, id, 30000, &ev) == BLUEVM_OK);
+        tokens.insert(tokens.end(), ev.tokens, ev.tokens + ev.n_tokens);
+        done = ev.finished;
+        if (ev.n_tokens == 0) continue;
+        REQUIRE(ev.logprobs);
+        REQUIRE(ev.n_top == 4u);
+        for (size_t i = 0; i < ev.n_tokens; ++i) {
+            CHECK(ev.top_ids[i * 4] == ev.tokens[i]);
+            CHECK(ev.top_logprobs[i * 4] == ev.logprobs[i]);
+            CHECK(ev.logprobs[i] <= 0.0f);
+            for (size_t k = 1; k < 4; ++k) CHECK(ev.top_logprobs[i * 4 + k] <= ev.top_logprobs[i * 4 + k - 1]);
+        }
+    }
+    CHECK(tokens == plain.tokens);  // asking for log-probabilities changes nothing else
+    // Detokenize gives the streamed text back; an id outside the vocabulary is named.
+    std::string text(plain.text.size() + 64, '\0');
+    size_t len = 0;
+    REQUIRE(bluevm_detokenize(o.model, tokens.data(), tokens.size(), text.data(), text.size(), &len) == BLUEVM_OK);
+    text.resize(len);
+    CHECK((text == plain.text || " " + text == plain.text));  // SentencePiece drops a leading space
+    uint32_t bad[] = {1, 600};
+    CHECK(bluevm_detokenize(o.model, bad, 2, nullptr, 0, &len) == BLUEVM_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(bluevm_last_error()).find("token 600") != std::string::npos);
+    r.top_logprobs = 21;
+    CHECK(bluevm_submit(o.engine, &r, &id) == BLUEVM_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(bluevm_last_error()).find("top_logprobs") != std::string::npos);
     checkNoValidationErrors(o.model);
 }
 

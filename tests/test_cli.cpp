@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tests/child.h"
+#include "vm/llm_abi.h"
 #include "vm/module.h"
 #include "vm/verify.h"
 #include "tests/temp_dir.h"
@@ -203,7 +204,7 @@ TEST_CASE("cli: generate --kv-save then --kv-load continues exactly as one unint
     CHECK(stats["instances"] == 1);
 }
 
-TEST_CASE("cli: a generation program lowered before request layout 2 (no start position) is refused") {
+TEST_CASE("cli: a generation program lowered before request layout 3 (no log-probability word) is refused") {
     TempDir dir;
     const std::string bir = dir.path + "/s.bir";
     Child lower({binary("compiler/bluec"), "lower", "--model", stories(), "-o", bir, "--ctx", "64"});
@@ -216,7 +217,13 @@ TEST_CASE("cli: a generation program lowered before request layout 2 (no start p
     REQUIRE(writeModuleFile(m.value(), bir).isOk());
     Child old({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4"});
     CHECK(old.wait() == 1);
-    CHECK(old.err_text == "bluevm: " + bir + ": lowered by an older bluec (request layout 1; this build's is 2): lower the model again\n");
+    const std::string now = std::to_string(BLUE_REQ_LAYOUT);
+    CHECK(old.err_text == "bluevm: " + bir + ": lowered by an older bluec (request layout 1; this build's is " + now + "): lower the model again\n");
+    m->meta.push_back({"llm.request", "2"});  // a start position, no log-probability word
+    REQUIRE(writeModuleFile(m.value(), bir).isOk());
+    Child two({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4"});
+    CHECK(two.wait() == 1);
+    CHECK(two.err_text == "bluevm: " + bir + ": lowered by an older bluec (request layout 2; this build's is " + now + "): lower the model again\n");
 }
 
 TEST_CASE("cli: generate --kv-load refuses a snapshot of another model, a damaged or truncated one, with one line") {

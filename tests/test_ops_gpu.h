@@ -31,7 +31,8 @@ std::string lowerName(DType t);
 void ropeCase();                // test_ops_gpu_llm.cpp
 void kvstoreCase(DType cache);  // test_ops_gpu_llm.cpp
 void attnCase(DType cache);     // test_ops_gpu_llm.cpp
-void sampleCase();              // test_ops_gpu_sample.cpp
+void sampleCase();              // test_ops_gpu_sample.cpp (runs sampleTopCase too)
+void sampleTopCase();           // test_ops_gpu_sample.cpp
 void sampleqCase();             // test_ops_gpu_spec.cpp
 void specCase();                // test_ops_gpu_spec.cpp
 void scoreCase();               // test_ops_gpu_spec.cpp

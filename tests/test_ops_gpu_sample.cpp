@@ -14,6 +14,12 @@
 //     in particular top-k 5 never draws the sixth of six near-equal leaders;
 //   - the GPU is deterministic: a second run writes exactly the same records;
 //   - entropy and log-probability match within a stated bound.
+// Then the top-N alternatives (BLUE_SP_TOP_N, sampleTopCase): 48 instances asking for 0, 1, 5 or
+// 20 of them, under greedy, temperature and penalties, over the same distributions plus a flat
+// one (every logit equal): both machines write the same ids (most likely first, ties lower id
+// first: the tie gives 10 then 700, the flat row 0, 1, 2...), log-probabilities within 1e-5 and
+// sorted; greedy's chosen token and log-probability are the first alternative's; asking for 0
+// writes nothing.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -220,7 +226,102 @@ void checkInstance(uint32_t i, const std::vector<Draw>& g, const std::vector<Dra
     }
 }
 
+constexpr uint32_t kTopInstances = 48, kTopAddr = kTokens + 8;
+const uint32_t kTopCounts[] = {0, 1, 5, 20};
+const SampleConfig kTopConfigs[] = {kConfigs[0], kConfigs[2], kConfigs[6]};  // greedy, T, penalties
+
+uint32_t topCount(uint32_t i) { return kTopCounts[i % 4]; }
+const SampleConfig& topConfig(uint32_t i) { return kTopConfigs[(i / 4) % 3]; }
+uint32_t topDist(uint32_t i) { return (i / 12) % (kDists + 1); }  // kDists: the flat row
+
+struct TopDraw {
+    Draw draw;
+    std::vector<std::pair<uint32_t, float>> top;  // [BLUE_MAX_TOP_LOGPROBS]
+};
+
+std::vector<TopDraw> topDrawsOf(const std::vector<OutputRecord>& all, uint32_t inst) {
+    std::vector<OutputRecord> recs = recordsOf(all, inst);
+    const uint32_t per = 2 * BLUE_MAX_TOP_LOGPROBS + 3;
+    REQUIRE(recs.size() == per * kDraws);
+    std::vector<TopDraw> out(kDraws);
+    for (uint32_t k = 0; k < kDraws; ++k) {
+        const OutputRecord* r = &recs[per * k];
+        for (uint32_t j = 0; j < BLUE_MAX_TOP_LOGPROBS; ++j) {
+            out[k].top.push_back({r[2 * j].value, std::bit_cast<float>(r[2 * j + 1].value)});
+        }
+        r += 2 * BLUE_MAX_TOP_LOGPROBS;
+        out[k].draw = {r[0].value, std::bit_cast<float>(r[1].value), std::bit_cast<float>(r[2].value)};
+    }
+    return out;
+}
+
+void checkTop(uint32_t i, const std::vector<TopDraw>& g, const std::vector<TopDraw>& r, ErrorStat* err) {
+    const uint32_t n = topCount(i);
+    CAPTURE(i);
+    CAPTURE(n);
+    for (uint32_t k = 0; k < kDraws; ++k) {
+        CAPTURE(k);
+        for (uint32_t j = 0; j < BLUE_MAX_TOP_LOGPROBS; ++j) {
+            if (j >= n) {  // not asked: never written
+                CHECK(g[k].top[j].first == 0);
+                CHECK(r[k].top[j].first == 0);
+                continue;
+            }
+            CHECK(g[k].top[j].first == r[k].top[j].first);
+            err->add(g[k].top[j].second, r[k].top[j].second);
+            CHECK(r[k].top[j].second <= 0.0f);
+            if (j > 0) CHECK(r[k].top[j].second <= r[k].top[j - 1].second);
+        }
+        if (n == 0) continue;
+        if (topConfig(i).temp == 0) {  // greedy: the chosen token is the first alternative
+            CHECK(g[k].draw.token == g[k].top[0].first);
+            CHECK(g[k].draw.logprob == g[k].top[0].second);
+        }
+        if (topDist(i) == 2 && topConfig(i).repeat == 1.0f && n > 1) {  // the tie: lower id first
+            CHECK(r[k].top[0].first == 10);
+            CHECK(r[k].top[1].first == 700);
+        }
+        if (topDist(i) == kDists && topConfig(i).repeat == 1.0f) {  // flat: ids in order
+            for (uint32_t j = 0; j < n; ++j) CHECK(g[k].top[j].first == j);
+        }
+    }
+}
+
 }  // namespace
+
+// SAMPLE's top-N alternatives (see the file comment).
+void sampleTopCase() {
+    OpModule om(kDists + 1, kTopInstances, kTopAddr + 2 * BLUE_MAX_TOP_LOGPROBS, 0x70B);
+    std::vector<float> dists = distributions(om);
+    dists.insert(dists.end(), kLogits, 0.25f);
+    uint32_t rows = om.rowsInput("logit_rows", kLogits, dists);
+    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kLogits});
+    om.step(Op::TSCALE, {logits, rows, std::bit_cast<uint32_t>(1.0f)});
+    om.step(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
+    std::vector<uint32_t> words;
+    for (uint32_t j = 0; j < 2 * BLUE_MAX_TOP_LOGPROBS; ++j) words.push_back(kTopAddr + j);
+    om.outputWords(words);
+    om.outputsAfterRun();
+    std::vector<InstancePlan> plans(kTopInstances);
+    for (uint32_t i = 0; i < kTopInstances; ++i) {
+        InstancePlan& p = plans[i];
+        p.tokens = {topDist(i)};
+        p.runs = kDraws;
+        p.local_words = samplingWords(topConfig(i), 300 + 7 * i);
+        p.local_words.push_back({BLUE_LM_SAMPLING + BLUE_SP_TOP_N, topCount(i)});
+        p.local_words.push_back({BLUE_LM_SAMPLING + BLUE_SP_TOP_ADDR, kTopAddr});
+        for (uint32_t h = 0; h < kHistLen; ++h) p.local_words.push_back({BLUE_LM_HISTORY + h, (h * 37 + i) % kLogits});
+    }
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, kTopInstances);
+    ErrorStat err;
+    for (uint32_t i = 0; i < kTopInstances; ++i) {
+        checkTop(i, topDrawsOf(both->gpu_report.output, i), topDrawsOf(both->ref_report.output, i), &err);
+    }
+    INFO("top log-probabilities " << err.normalised());
+    CHECK(err.normalised() <= 1e-5);
+    opMeasures().push_back({"SAMPLE top logprobs", err.normalised(), 1e-5});
+}
 
 void sampleCase() {
     OpModule om(kDists, kInstances, kTokens + 8, 0x5A3);
@@ -262,6 +363,7 @@ void sampleCase() {
     CHECK(t.logprob.normalised() <= bound);
     opMeasures().push_back({"SAMPLE entropy", t.entropy.normalised(), bound});
     opMeasures().push_back({"SAMPLE logprob", t.logprob.normalised(), bound});
+    sampleTopCase();
 }
 
 }  // namespace blue::test

@@ -6,8 +6,10 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 #include <thread>
@@ -320,7 +322,17 @@ TEST_CASE("server: bad requests get a clear 4xx and harm nothing else") {
         {"/v1/completions", R"({"prompt": "x", "n": 3})", 400, "'n' must be 1", "n"},
         {"/v1/completions", R"({"prompt": "x", "stream": "yes"})", 400, "'stream' must be true or false", "stream"},
         {"/v1/completions", R"({"prompt": "x", "stop": [1]})", 400, "'stop[0]' must be a string", "stop"},
-        {"/v1/completions", R"({"prompt": "x", "logprobs": 5})", 400, "'logprobs' is not supported", "logprobs"},
+        {"/v1/completions", R"({"prompt": "x", "logprobs": 21})", 400, "'logprobs' must be between 0 and 20", "logprobs"},
+        {"/v1/completions", R"({"prompt": "x", "logprobs": -1})", 400, "'logprobs' must be between 0 and 20", "logprobs"},
+        {"/v1/completions", R"({"prompt": "x", "logprobs": true})", 400, "'logprobs' must be an integer", "logprobs"},
+        {"/v1/completions", R"({"prompt": "x", "top_logprobs": 2})", 400, "'top_logprobs' is a chat field", "top_logprobs"},
+        {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3})", 400, "'logprobs' must be true or false", "logprobs"},
+        {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21})", 400, "'top_logprobs' must be between 0 and 20", "top_logprobs"},
+        {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": "5"})", 400, "'top_logprobs' must be an integer", "top_logprobs"},
+        {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})", 400, "'top_logprobs' needs 'logprobs': true", "top_logprobs"},
+        {"/detokenize", R"({"tokens": [1, 99999]})", 400, "'tokens[1]' (99999) is not a token id", "tokens"},
+        {"/detokenize", R"({"tokens": [-3]})", 400, "'tokens[0]' (-3) is not a token id", "tokens"},
+        {"/detokenize", R"({"tokens": "1 2"})", 400, "'tokens' must be an array", "tokens"},
         {"/v1/completions", R"({"prompt": [1, 99999]})", 400, "outside the vocabulary", "prompt"},
         {"/v1/completions", R"({"prompt": "x", "model": "gpt-4"})", 404, "the model 'gpt-4' does not exist", "model"},
         {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "the context holds 64", "prompt"},
@@ -532,6 +544,116 @@ TEST_CASE("server: /tokenize answers the model's token ids and names a bad field
         json err = json::parse(r->body, nullptr, false);
         REQUIRE(err.is_object());
         if (!k.param.empty()) CHECK(err["error"]["param"] == k.param);
+    }
+}
+
+// Streamed chunks' logprobs, concatenated: completions' token_logprobs, chat's content entries.
+json streamedLogprobs(const std::string& body, bool chat) {
+    json all = json::array();
+    size_t at = 0;
+    while ((at = body.find("data: {", at)) != std::string::npos) {
+        size_t end = body.find("\n\n", at);
+        json j = json::parse(body.substr(at + 6, end - at - 6));
+        at = end;
+        if (j["choices"].empty() || j["choices"][0]["logprobs"].is_null()) continue;
+        const json& lp = j["choices"][0]["logprobs"];
+        for (const json& e : chat ? lp["content"] : lp["token_logprobs"]) all.push_back(e);
+    }
+    return all;
+}
+
+TEST_CASE("server: log-probabilities from the GPU in the OpenAI shapes; /detokenize inverts /tokenize") {
+    TestServer s(2, 128, 0);
+    const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}};
+    json with = base;
+    with["logprobs"] = 5;
+    auto plain = post(s, "/v1/completions", base);
+    auto res = post(s, "/v1/completions", with);
+    REQUIRE(plain);
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    json a = json::parse(plain->body), b = json::parse(res->body);
+    // The same request without logprobs returns the same text, and no logprobs.
+    CHECK(a["choices"][0]["text"] == b["choices"][0]["text"]);
+    CHECK(a["choices"][0]["logprobs"].is_null());
+    const json& lp = b["choices"][0]["logprobs"];
+    const size_t n = b["usage"]["completion_tokens"];
+    REQUIRE(lp["tokens"].size() == n);
+    REQUIRE(lp["token_logprobs"].size() == n);
+    REQUIRE(lp["top_logprobs"].size() == n);
+    REQUIRE(lp["text_offset"].size() == n);
+    std::string joined;
+    for (size_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        const std::string tok = lp["tokens"][i];
+        const float chosen = lp["token_logprobs"][i];
+        CHECK(lp["text_offset"][i] == joined.size());
+        joined += tok;
+        CHECK(chosen <= 0.0f);
+        const json& top = lp["top_logprobs"][i];
+        CHECK(top.size() >= 1);
+        CHECK(top.size() <= 5);
+        double mass = 0, best = -INFINITY;
+        for (auto& [text, v] : top.items()) {
+            CHECK(v.get<float>() <= 0.0f);
+            mass += std::exp(v.get<double>());
+            best = std::max(best, v.get<double>());
+        }
+        CHECK(mass <= 1.0 + 1e-5);
+        // Greedy: the chosen token is the argmax, its log-probability the top alternative's.
+        CHECK(top.contains(tok));
+        if (top.contains(tok)) CHECK(top[tok].get<float>() == chosen);
+        CHECK(chosen == doctest::Approx(best).epsilon(1e-6));
+    }
+    // SentencePiece: the first piece's leading space is dropped from the text.
+    std::string text = b["choices"][0]["text"];
+    CHECK((joined == text || joined == " " + text));
+
+    // Chat: logprobs: true with top_logprobs, sorted and carrying bytes.
+    json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}}, {"max_tokens", 8},
+                 {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}};
+    res = post(s, "/v1/chat/completions", chat);
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    json c = json::parse(res->body);
+    const json& content = c["choices"][0]["logprobs"]["content"];
+    REQUIRE(content.size() == c["usage"]["completion_tokens"].get<size_t>());
+    for (const json& e : content) {
+        REQUIRE(e["top_logprobs"].size() == 3);
+        CHECK(e["top_logprobs"][0]["logprob"] == e["logprob"]);
+        CHECK(e["top_logprobs"][0]["token"] == e["token"]);
+        CHECK(e["bytes"].size() == e["token"].get<std::string>().size());
+        for (size_t k = 1; k < 3; ++k) CHECK(e["top_logprobs"][k]["logprob"] <= e["top_logprobs"][k - 1]["logprob"]);
+    }
+    // Streamed: the chunks' logprobs concatenate to the non-streamed ones.
+    json streamed = with;
+    streamed["stream"] = true;
+    res = post(s, "/v1/completions", streamed);
+    REQUIRE(res);
+    CHECK(streamedLogprobs(res->body, false) == lp["token_logprobs"]);
+    chat["stream"] = true;
+    res = post(s, "/v1/chat/completions", chat);
+    REQUIRE(res);
+    CHECK(streamedLogprobs(res->body, true) == content);
+    // Sampled (T > 0) with penalties: still log-probabilities <= 0 of a distribution.
+    json sampled = with;
+    sampled["temperature"] = 0.9;
+    sampled["seed"] = 7;
+    sampled["repeat_penalty"] = 1.3;
+    res = post(s, "/v1/completions", sampled);
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    for (const json& v : json::parse(res->body)["choices"][0]["logprobs"]["token_logprobs"]) CHECK(v.get<float>() <= 0.0f);
+    CHECK(s.metric("bluevm_host_round_trips_total") == 0);
+
+    // /detokenize(/tokenize(x)) == x.
+    for (const char* x : {"Once upon a time", "Lily was happy. She said, \"hi!\"", ""}) {
+        auto t = post(s, "/tokenize", {{"content", x}});
+        REQUIRE(t);
+        auto d = post(s, "/detokenize", {{"tokens", json::parse(t->body)["tokens"]}});
+        REQUIRE(d);
+        REQUIRE(d->status == 200);
+        CHECK(json::parse(d->body)["content"] == x);
     }
 }
 

@@ -25,8 +25,12 @@
 #define BLUE_REQ_START 22       // position of the first prompt token: the instance's history and
                                 // KV cache already hold the positions before it (a restored
                                 // conversation, host/memory/kv_snapshot.h); 0 for a fresh one
-#define BLUE_REQ_HEADER 23      // prompt tokens follow
-#define BLUE_REQ_LAYOUT 2       // this layout's version (module metadata llm.request)
+#define BLUE_REQ_LOGPROBS 23    // 0: none; 1 + N: after each token, its log-probability and the N
+                                // most likely tokens' (N <= BLUE_MAX_TOP_LOGPROBS), output records
+                                // ahead of its OUTT: OUTF lp, then N x (OUT id, OUTF lp)
+#define BLUE_REQ_HEADER 24      // prompt tokens follow
+#define BLUE_REQ_LAYOUT 3       // this layout's version (module metadata llm.request)
+#define BLUE_MAX_TOP_LOGPROBS 20
 
 #define BLUE_REQ_FLAG_IGNORE_EOG 1u  // do not stop at the model's end-of-generation tokens (benchmarks)
 
@@ -47,12 +51,17 @@
 #define BLUE_SP_OUT_ENTROPY 13  // f32, nats, of the distribution after penalties at T = 1
 #define BLUE_SP_OUT_LOGPROB 14  // f32, log-probability of the chosen token (same distribution)
 #define BLUE_SP_ROW 15          // SAMPLEQ: the row of its table that gets the distribution drawn from
+#define BLUE_SP_TOP_N 16        // SAMPLE: alternatives to write (0..BLUE_MAX_TOP_LOGPROBS; 0 = none)
+#define BLUE_SP_TOP_ADDR 17     // local address of [2 * TOP_N] words SAMPLE writes: (id, f32 log-
+                                // probability) of the most likely tokens of the distribution the
+                                // chosen token's log-probability is of, in order, ties lower id first
 #define BLUE_SP_WORDS 20
 
 // ---- local memory of a generating instance ---------------------------------------------------
 #define BLUE_LM_SAMPLING 0                // the sampling block
 #define BLUE_LM_STOP (BLUE_SP_WORDS)      // [BLUE_REQ_MAX_STOP] stop tokens of this request
 #define BLUE_LM_HISTORY (BLUE_SP_WORDS + BLUE_REQ_MAX_STOP)  // [ctx] prompt and generated tokens
+// then [2 * BLUE_MAX_TOP_LOGPROBS] at BLUE_LM_HISTORY + ctx: SAMPLE's alternatives (BLUE_SP_TOP_ADDR)
 
 // ---- arguments of the forward block ------------------------------------------------------------
 #define BLUE_FA_ROWS 0      // rows (tokens) this instance runs in this step

@@ -27,6 +27,8 @@ struct GenerationRequest {
     bool ignore_eog = false;            // generate max_new tokens whatever they are (benchmarks)
     uint32_t start = 0;                 // position of prompt[0]; the instance holds the ones
                                         // before it (a restored KV snapshot)
+    bool logprobs = false;              // each token's log-probability (output records)
+    uint32_t top_logprobs = 0;          // and the most likely alternatives' (<= BLUE_MAX_TOP_LOGPROBS)
 };
 
 // The input-ring message for a request. Stop tokens beyond the limit are dropped (callers check).

@@ -359,6 +359,23 @@ SampleParams sampleParams(const uint32_t* sp) {
 
 namespace {
 
+// The `count` most likely tokens of the T = 1 distribution of `l` (ties: lower id first) as
+// (id, f32 log-probability) pairs into out[0 .. 2 * count).
+void writeTopLogprobs(const std::vector<float>& l, uint32_t count, uint32_t* out) {
+    count = std::min<uint32_t>(count, uint32_t(l.size()));
+    double m = *std::max_element(l.begin(), l.end()), z = 0;
+    for (float v : l) z += std::exp(v - m);
+    std::vector<uint32_t> ids(l.size());
+    for (uint32_t i = 0; i < ids.size(); ++i) ids[i] = i;
+    std::partial_sort(ids.begin(), ids.begin() + count, ids.end(),
+                      [&](uint32_t a, uint32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (uint32_t i = 0; i < count; ++i) {
+        out[2 * i] = ids[i];
+        float lp = float(l[ids[i]] - m - std::log(z));
+        std::memcpy(&out[2 * i + 1], &lp, 4);
+    }
+}
+
 // SAMPLE, and SAMPLEQ (which also writes the distribution it drew from into a table row).
 void refSample(const Items& it, const TensorInstr& ti, bool with_table) {
     uint64_t n = it.decl(ti.args[0]).elements();
@@ -379,6 +396,10 @@ void refSample(const Items& it, const TensorInstr& ti, bool with_table) {
         std::memcpy(&sp[BLUE_SP_OUT_ENTROPY], &entropy, 4);
         std::memcpy(&sp[BLUE_SP_OUT_LOGPROB], &logprob, 4);
         sp[BLUE_SP_COUNTER] += 1;
+        uint32_t top_n = std::min<uint32_t>(sp[BLUE_SP_TOP_N], BLUE_MAX_TOP_LOGPROBS);
+        if (top_n && it.local(item, uint64_t(sp[BLUE_SP_TOP_ADDR]) + 2 * top_n - 1)) {
+            writeTopLogprobs(l, top_n, it.local(item, sp[BLUE_SP_TOP_ADDR]));
+        }
         if (with_table) {
             const TensorDecl& table = it.decl(ti.args[2]);
             uint32_t row = sp[BLUE_SP_ROW];

@@ -1,6 +1,7 @@
 // Engine (see engine.h).
 #include "host/llm/engine.h"
 
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -199,6 +200,9 @@ Status Engine::validate(const GenerationRequest& r) const {
     if (r.stop_tokens.size() > BLUE_REQ_MAX_STOP) {
         return BLUE_ERROR("at most %u stop tokens per request", BLUE_REQ_MAX_STOP);
     }
+    if (r.top_logprobs > BLUE_MAX_TOP_LOGPROBS) {
+        return BLUE_ERROR("top_logprobs %u is above %u", r.top_logprobs, BLUE_MAX_TOP_LOGPROBS);
+    }
     const SamplingParams& s = r.sampling;
     if (!(s.temperature >= 0) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1) ||
         !(s.repeat_penalty > 0)) {
@@ -302,6 +306,30 @@ std::string describeRunning(const std::vector<uint32_t>& serving, size_t n_reque
 
 }  // namespace
 
+bool LogprobRecords::take(const OutputRecord& r) {
+    if (r.kind == BLUE_OUT_INT) {
+        pending.top.emplace_back(r.value, 0.0f);
+        return true;
+    }
+    if (r.kind != BLUE_OUT_FLOAT) return false;
+    float v = std::bit_cast<float>(r.value);
+    if (!have) {
+        pending.logprob = v;
+        have = true;
+    } else if (!pending.top.empty()) {
+        pending.top.back().second = v;
+    }
+    return true;
+}
+
+std::optional<TokenLogprobs> LogprobRecords::pop() {
+    if (!have) return std::nullopt;
+    TokenLogprobs t = std::move(pending);
+    pending = {};
+    have = false;
+    return t;
+}
+
 Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests_in,
                                             const TokenCallback& on_token, const KvRun& kv) {
     const bool with_kv = kv.restore || kv.save;
@@ -332,6 +360,7 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
     for (size_t i = 0; i < requests.size(); ++i) {
         GenerationRequest r = requests[i];
         r.tag = uint32_t(i);
+        r.top_logprobs = std::min(r.top_logprobs, config_.n_vocab);
         BLUE_TRY(machine.value()->pushInput(encodeRequest(r)));
         // Text continues the prompt unless the prompt was just BOS.
         bool fresh = r.start == 0 && r.prompt.size() == 1 && int32_t(r.prompt[0]) == tokenizer_.bos();
@@ -340,12 +369,16 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
     machine.value()->closeInput();
     // An instance announces which request it serves (BEGIN), streams its tokens, then END.
     std::vector<uint32_t> serving(instances, 0xFFFFFFFFu);
+    std::vector<LogprobRecords> lps(instances);
     auto sink = [&](std::span<const OutputRecord> records) {
         for (const OutputRecord& rec : records) {
             uint32_t req = rec.inst < serving.size() ? serving[rec.inst] : 0xFFFFFFFFu;
             if (rec.kind == BLUE_OUT_BEGIN) {
                 serving[rec.inst] = rec.value < out.size() ? rec.value : 0xFFFFFFFFu;
+            } else if (req != 0xFFFFFFFFu && lps[rec.inst].take(rec)) {
+                continue;
             } else if (rec.kind == BLUE_OUT_TOKEN && req != 0xFFFFFFFFu) {
+                if (auto lp = lps[rec.inst].pop()) out[req].logprobs.push_back(std::move(*lp));
                 out[req].tokens.push_back(rec.value);
                 std::string text = decoders[req].push(int32_t(rec.value));
                 out[req].text += text;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,9 +48,29 @@ struct EngineOptions {
     std::function<void(uint64_t done, uint64_t total)> on_load;
 };
 
+// Log-probabilities of one generated token (GenerationRequest::logprobs), of the distribution
+// after penalties at temperature 1: the token's own and its `top` most likely alternatives'
+// (most likely first, ties lower id first).
+struct TokenLogprobs {
+    float logprob = 0;
+    std::vector<std::pair<uint32_t, float>> top;  // (id, log-probability)
+};
+
+// Collects the output records the generation program writes ahead of a token when asked
+// (vm/llm_abi.h BLUE_REQ_LOGPROBS): OUTF lp, then (OUT id, OUTF lp) per alternative.
+struct LogprobRecords {
+    TokenLogprobs pending;
+    bool have = false;  // the token's own log-probability arrived
+    // True when `r` was one of them.
+    bool take(const OutputRecord& r);
+    // The token's log-probabilities (nullopt when none came), starting the next token's.
+    std::optional<TokenLogprobs> pop();
+};
+
 // One finished request.
 struct Completion {
     std::vector<uint32_t> tokens;  // generated ids (stop tokens excluded)
+    std::vector<TokenLogprobs> logprobs;  // one per token when the request asked
     std::string text;
     bool finished = false;         // its end marker arrived
 };

@@ -37,6 +37,7 @@ struct ServingEngine::Active {
     bool cancel_requested = false;
     bool finished = false;  // the callback got its finish (the GPU may still be ending it)
     std::vector<StreamEvent> pending;  // events to deliver outside the lock
+    LogprobRecords logprobs;           // of the token on its way (when asked)
 
     Active(const Tokenizer& tok, bool fresh) : decoder(tok, false, fresh) {}
 };
@@ -72,6 +73,7 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
     if (queue_full) *queue_full = false;
     if (unavailable) *unavailable = false;
     BLUE_TRY(engine_.validate(request));
+    request.top_logprobs = std::min(request.top_logprobs, engine_.config().n_vocab);
     std::unique_lock<std::mutex> lock(mutex_);
     if (stopping_) return Status::error("the server is shutting down");
     if (health_.state == ServeState::Recovering) {
@@ -199,6 +201,7 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
             auto it = active_.find(serving_[rec.inst]);
             if (it == active_.end()) continue;
             Active& a = *it->second;
+            if (a.logprobs.take(rec)) continue;
             if (rec.kind == BLUE_OUT_TOKEN && !a.finished) {
                 ++a.tokens;
                 ++metrics_.completion_tokens;
@@ -206,6 +209,7 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
                 StreamEvent ev;
                 ev.id = a.id;
                 ev.tokens.push_back(rec.value);
+                if (auto lp = a.logprobs.pop()) ev.logprobs.push_back(std::move(*lp));
                 ev.prompt_tokens = a.prompt_tokens;
                 ev.completion_tokens = a.tokens;
                 size_t cut = std::string::npos;

@@ -38,6 +38,7 @@ struct StreamEvent {
     uint64_t id = 0;
     std::string text;             // text produced since the previous event
     std::vector<uint32_t> tokens; // tokens produced since the previous event
+    std::vector<TokenLogprobs> logprobs;  // of those tokens, when the request asked
     bool finished = false;
     FinishReason reason = FinishReason::None;
     uint32_t prompt_tokens = 0;

@@ -169,6 +169,7 @@ struct Polled {
     std::string error_message;
     Usage usage;
     nlohmann::json extra;  // cascades: {"cascade": {"slots": ..., "stages": ...}}
+    std::vector<TokenLogprob> logprobs;  // of the new tokens, when the request asked
 };
 
 // One accepted generation: its id in the engine (or cascade) and what its response has sent so far.
@@ -183,6 +184,10 @@ struct Generation {
     bool stream = false, include_usage = false;
     std::string text;  // non-streamed: everything so far (with the echoed prompt)
     std::string streamed;  // cascades: the answer text streamed so far
+    const bluevm_model* model_handle = nullptr;  // token texts of log-probabilities
+    bool logprobs = false;
+    size_t text_offset = 0;                // completions: bytes before the next token
+    std::vector<TokenLogprob> all_logprobs;  // non-streamed: every token's
     bool started = false, finished = false;
     Clock::time_point last_write = Clock::now();
 
@@ -207,7 +212,31 @@ struct Generation {
         out->error = ev.error;
         if (ev.reason == BLUEVM_FINISH_ERROR) out->error_message = bluevm_last_error();
         out->usage = Usage{ev.prompt_tokens, ev.completion_tokens};
+        if (logprobs && ev.logprobs) {
+            for (size_t i = 0; i < ev.n_tokens; ++i) {
+                TokenLogprob t{piece(ev.tokens[i]), ev.logprobs[i], {}};
+                for (uint32_t k = 0; k < ev.n_top; ++k) {
+                    t.top.emplace_back(piece(ev.top_ids[i * ev.n_top + k]), ev.top_logprobs[i * ev.n_top + k]);
+                }
+                out->logprobs.push_back(std::move(t));
+            }
+        }
         return st;
+    }
+
+    std::string piece(uint32_t token) const {
+        const char* p = nullptr;
+        size_t len = 0;
+        if (bluevm_token_piece(model_handle, token, &p, &len) != BLUEVM_OK || !p) return "";
+        return std::string(p, len);
+    }
+
+    // The choice's "logprobs" for these tokens (null when not asked); moves the text offset on.
+    nlohmann::json logprobsFor(const std::vector<TokenLogprob>& tokens) {
+        if (!logprobs) return nullptr;
+        nlohmann::json j = logprobsJson(endpoint, tokens, text_offset);
+        for (const TokenLogprob& t : tokens) text_offset += t.token.size();
+        return j;
     }
 
     bluevm_status pollCascade(int timeout_ms, Polled* out) {
@@ -307,6 +336,7 @@ struct HttpServer::Impl {
     void answerWhole(Generation& g, const httplib::Request& req, httplib::Response& res);
     void health(httplib::Response& res);
     void tokenize(const httplib::Request& req, httplib::Response& res);
+    void detokenize(const httplib::Request& req, httplib::Response& res);
     bool authorized(const httplib::Request& req) const;
     std::string allowedOrigin(const httplib::Request& req) const;
     std::string metricsText();
@@ -357,6 +387,7 @@ void HttpServer::Impl::routes() {
         }
     });
     http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
         nlohmann::json data = nlohmann::json::array();
@@ -434,6 +465,7 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
     g->stream = ar.stream;
     g->include_usage = ar.include_usage;
     if (ar.echo && !ar.has_prompt_ids && !cascade) g->text = ar.prompt;
+    g->text_offset = g->text.size();
     if (!g->stream) return answerWhole(*g, req, res);
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
@@ -487,6 +519,10 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     r.frequency_penalty = ar.frequency_penalty;
     r.seed = ar.seed_given ? ar.seed : std::random_device{}();
     r.ignore_eos = ar.ignore_eos;
+    r.logprobs = ar.logprobs;
+    r.top_logprobs = ar.top_logprobs;
+    g.logprobs = ar.logprobs;
+    g.model_handle = model;
     std::vector<const char*> stops;
     for (const std::string& s : ar.stop) stops.push_back(s.c_str());
     r.stop = stops.data();
@@ -524,6 +560,10 @@ bool HttpServer::Impl::submitCascade(const ApiRequest& ar, Generation& g, httpli
         return false;
     } else {
         task = ar.prompt;
+    }
+    if (ar.logprobs) {
+        sendError(res, apiError(400, "'logprobs' is not supported by a cascade", "invalid_request_error", "logprobs"));
+        return false;
     }
     if (ar.echo) {
         sendError(res, apiError(400, "'echo' is not supported by a cascade", "invalid_request_error", "echo"));
@@ -573,6 +613,39 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
     res.set_content(nlohmann::json{{"tokens", ids}}.dump(), "application/json");
 }
 
+// POST /detokenize {"tokens": [ids]} -> {"content": text} (llama.cpp server's shape).
+void HttpServer::Impl::detokenize(const httplib::Request& req, httplib::Response& res) {
+    if (cascade) {
+        return sendError(res, apiError(400, "/detokenize is not served for a cascade: its stages may use different tokenizers"));
+    }
+    nlohmann::json j = nlohmann::json::parse(req.body, nullptr, false);
+    if (!j.is_object()) return sendError(res, apiError(400, "the body is not a JSON object"));
+    if (!j.contains("tokens") || !j["tokens"].is_array()) {
+        return sendError(res, apiError(400, "'tokens' must be an array of token ids", "invalid_request_error", "tokens"));
+    }
+    std::vector<uint32_t> ids;
+    for (size_t k = 0; k < j["tokens"].size(); ++k) {
+        const nlohmann::json& t = j["tokens"][k];
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= int64_t(info.n_vocab)) {
+            return sendError(res, apiError(400, strFormat("'tokens[%zu]' (%s) is not a token id of this model's vocabulary (%u)",
+                                                          k, t.dump().c_str(), info.n_vocab),
+                                           "invalid_request_error", "tokens"));
+        }
+        ids.push_back(uint32_t(t.get<int64_t>()));
+    }
+    std::string text(ids.size() * 8 + 16, '\0');
+    size_t len = 0;
+    bluevm_status st = bluevm_detokenize(model, ids.data(), ids.size(), text.data(), text.size(), &len);
+    if (st == BLUEVM_OK && len > text.size()) {
+        text.resize(len);
+        st = bluevm_detokenize(model, ids.data(), ids.size(), text.data(), text.size(), &len);
+    }
+    if (st != BLUEVM_OK) return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", "tokens"));
+    text.resize(len);
+    res.set_content(nlohmann::json{{"content", text}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "application/json");
+}
+
 void HttpServer::Impl::health(httplib::Response& res) {
     bluevm_health h;
     if (engineHealth(&h) != BLUEVM_OK) {
@@ -612,6 +685,7 @@ void HttpServer::Impl::answerWhole(Generation& g, const httplib::Request& req,
             return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
         }
         g.text += ev.text;
+        for (TokenLogprob& t : ev.logprobs) g.all_logprobs.push_back(std::move(t));
         if (!ev.finished) continue;
         g.finished = true;
         if (ev.reason == BLUEVM_FINISH_ERROR) {
@@ -620,7 +694,7 @@ void HttpServer::Impl::answerWhole(Generation& g, const httplib::Request& req,
             return sendError(res, e);
         }
         res.set_content(responseBody(g.endpoint, g.response_id, g.created, g.model, g.text,
-                                     finishName(ev.reason), ev.usage, ev.extra),
+                                     finishName(ev.reason), ev.usage, ev.extra, g.logprobsFor(g.all_logprobs)),
                         "application/json");
         return;
     }
@@ -652,8 +726,9 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
         return write(": keep-alive\n\n");
     }
     if (st != BLUEVM_OK) return false;
-    if (!ev.text.empty() &&
-        !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, ev.text, ""))) {
+    if ((!ev.text.empty() || !ev.logprobs.empty()) &&
+        !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, ev.text, "", false,
+                           g.logprobsFor(ev.logprobs)))) {
         return false;
     }
     if (!ev.finished) return true;

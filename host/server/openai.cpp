@@ -66,6 +66,30 @@ std::optional<ApiError> boolean(const json& j, const char* key, bool* out) {
     return std::nullopt;
 }
 
+// Completions: `logprobs` an integer 0..20 (or null); chat: `logprobs` a boolean and
+// `top_logprobs` an integer 0..20 that needs it.
+std::optional<ApiError> parseLogprobs(Endpoint endpoint, const json& j, ApiRequest* r) {
+    int64_t v = 0;
+    bool given = false;
+    if (endpoint == Endpoint::Completions) {
+        if (auto it = j.find("logprobs"); it != j.end() && it->is_boolean()) {
+            return bad("logprobs", strFormat("'logprobs' must be an integer between 0 and %u", kMaxTopLogprobs));
+        }
+        if (auto e = integer(j, "logprobs", 0, kMaxTopLogprobs, &v, &given)) return e;
+        r->logprobs = given;
+        r->top_logprobs = uint32_t(v);
+        if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
+            return bad("top_logprobs", "'top_logprobs' is a chat field: completions take 'logprobs': N");
+        }
+        return std::nullopt;
+    }
+    if (auto e = boolean(j, "logprobs", &r->logprobs)) return e;
+    if (auto e = integer(j, "top_logprobs", 0, kMaxTopLogprobs, &v, &given)) return e;
+    if (given && !r->logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r->top_logprobs = uint32_t(v);
+    return std::nullopt;
+}
+
 // A message's content: a string, or an array of {"type": "text", "text": ...} parts.
 std::optional<ApiError> contentText(const json& c, size_t index, std::string* out) {
     const std::string param = strFormat("messages[%zu].content", index);
@@ -184,7 +208,8 @@ std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max
             if (s.empty()) return bad("stop", "stop strings must not be empty");
         }
     }
-    for (const char* unsupported : {"logprobs", "top_logprobs", "tools", "functions", "logit_bias",
+    if (auto e = parseLogprobs(endpoint, j, r)) return e;
+    for (const char* unsupported : {"tools", "functions", "logit_bias",
                                     "best_of", "suffix", "response_format"}) {
         auto it = j.find(unsupported);
         if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
@@ -234,19 +259,51 @@ json finishJson(const std::string& reason) {
     return reason.empty() ? json() : json(reason);
 }
 
+json bytesJson(const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(int(c));
+    return b;
+}
+
 }  // namespace
+
+json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& tokens, size_t text_offset) {
+    if (endpoint == Endpoint::Chat) {
+        json content = json::array();
+        for (const TokenLogprob& t : tokens) {
+            json top = json::array();
+            for (const auto& [text, lp] : t.top) {
+                top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytesJson(text)}});
+            }
+            content.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytesJson(t.token)},
+                               {"top_logprobs", top}});
+        }
+        return {{"content", content}, {"refusal", nullptr}};
+    }
+    json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (const TokenLogprob& t : tokens) {
+        texts.push_back(t.token);
+        lps.push_back(t.logprob);
+        json top = json::object();
+        for (const auto& [text, lp] : t.top) {
+            if (!top.contains(text)) top[text] = lp;  // texts that repeat keep the likeliest
+        }
+        tops.push_back(top);
+        offsets.push_back(text_offset);
+        text_offset += t.token.size();
+    }
+    return {{"tokens", texts}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
 
 std::string responseBody(Endpoint endpoint, const std::string& id, int64_t created,
                          const std::string& model, const std::string& text,
                          const std::string& finish_reason, const Usage& usage,
-                         const nlohmann::json& extra) {
-    json choice = {{"index", 0}, {"finish_reason", finishJson(finish_reason)}};
+                         const nlohmann::json& extra, const nlohmann::json& logprobs) {
+    json choice = {{"index", 0}, {"finish_reason", finishJson(finish_reason)}, {"logprobs", logprobs}};
     if (endpoint == Endpoint::Chat) {
         choice["message"] = {{"role", "assistant"}, {"content", text}};
-        choice["logprobs"] = nullptr;
     } else {
         choice["text"] = text;
-        choice["logprobs"] = nullptr;
     }
     json j = {{"id", id},
               {"object", endpoint == Endpoint::Chat ? "chat.completion" : "text_completion"},
@@ -260,8 +317,8 @@ std::string responseBody(Endpoint endpoint, const std::string& id, int64_t creat
 
 std::string streamChunk(Endpoint endpoint, const std::string& id, int64_t created,
                         const std::string& model, const std::string& text,
-                        const std::string& finish_reason, bool role_chunk) {
-    json choice = {{"index", 0}, {"finish_reason", finishJson(finish_reason)}, {"logprobs", nullptr}};
+                        const std::string& finish_reason, bool role_chunk, const nlohmann::json& logprobs) {
+    json choice = {{"index", 0}, {"finish_reason", finishJson(finish_reason)}, {"logprobs", logprobs}};
     if (endpoint == Endpoint::Chat) {
         json delta = json::object();
         if (role_chunk) delta["role"] = "assistant";

@@ -36,6 +36,9 @@ struct ApiRequest {
     std::vector<std::string> stop;
     bool echo = false;        // completions: the prompt text starts the completion
     bool ignore_eos = false;  // extension: generate max_tokens tokens whatever they are
+    // Completions `logprobs: N`, chat `logprobs: true` with `top_logprobs: N` (N <= 20).
+    bool logprobs = false;
+    uint32_t top_logprobs = 0;
 };
 
 // A client error: the HTTP status and the OpenAI error body's fields.
@@ -58,18 +61,33 @@ struct Usage {
     uint32_t prompt_tokens = 0, completion_tokens = 0;
 };
 
+// One generated token's log-probabilities, with the texts of it and its alternatives.
+struct TokenLogprob {
+    std::string token;
+    float logprob = 0;
+    std::vector<std::pair<std::string, float>> top;  // most likely first
+};
+inline constexpr uint32_t kMaxTopLogprobs = 20;  // vm/llm_abi.h BLUE_MAX_TOP_LOGPROBS
+
+// A choice's "logprobs" object for these tokens: completions {tokens, token_logprobs,
+// top_logprobs, text_offset} (offsets from `text_offset`, the bytes before the first token);
+// chat {content: [{token, logprob, bytes, top_logprobs}]}.
+nlohmann::json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& tokens, size_t text_offset);
+
 // The complete (non-streamed) response.
 std::string responseBody(Endpoint endpoint, const std::string& id, int64_t created,
                          const std::string& model, const std::string& text,
                          const std::string& finish_reason, const Usage& usage,
-                         const nlohmann::json& extra = nullptr);  // an object: its fields are added
+                         const nlohmann::json& extra = nullptr,  // an object: its fields are added
+                         const nlohmann::json& logprobs = nullptr);  // the choice's "logprobs"
 
 // One server-sent event ("data: {...}\n\n"). `role_chunk` (chat): the first chunk, which carries
 // the assistant role; `finish_reason` non-empty: the last chunk; `usage`: the usage-only chunk
 // that stream_options.include_usage asks for.
 std::string streamChunk(Endpoint endpoint, const std::string& id, int64_t created,
                         const std::string& model, const std::string& text,
-                        const std::string& finish_reason, bool role_chunk = false);
+                        const std::string& finish_reason, bool role_chunk = false,
+                        const nlohmann::json& logprobs = nullptr);
 std::string usageChunk(Endpoint endpoint, const std::string& id, int64_t created,
                        const std::string& model, const Usage& usage);
 inline constexpr const char* kStreamDone = "data: [DONE]\n\n";
