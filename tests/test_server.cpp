@@ -643,7 +643,8 @@ TEST_CASE("server: log-probabilities from the GPU in the OpenAI shapes; /detoken
     res = post(s, "/v1/completions", sampled);
     REQUIRE(res);
     REQUIRE(res->status == 200);
-    for (const json& v : json::parse(res->body)["choices"][0]["logprobs"]["token_logprobs"]) CHECK(v.get<float>() <= 0.0f);
+    const json sampled_body = json::parse(res->body);  // named: a range-for over a temporary's member dangles
+    for (const json& v : sampled_body["choices"][0]["logprobs"]["token_logprobs"]) CHECK(v.get<float>() <= 0.0f);
     CHECK(s.metric("bluevm_host_round_trips_total") == 0);
 
     // /detokenize(/tokenize(x)) == x.
