@@ -217,11 +217,13 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
 enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
     kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kIid, kCancelMark, kFlagWord,
-    kStart, kLp,
+    kStart, kLp, kReuse,
 };
 
 // Where SAMPLE writes the top log-probabilities: after the history.
 uint32_t topLogprobsAddr(uint32_t ctx) { return BLUE_LM_HISTORY + ctx; }
+// The word after them: positions whose KV rows match the history (vm/llm_abi.h).
+uint32_t kvValidAddr(uint32_t ctx) { return topLogprobsAddr(ctx) + 2 * BLUE_MAX_TOP_LOGPROBS; }
 
 void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
     auto next = cb.newLabel("next_request"), halt = cb.newLabel("halt");
@@ -298,13 +300,33 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.jump(Op::BGEU, {kTmp, kCtx}, reject);
     cb.li(kHist, BLUE_LM_HISTORY);
     cb.li(kTmp2, BLUE_REQ_HEADER);
+    // Prefix reuse: the KV rows of the positions the instance processed last stay valid for the
+    // leading prompt tokens that equal its history there, so prefill starts after them (at most
+    // at the last prompt token, whose logits give the first sample). Not for a restored
+    // conversation (the host wrote what precedes the start) or when the request opts out.
+    auto no_reuse = cb.newLabel("no_reuse");
+    cb.li(kReuse, 0);
+    cb.jump(Op::BNEZ, {kStart}, no_reuse);
+    cb.li(kI, BLUE_REQ_FLAGS);
+    cb.op(Op::INLD, {kWord, kSlot, kI});
+    cb.op(Op::ANDI, {kWord, kWord}, BLUE_REQ_FLAG_NO_PREFIX);
+    cb.jump(Op::BNEZ, {kWord}, no_reuse);
+    cb.li(kReuse, BLUE_LM_HISTORY);
+    cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
+    cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
+    cb.op(Op::MINU, {kReuse, kReuse, kWord});
+    cb.op(Op::ADDI, {kWord, kTmp}, uint32_t(-1));  // kTmp: prompt length (start is 0)
+    cb.op(Op::MINU, {kReuse, kReuse, kWord});       // no prompt: -1, and kReuse is 0 already
+    cb.jump(Op::BEQZ, {kReuse}, no_reuse);
+    cb.op(Op::OUTU, {kReuse});
+    cb.bind(no_reuse);
+    cb.op(Op::ADD, {kPos, kStart, kReuse});  // one of them is 0
     cb.op(Op::ADD, {kPrompt, kHist, kStart});
     cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
     cb.op(Op::INFREE, {kSlot});
     cb.jump(Op::BEQZ, {kPrompt}, finish);
     cb.op(Op::ADD, {kPrompt, kPrompt, kStart});  // kPrompt = the position after the prompt
     cb.op(Op::ST, {kHist, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_ADDR);
-    cb.op(Op::MOV, {kPos, kStart});
     cb.li(kChunk, chunk);
     cb.li(kArgSampling, BLUE_LM_SAMPLING);
     // Prefill in chunks; every chunk samples, the last chunk's sample is the first token.
@@ -381,6 +403,9 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.bind(reject);
     cb.op(Op::INFREE, {kSlot});
     cb.bind(finish);
+    // The positions before kPos hold KV rows of the history's tokens: what the next request may
+    // reuse. (A rejected request leaves kPos as the last request ended it.)
+    cb.op(Op::ST, {kPos, 0}, kvValidAddr(ctx));
     cb.op(Op::OUTEND, {kTag});
     cb.jump(Op::JMP, {}, next);
     cb.bind(halt);
@@ -432,7 +457,7 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     Lowering lw{gguf, cfg, opt.kv_type, m, "", 0, {}};
     m.externs.push_back(opt.model_path);
     m.layout.regs = 32;
-    m.layout.local_words = topLogprobsAddr(ctx) + 2 * BLUE_MAX_TOP_LOGPROBS;
+    m.layout.local_words = kvValidAddr(ctx) + 1;
     m.layout.in_slots = opt.in_slots;
     m.layout.in_slot_words = BLUE_REQ_HEADER + ctx + 1;
     m.layout.max_rows = max_rows;

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 6
+#define BLUEVM_API_VERSION 7
 
 typedef enum bluevm_status {
     BLUEVM_OK = 0,
@@ -167,6 +167,10 @@ typedef struct bluevm_request {
      * penalties, at temperature 1) comes on the events; default 0 */
     int logprobs;
     uint32_t top_logprobs;    /* and that many most likely alternatives' (0..20; implies logprobs) */
+    /* API 7: nonzero: recompute the whole prompt. By default an instance skips the leading prompt
+     * tokens whose KV rows it still holds from its last request (a shared system prompt, an earlier
+     * turn of the conversation); the output is the same either way. */
+    int no_prefix_reuse;
 } bluevm_request;
 
 void bluevm_request_init(bluevm_request* r);
@@ -199,6 +203,9 @@ typedef struct bluevm_event {
     const uint32_t* top_ids;    /* [n_tokens * n_top]: token i's alternatives at i * n_top,
                                    most likely first (ties: lower id first) */
     const float* top_logprobs;  /* [n_tokens * n_top]: their log-probabilities */
+    /* API 7: leading prompt tokens the instance did not recompute (prefix reuse); known from the
+     * first event on */
+    uint32_t cached_tokens;
 } bluevm_event;
 
 /* Waits up to timeout_ms (negative: without limit, 0: not at all) for new text or the end of a
@@ -223,6 +230,8 @@ typedef struct bluevm_metrics {
     uint64_t resumes; /* submits that restarted the GPU after it idled with no request */
     uint64_t recoveries; /* device rebuilds after a device failure */
     uint64_t expert_bytes; /* MoE models: expert weight bytes the chosen experts' matmuls read (API 5) */
+    uint64_t prefix_hits;   /* API 7: requests that reused KV rows of their prompt's prefix */
+    uint64_t prefix_tokens; /* prompt tokens those requests did not recompute */
 } bluevm_metrics;
 
 bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out);

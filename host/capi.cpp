@@ -45,7 +45,7 @@ struct RequestState {
     bluevm_finish reason = BLUEVM_FINISH_NONE;
     bluevm_status error = BLUEVM_OK;  // with BLUEVM_FINISH_ERROR
     std::string error_message;
-    uint32_t prompt_tokens = 0, completion_tokens = 0;
+    uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 
 }  // namespace
@@ -326,6 +326,7 @@ bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request
                     }
                 }
                 state->completion_tokens = ev.completion_tokens;
+                state->cached_tokens = std::max(state->cached_tokens, ev.cached_tokens);
                 if (ev.finished) {
                     state->finished = true;
                     state->reason = finishOf(ev.reason);
@@ -398,6 +399,7 @@ bluevm_status bluevm_poll(bluevm_engine* engine, uint64_t id, int timeout_ms, bl
         out->reason = st->reason;
         out->prompt_tokens = st->prompt_tokens;
         out->completion_tokens = st->completion_tokens;
+        out->cached_tokens = st->cached_tokens;
         if (st->logprobs && st->taken_lp.size() == st->taken_tokens.size()) {
             out->logprobs = st->taken_lp.data();
             out->n_top = st->n_top;

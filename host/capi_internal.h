@@ -34,6 +34,7 @@ inline void setRequestParams(const bluevm_request& in, GenerationRequest* r) {
     r->ignore_eog = in.ignore_eos != 0;
     r->logprobs = in.logprobs != 0;
     r->top_logprobs = in.top_logprobs;
+    r->prefix_reuse = in.no_prefix_reuse == 0;
 }
 
 inline thread_local std::string t_last_error;
@@ -93,6 +94,8 @@ inline void metricsOut(const ServeMetrics& m, bluevm_metrics* out) {
     out->resumes = m.resumes;
     out->recoveries = m.recoveries;
     out->expert_bytes = m.expert_bytes;
+    out->prefix_hits = m.prefix_hits;
+    out->prefix_tokens = m.prefix_tokens;
 }
 
 template <class F>

@@ -184,6 +184,13 @@ uint execInput(uint op, uint a, uint b, uint c) {
         } else if (op == OP_INLD) {
             if (R(c) >= len) return fault(BLUE_FAULT_INPUT_OOB);
             R(a) = io[msg + 1u + R(c)];
+        } else if (op == OP_INCMP) {
+            uint start = R(c), at = R(a), lw = ctl[BLUE_H_LOCAL_WORDS];
+            if (start > len) return fault(BLUE_FAULT_INPUT_OOB);
+            if (at > lw) return fault(BLUE_FAULT_LOCAL_OOB);
+            uint n = min(len - start, lw - at), local = ctl[BLUE_O_LOCAL] + g_id * lw + at, i = 0u;
+            while (i < n && ctl[local + i] == io[msg + 1u + start + i]) ++i;
+            R(a) = i;
         } else {  // INCPY
             uint start = R(c), dst = R(a), lw = ctl[BLUE_H_LOCAL_WORDS];
             if (start > len) return fault(BLUE_FAULT_INPUT_OOB);
@@ -426,7 +433,7 @@ uint slowStep(uint op, uint a, uint b, uint c, uint imm) {
         case OP_ALLOC: result = execAlloc(a, b); break;
         case OP_TLD: case OP_TST: result = execTensorWord(op, a, b, imm); break;
         case OP_SEND: case OP_RECV: result = execMailbox(op, a, b); break;
-        case OP_INRECV: case OP_INPOLL: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INFREE: case OP_INFLAG:
+        case OP_INRECV: case OP_INPOLL: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INCMP: case OP_INFREE: case OP_INFLAG:
             result = execInput(op, a, b, c);
             break;
         default: result = fault(BLUE_FAULT_BAD_OPCODE); break;

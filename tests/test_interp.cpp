@@ -311,7 +311,7 @@ TEST_CASE("interp: every ALU, compare, float, move and branch case gives its exp
                                    fmt == "ri" || fmt == "rf" || fmt == "rl" || fmt == "rrl");
         bool not_alu = op->op == Op::LD || op->op == Op::ST || op->op == Op::LDG ||
                        op->op == Op::STG || op->op == Op::SEND || op->op == Op::INLEN ||
-                       op->op == Op::INLD || op->op == Op::INCPY || op->op == Op::ALLOC ||
+                       op->op == Op::INLD || op->op == Op::INCPY || op->op == Op::INCMP || op->op == Op::ALLOC ||
                        op->op == Op::INFLAG ||
                        (op->op >= Op::ATOMADD && op->op <= Op::ATOMCAS);
         if (alu && !not_alu) {
@@ -1107,6 +1107,69 @@ got:
 done:
     halt
 )";
+
+// INCMP: local[0..3] = {5, 6, 7, 8}; message {0, 5, 6, 9, 8} from word 1 shares 2 words with it,
+// from word 0 none, from word 5 (its end) none; a message longer than local memory compares only
+// what local memory holds; from past the end, or from a local address past local memory, faults.
+const char* kIncmpProgram = R"(.layout regs=16 local=4 in_slots=2 in_slot_words=8
+    li r2, 5
+    st r2, r0, 0
+    li r2, 6
+    st r2, r0, 1
+    li r2, 7
+    st r2, r0, 2
+    li r2, 8
+    st r2, r0, 3
+    inrecv r1
+    li r3, 1
+    li r4, 0
+    incmp r4, r1, r3
+    outu r4
+    li r4, 0
+    incmp r4, r1, r0
+    outu r4
+    li r3, 5
+    li r4, 0
+    incmp r4, r1, r3
+    outu r4
+    li r3, 1
+    li r4, 2
+    incmp r4, r1, r3
+    outu r4
+    infree r1
+    inrecv r1
+    li r4, 0
+    incmp r4, r1, r0
+    outu r4
+    li r4, 3
+    incmp r4, r1, r0
+    outu r4
+    li r3, 7
+past_end:
+    incmp r4, r1, r3
+    halt
+)";
+
+TEST_CASE("interp: INCMP counts the leading words a message shares with local memory; both machines agree") {
+    Module m = assembleOrFail(kIncmpProgram, "incmp");
+    const std::vector<std::vector<uint32_t>> input = {{0, 5, 6, 9, 8}, {5, 6, 7, 8, 9, 9}};
+    RunReport r = runRef(m, 1, input);
+    REQUIRE(r.status.isOk());
+    // {5,6,9,8} vs {5,6,7,8}: 2; {0,...}: 0; from the end: 0; from word 1 vs local[2..3] = {7, 8}: 0;
+    // {5,6,7,8,9,9} vs local[0..3]: all 4 local words; from local[3] = {8} vs 5: 0.
+    CHECK(values(r.output) == std::vector<uint32_t>{2, 0, 0, 0, 4, 0});
+    CHECK(r.instances[0].status == BLUE_ST_FAULT);
+    CHECK(r.instances[0].fault == BLUE_FAULT_INPUT_OOB);
+    CHECK(r.instances[0].pc == labelValue(m, "past_end"));
+    Result<WeightSource> w = WeightSource::open(m, "");
+    REQUIRE(w.isOk());
+    BothRuns both = runBoth(m, w.value(), 1, input);
+    REQUIRE(both.gpu.status.isOk());
+    CHECK(values(both.gpu.output) == values(r.output));
+    CHECK(both.gpu.instances[0].fault == BLUE_FAULT_INPUT_OOB);
+    CHECK(both.gpu.instances[0].pc == labelValue(m, "past_end"));
+    CHECK_NO_VALIDATION_ERRORS();
+}
 
 TEST_CASE("interp: INPOLL gives -2 while the input is open and empty, never yields") {
     Module m = assembleOrFail(kPollProgram, "poll");

@@ -658,6 +658,51 @@ TEST_CASE("server: log-probabilities from the GPU in the OpenAI shapes; /detoken
     }
 }
 
+TEST_CASE("server: a prompt sharing its start with the instance's last one reuses its KV rows; cache_prompt: false opts out") {
+    TestServer s(1, 512, 4);
+    std::string system;  // about 240 tokens
+    for (int i = 0; i < 20; ++i) system += "Lily and Tom went to the park. ";
+    json body = {{"prompt", system + "The dog"}, {"max_tokens", 12}, {"temperature", 0}};
+    auto first = post(s, "/v1/completions", body);
+    REQUIRE(first);
+    REQUIRE(first->status == 200);
+    const json a = json::parse(first->body);
+    const uint32_t prompt_tokens = a["usage"]["prompt_tokens"].get<uint32_t>();
+    CHECK(prompt_tokens > 200);
+    CHECK(a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+    // The same prompt again on the one instance: all but its last token are reused; same text.
+    auto again = post(s, "/v1/completions", body);
+    REQUIRE(again);
+    const json b = json::parse(again->body);
+    CHECK(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<uint32_t>() == prompt_tokens - 1);
+    CHECK(b["choices"][0]["text"] == a["choices"][0]["text"]);
+    // Another question after the same system text: at least the system text's tokens (streamed:
+    // the usage chunk says it too).
+    json other = body;
+    other["prompt"] = system + "Then the cat";
+    other["stream"] = true;
+    other["stream_options"] = {{"include_usage", true}};
+    auto streamed = post(s, "/v1/completions", other);
+    REQUIRE(streamed);
+    size_t at = streamed->body.find("\"cached_tokens\":");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::atoi(streamed->body.c_str() + at + 16) >= 200);
+    body["cache_prompt"] = false;
+    auto off = post(s, "/v1/completions", body);
+    REQUIRE(off);
+    const json c = json::parse(off->body);
+    CHECK(c["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+    CHECK(c["choices"][0]["text"] == a["choices"][0]["text"]);
+    CHECK(s.metric("bluevm_prefix_hits_total") == 2);
+    CHECK(s.metric("bluevm_prefix_tokens_total") >= double(prompt_tokens - 1 + 200));
+    CHECK(s.metric("bluevm_host_round_trips_total") == 0);
+    body["cache_prompt"] = "yes";
+    auto bad = post(s, "/v1/completions", body);
+    REQUIRE(bad);
+    CHECK(bad->status == 400);
+    CHECK(bad->body.find("cache_prompt") != std::string::npos);
+}
+
 TEST_CASE("server: CORS is off by default and answers only the origins it names") {
     {
         TestServer s(1, 64, 4);

@@ -279,6 +279,7 @@ Result<std::string> everyOpSource() {
     std::string block = ".block all args=" + std::to_string(BLUE_FA_COUNT) + "\n";
     std::string code = ".entry main\nmain:\n" + llmSetup();
     uint32_t label = 0;
+    std::string last;  // INFREE: after every op that reads the input slot (INCMP comes later)
     for (const OpInfo* op = opTableBegin(); op != opTableEnd(); ++op) {
         // KERNEL runs a module's own SPIR-V (section KERNELS), which assembly cannot declare and
         // the reference interpreter cannot run: tests/test_kernel.cpp covers it.
@@ -301,9 +302,11 @@ Result<std::string> everyOpSource() {
             continue;
         }
         std::string next = "n" + std::to_string(label++);
-        code += "    li r1, 0\n    li r2, 0\n    li r3, 1\n";
-        code += "    " + lower(op->name) + controlOperands(*op, next) + "\n" + next + ":\n";
+        std::string& to = op->op == Op::INFREE ? last : code;
+        to += "    li r1, 0\n    li r2, 0\n    li r3, 1\n";
+        to += "    " + lower(op->name) + controlOperands(*op, next) + "\n" + next + ":\n";
     }
+    code += last;
     code += "    halt\nsub:\n    ret\n";
     return std::string(kLayout) + ".const tbl 1 2 3 4\n.string str \"every op\\n\"\n" +
            kTensorPool + block + ".end\n" + code;

@@ -3,6 +3,9 @@
 // tokens/s, time to first token and request latency percentiles, and the HTTP status counts.
 //
 //   blue-serve-load --port 8080 --clients 64 --requests 2 --max-tokens 64
+//   blue-serve-load --port 8080 --clients 64 --system-words 150 [--no-cache-prompt]
+//     (every prompt starts with the same 150-word "system prompt"; the server reuses its KV rows
+//      unless told not to: compare the two runs)
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -24,6 +27,7 @@ using json = nlohmann::json;
 struct Sample {
     double ttft_ms = 0, total_ms = 0;
     int tokens = 0;
+    long prompt_tokens = 0, cached_tokens = 0;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -38,7 +42,8 @@ int main(int argc, char** argv) {
     CLI::App app{"blue-serve-load: concurrent streamed completions against an OpenAI-compatible server"};
     std::string host = "127.0.0.1", prompt = "Once upon a time";
     int port = 8080, clients = 16, requests = 2, max_tokens = 64;
-    bool ignore_eos = true;
+    bool ignore_eos = true, cache_prompt = true;
+    int system_words = 0;
     app.add_option("--host", host, "server address");
     app.add_option("--port", port, "server port");
     app.add_option("--clients", clients, "concurrent clients")->check(CLI::Range(1, 4096));
@@ -46,7 +51,19 @@ int main(int argc, char** argv) {
     app.add_option("--max-tokens", max_tokens, "tokens per request")->check(CLI::Range(1, 1 << 20));
     app.add_option("--prompt", prompt, "the prompt");
     app.add_flag("!--stop-at-eos", ignore_eos, "let requests end at the model's end-of-text token");
+    app.add_option("--system-words", system_words,
+                   "start every prompt with the same text of this many words (a shared system prompt)")
+        ->check(CLI::Range(0, 100000));
+    app.add_flag("!--no-cache-prompt", cache_prompt,
+                 "send cache_prompt: false (the server recomputes every prompt token)");
     CLI11_PARSE(app, argc, argv);
+    std::string system;
+    {
+        const char* words[] = {"Lily", "and", "Tom", "went", "to", "the", "park", "with", "their",
+                               "mom.", "They", "saw", "a", "big", "red", "ball", "near", "tree."};
+        for (int i = 0; i < system_words; ++i) system += std::string(i ? " " : "") + words[i % 18];
+        if (system_words) system += "\n";
+    }
 
     std::mutex mutex;
     std::vector<Sample> samples;
@@ -58,9 +75,11 @@ int main(int argc, char** argv) {
             httplib::Client cli(host, port);
             cli.set_read_timeout(600, 0);
             for (int r = 0; r < requests; ++r) {
-                json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", true},
+                // With a system prompt, each client asks its own question after it.
+                std::string text = system_words ? system + prompt + " " + std::to_string(c) : prompt;
+                json body = {{"prompt", text}, {"max_tokens", max_tokens}, {"stream", true},
                              {"temperature", 0.8}, {"seed", c * 1000 + r}, {"ignore_eos", ignore_eos},
-                             {"stream_options", {{"include_usage", true}}}};
+                             {"cache_prompt", cache_prompt}, {"stream_options", {{"include_usage", true}}}};
                 httplib::Request req;
                 req.method = "POST";
                 req.path = "/v1/completions";
@@ -86,6 +105,10 @@ int main(int argc, char** argv) {
                 if (at != std::string::npos) {
                     size_t k = buffer.find("\"completion_tokens\":", at);
                     if (k != std::string::npos) s.tokens = std::atoi(buffer.c_str() + k + 20);
+                    k = buffer.find("\"prompt_tokens\":", at);
+                    if (k != std::string::npos) s.prompt_tokens = std::atol(buffer.c_str() + k + 16);
+                    k = buffer.find("\"cached_tokens\":", at);
+                    if (k != std::string::npos) s.cached_tokens = std::atol(buffer.c_str() + k + 16);
                 }
                 std::lock_guard<std::mutex> lock(mutex);
                 ++statuses[ok ? res.status : -1];
@@ -96,11 +119,13 @@ int main(int argc, char** argv) {
     for (std::thread& t : threads) t.join();
     double wall = std::chrono::duration<double>(Clock::now() - t0).count();
     std::vector<double> ttft, total;
-    long tokens = 0;
+    long tokens = 0, prompt_tokens = 0, cached_tokens = 0;
     for (const Sample& s : samples) {
         ttft.push_back(s.ttft_ms);
         total.push_back(s.total_ms);
         tokens += s.tokens;
+        prompt_tokens += s.prompt_tokens;
+        cached_tokens += s.cached_tokens;
     }
     std::printf("clients %d x %d requests, %d tokens each: %zu ok in %.2f s\n", clients, requests,
                 max_tokens, samples.size(), wall);
@@ -109,6 +134,7 @@ int main(int argc, char** argv) {
                 samples.empty() ? 0.0 : double(max_tokens) / (percentile(total, 0.5) / 1000.0));
     std::printf("time to first byte  p50 %.0f ms  p95 %.0f ms\n", percentile(ttft, 0.5), percentile(ttft, 0.95));
     std::printf("request latency     p50 %.0f ms  p95 %.0f ms\n", percentile(total, 0.5), percentile(total, 0.95));
+    std::printf("prompt tokens %ld, of which reused from an instance's KV rows %ld\n", prompt_tokens, cached_tokens);
     for (const auto& [code, n] : statuses) std::printf("HTTP %d: %d\n", code, n);
     return statuses.size() == 1 && statuses.count(200) ? 0 : 1;
 }

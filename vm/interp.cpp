@@ -280,6 +280,15 @@ RefMachine::Next RefMachine::execInput(uint32_t id, Inst& in, uint8_t op, uint32
             r[a] = uint32_t(n);
             break;
         }
+        case Op::INCMP: {
+            if (!slotOk(r[b]) || r[c] > slots_[r[b]].size()) return fault(in, BLUE_FAULT_INPUT_OOB);
+            if (r[a] > l.local_words) return fault(in, BLUE_FAULT_LOCAL_OOB);
+            const std::vector<uint32_t>& msg = slots_[r[b]];
+            uint64_t n = std::min<uint64_t>(msg.size() - r[c], l.local_words - r[a]), i = 0;
+            while (i < n && in.local[r[a] + i] == msg[r[c] + i]) ++i;
+            r[a] = uint32_t(i);
+            break;
+        }
         case Op::INFREE:
             if (!slotOk(r[a])) return fault(in, BLUE_FAULT_INPUT_OOB);
             slot_busy_[r[a]] = false;
@@ -424,6 +433,7 @@ RefMachine::Next RefMachine::step(uint32_t id, Inst& in, BlockRun* runs, RunRepo
         case Op::INLEN:
         case Op::INLD:
         case Op::INCPY:
+        case Op::INCMP:
         case Op::INFREE:
         case Op::INFLAG: return execInput(id, in, ins.op, a, b, c);
         default: return fault(in, BLUE_FAULT_BAD_OPCODE);

@@ -33,6 +33,8 @@
 #define BLUE_MAX_TOP_LOGPROBS 20
 
 #define BLUE_REQ_FLAG_IGNORE_EOG 1u  // do not stop at the model's end-of-generation tokens (benchmarks)
+#define BLUE_REQ_FLAG_NO_PREFIX 2u   // recompute the whole prompt: do not reuse the KV rows of the
+                                     // tokens it shares with what the instance processed last
 
 // ---- sampling parameters and results: a block in the instance's local memory ---------------
 #define BLUE_SP_TEMP 0
@@ -62,6 +64,10 @@
 #define BLUE_LM_STOP (BLUE_SP_WORDS)      // [BLUE_REQ_MAX_STOP] stop tokens of this request
 #define BLUE_LM_HISTORY (BLUE_SP_WORDS + BLUE_REQ_MAX_STOP)  // [ctx] prompt and generated tokens
 // then [2 * BLUE_MAX_TOP_LOGPROBS] at BLUE_LM_HISTORY + ctx: SAMPLE's alternatives (BLUE_SP_TOP_ADDR)
+// then one word: how many positions' KV rows the instance holds for its history (the positions
+// its last request processed). A request whose prompt starts with the same tokens starts after
+// them (prefix reuse, decided by the program with INCMP; the program reports it with an OUTU
+// record, the count of prompt tokens not recomputed, right after OUTBEGIN, when it is not 0).
 
 // ---- arguments of the forward block ------------------------------------------------------------
 #define BLUE_FA_ROWS 0      // rows (tokens) this instance runs in this step

@@ -29,6 +29,8 @@ struct GenerationRequest {
                                         // before it (a restored KV snapshot)
     bool logprobs = false;              // each token's log-probability (output records)
     uint32_t top_logprobs = 0;          // and the most likely alternatives' (<= BLUE_MAX_TOP_LOGPROBS)
+    bool prefix_reuse = true;           // the instance may skip the leading prompt tokens whose KV
+                                        // rows it still holds (same output either way)
 };
 
 // The input-ring message for a request. Stop tokens beyond the limit are dropped (callers check).

@@ -53,6 +53,7 @@ Result<Measure> measure(Engine& e, uint32_t n_req, uint32_t p, uint32_t g, uint3
             reqs[i].prompt = randomPrompt(e.tokenizer(), p, 17 * i + r);
             reqs[i].max_new = g;
             reqs[i].ignore_eog = true;
+            reqs[i].prefix_reuse = false;  // measure every prompt token (random prompts share BOS)
             reqs[i].sampling.temperature = 0;
         }
         auto res = e.run(reqs);

@@ -375,6 +375,8 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
             uint32_t req = rec.inst < serving.size() ? serving[rec.inst] : 0xFFFFFFFFu;
             if (rec.kind == BLUE_OUT_BEGIN) {
                 serving[rec.inst] = rec.value < out.size() ? rec.value : 0xFFFFFFFFu;
+            } else if (rec.kind == BLUE_OUT_UINT && req != 0xFFFFFFFFu) {
+                out[req].cached_tokens = rec.value;  // prefix reuse (vm/llm_abi.h)
             } else if (req != 0xFFFFFFFFu && lps[rec.inst].take(rec)) {
                 continue;
             } else if (rec.kind == BLUE_OUT_TOKEN && req != 0xFFFFFFFFu) {

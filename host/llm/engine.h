@@ -73,6 +73,7 @@ struct Completion {
     std::vector<TokenLogprobs> logprobs;  // one per token when the request asked
     std::string text;
     bool finished = false;         // its end marker arrived
+    uint32_t cached_tokens = 0;    // leading prompt tokens whose KV rows the instance reused
 };
 
 // Called from the engine's thread as tokens arrive (once per chain, in order per request).

@@ -26,6 +26,7 @@ struct ServingEngine::Active {
     uint32_t tag = 0;
     uint32_t max_new = 0;
     uint32_t prompt_tokens = 0;
+    uint32_t cached_tokens = 0;  // prefix reuse: the program's OUTU after BEGIN
     StreamCallback callback;
     std::vector<std::string> stop;
     TokenStreamDecoder decoder;
@@ -154,6 +155,7 @@ void ServingEngine::finishRequest(Active& a, FinishReason reason) {
     ev.finished = true;
     ev.reason = reason;
     ev.prompt_tokens = a.prompt_tokens;
+    ev.cached_tokens = a.cached_tokens;
     ev.completion_tokens = a.tokens;
     a.pending.push_back(std::move(ev));
     ++metrics_.requests_finished;
@@ -201,6 +203,12 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
             auto it = active_.find(serving_[rec.inst]);
             if (it == active_.end()) continue;
             Active& a = *it->second;
+            if (rec.kind == BLUE_OUT_UINT) {  // prefix reuse (vm/llm_abi.h), right after BEGIN
+                a.cached_tokens = rec.value;
+                ++metrics_.prefix_hits;
+                metrics_.prefix_tokens += rec.value;
+                continue;
+            }
             if (a.logprobs.take(rec)) continue;
             if (rec.kind == BLUE_OUT_TOKEN && !a.finished) {
                 ++a.tokens;
@@ -211,6 +219,7 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
                 ev.tokens.push_back(rec.value);
                 if (auto lp = a.logprobs.pop()) ev.logprobs.push_back(std::move(*lp));
                 ev.prompt_tokens = a.prompt_tokens;
+                ev.cached_tokens = a.cached_tokens;
                 ev.completion_tokens = a.tokens;
                 size_t cut = std::string::npos;
                 for (const std::string& s : a.stop) {
@@ -236,6 +245,7 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
                         ev.id = a.id;
                         ev.text = a.text.substr(a.emitted);
                         ev.prompt_tokens = a.prompt_tokens;
+                        ev.cached_tokens = a.cached_tokens;
                         ev.completion_tokens = a.tokens;
                         a.emitted = a.text.size();
                         a.pending.push_back(std::move(ev));

@@ -43,6 +43,7 @@ struct StreamEvent {
     FinishReason reason = FinishReason::None;
     uint32_t prompt_tokens = 0;
     uint32_t completion_tokens = 0;  // total so far
+    uint32_t cached_tokens = 0;      // leading prompt tokens the instance did not recompute
     // With FinishReason::Error: what failed and what was running, and whether it was the device
     // (the engine is rebuilding it: the request may be sent again).
     std::string error;
@@ -84,6 +85,7 @@ struct ServeMetrics {
     uint64_t submits = 0, round_trips = 0, cycles = 0, resumes = 0;
     uint64_t recoveries = 0;  // device rebuilds after a failure
     uint64_t expert_bytes = 0;  // MoE: expert weight bytes read (GpuStats::expert_bytes)
+    uint64_t prefix_hits = 0, prefix_tokens = 0;  // requests that reused KV rows; tokens not recomputed
 };
 
 // The device rebuild that both serving engines (this one and CascadeServingEngine) run on their

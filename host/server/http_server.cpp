@@ -211,7 +211,7 @@ struct Generation {
         out->reason = ev.reason;
         out->error = ev.error;
         if (ev.reason == BLUEVM_FINISH_ERROR) out->error_message = bluevm_last_error();
-        out->usage = Usage{ev.prompt_tokens, ev.completion_tokens};
+        out->usage = Usage{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens};
         if (logprobs && ev.logprobs) {
             for (size_t i = 0; i < ev.n_tokens; ++i) {
                 TokenLogprob t{piece(ev.tokens[i]), ev.logprobs[i], {}};
@@ -519,6 +519,7 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     r.frequency_penalty = ar.frequency_penalty;
     r.seed = ar.seed_given ? ar.seed : std::random_device{}();
     r.ignore_eos = ar.ignore_eos;
+    r.no_prefix_reuse = ar.cache_prompt ? 0 : 1;
     r.logprobs = ar.logprobs;
     r.top_logprobs = ar.top_logprobs;
     g.logprobs = ar.logprobs;
@@ -763,6 +764,10 @@ std::string HttpServer::Impl::metricsText() {
     metric("bluevm_requests_rejected_total", "counter", "Requests refused because the queue was full.", double(m.requests_rejected));
     metric("bluevm_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", double(m.prompt_tokens));
     metric("bluevm_completion_tokens_total", "counter", "Tokens generated.", double(m.completion_tokens));
+    metric("bluevm_prefix_hits_total", "counter",
+           "Requests whose instance reused the KV rows of their prompt's leading tokens.", double(m.prefix_hits));
+    metric("bluevm_prefix_tokens_total", "counter", "Prompt tokens those requests did not recompute.",
+           double(m.prefix_tokens));
     metric("bluevm_queue_depth", "gauge", "Accepted requests waiting for an instance.", double(m.queue_depth));
     metric("bluevm_queue_capacity", "gauge", "Requests that may wait before 429.", double(m.queue_capacity));
     metric("bluevm_instances", "gauge", "Instances of the generation program.", double(m.instances));

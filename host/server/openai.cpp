@@ -167,6 +167,7 @@ std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max
     }
     if (auto e = boolean(j, "stream", &r->stream)) return e;
     if (auto e = boolean(j, "ignore_eos", &r->ignore_eos)) return e;
+    if (auto e = boolean(j, "cache_prompt", &r->cache_prompt)) return e;
     if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
         if (!it->is_object()) return bad("stream_options", "'stream_options' must be an object");
         if (auto e = boolean(*it, "include_usage", &r->include_usage)) return e;
@@ -247,7 +248,8 @@ namespace {
 json usageJson(const Usage& u) {
     return {{"prompt_tokens", u.prompt_tokens},
             {"completion_tokens", u.completion_tokens},
-            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 std::string dump(const json& j) {

@@ -36,6 +36,8 @@ struct ApiRequest {
     std::vector<std::string> stop;
     bool echo = false;        // completions: the prompt text starts the completion
     bool ignore_eos = false;  // extension: generate max_tokens tokens whatever they are
+    bool cache_prompt = true; // extension (llama.cpp's name): false recomputes the whole prompt
+                              // instead of reusing the instance's KV rows of its leading tokens
     // Completions `logprobs: N`, chat `logprobs: true` with `top_logprobs: N` (N <= 20).
     bool logprobs = false;
     uint32_t top_logprobs = 0;
@@ -59,6 +61,7 @@ std::string errorBody(const ApiError& e);
 
 struct Usage {
     uint32_t prompt_tokens = 0, completion_tokens = 0;
+    uint32_t cached_tokens = 0;  // prompt tokens not recomputed (prefix reuse)
 };
 
 // One generated token's log-probabilities, with the texts of it and its alternatives.
