@@ -89,12 +89,15 @@ int main(int argc, char** argv) {
                 auto start = Clock::now();
                 bool first = false;
                 std::string buffer;
+                // Time to first token: the first event with data (the server sends SSE comments,
+                // ": ...", while a request waits, so the first byte is not the first token).
                 req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
-                    if (!first) {
+                    size_t from = buffer.size() > 6 ? buffer.size() - 6 : 0;
+                    buffer.append(data, len);
+                    if (!first && buffer.find("data: {", from) != std::string::npos) {
                         first = true;
                         s.ttft_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
                     }
-                    buffer.append(data, len);
                     return true;
                 };
                 httplib::Response res;
@@ -132,7 +135,7 @@ int main(int argc, char** argv) {
     std::printf("aggregate %.1f generated tok/s; per request %.1f tok/s (median)\n",
                 double(tokens) / wall,
                 samples.empty() ? 0.0 : double(max_tokens) / (percentile(total, 0.5) / 1000.0));
-    std::printf("time to first byte  p50 %.0f ms  p95 %.0f ms\n", percentile(ttft, 0.5), percentile(ttft, 0.95));
+    std::printf("time to first token p50 %.0f ms  p95 %.0f ms\n", percentile(ttft, 0.5), percentile(ttft, 0.95));
     std::printf("request latency     p50 %.0f ms  p95 %.0f ms\n", percentile(total, 0.5), percentile(total, 0.95));
     std::printf("prompt tokens %ld, of which reused from an instance's KV rows %ld\n", prompt_tokens, cached_tokens);
     for (const auto& [code, n] : statuses) std::printf("HTTP %d: %d\n", code, n);
