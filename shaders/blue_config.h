@@ -32,8 +32,8 @@
 #define BLUE_MM_R_GEMM 4
 // MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).
 #define BLUE_MM_R_PLAIN 2     // F32, F16, BF16
-#define BLUE_MM_R_SMALLQ 4    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
-#define BLUE_MM_R_KQ 4        // Q2_K .. Q6_K
+#define BLUE_MM_R_SMALLQ 4    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
+#define BLUE_MM_R_KQ 4        // Q2_K .. Q6_K, IQ4_XS
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 #define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)
 

@@ -78,8 +78,8 @@ constexpr uint32_t kWide = 172;  // a row width that is no multiple of 32, 64 or
 
 // Variants that must be built: MATMUL and EMBED weight types, KVSTORE and ATTN cache types.
 // Whatever else shaders/CMakeLists.txt builds is found and tested too.
-constexpr std::initializer_list<DType> kWeightTypes = {DType::F32, DType::F16, DType::BF16,
-                                                       DType::Q8_0, DType::Q4_0};
+constexpr std::initializer_list<DType> kWeightTypes = {
+    DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::IQ4_NL, DType::IQ4_XS};
 constexpr std::initializer_list<DType> kCacheTypes = {DType::F32, DType::F16};
 
 uint32_t roundUp(uint32_t n, uint32_t block) {
@@ -230,10 +230,12 @@ void embedCase(DType t) {
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
     if (!both) return;
-    // Dequantization is exact in float for the plain types, Q8_0 and Q4_0 (a copy, or d * q
-    // with at most 19 significant bits): identical rows. Formats with a second term (d * q - m)
-    // may round once more where a device fuses the multiply-add: 1e-6.
-    const bool exact = dtypeInfo(t)->block_elems == 1 || t == DType::Q8_0 || t == DType::Q4_0;
+    // Dequantization is exact in float for the plain types, Q8_0, Q4_0 and the IQ4 types (a copy,
+    // or d * q with at most 19 significant bits; IQ4_XS's d * code * level at most 11 + 6 + 7):
+    // identical rows. Formats with a second term (d * q - m) may round once more where a device
+    // fuses the multiply-add: 1e-6.
+    const bool exact = dtypeInfo(t)->block_elems == 1 || t == DType::Q8_0 || t == DType::Q4_0 ||
+                       t == DType::IQ4_NL || t == DType::IQ4_XS;
     expectClose(*both, e, totalRows(plans), exact ? 0.0 : 1e-6, "EMBED " + lowerName(t));
 }
 

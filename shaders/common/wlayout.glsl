@@ -47,6 +47,10 @@
 #elif defined(WTYPE_Q6_K)
 #define WL_E 256u
 #define WL_T 14u
+#elif defined(WTYPE_IQ4_NL) || defined(WTYPE_IQ4_XS)
+#define WL_E 256u
+#define WL_T 9u
+#define WL_IQ4
 #else
 #error "define a WTYPE_* for common/wlayout.glsl"
 #endif
@@ -89,13 +93,22 @@ struct WHead {
 
 vec4 nib4(uint word, uint shift) { return vec4((uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 15u); }
 vec4 crumb4(uint word, uint shift) { return vec4((uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 3u); }
+#ifdef WL_IQ4
+// IQ4_NL/IQ4_XS: the level of each 4-bit code (vm/quant.h, kIq4Values).
+const float kIq4[16] = float[16](-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+                                 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+vec4 iq4Nib4(uint word, uint shift) {
+    uvec4 c = (uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 15u;
+    return vec4(kIq4[c.x], kIq4[c.y], kIq4[c.z], kIq4[c.w]);
+}
+#endif
 uint bitsOf(uint word, uint shift) {  // bit `shift` of each byte, packed 0..3
     uvec4 b = (uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 1u;
     return b.x | (b.y << 1) | (b.z << 2) | (b.w << 3);
 }
 
 void wHead(uint base, uint bpr, uint row, uint g, out WHead h) {
-#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_K)
+#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_K) || defined(WL_IQ4)
     h.t0 = wTexel(base, bpr, row, g, 0u);
 #elif defined(WTYPE_Q4_1)
     h.t0 = wTexel(base, bpr, row, g, 0u);
@@ -171,6 +184,22 @@ void wGroup(uint base, uint bpr, uint row, uint g, uint s, WHead h, out vec4 q[8
     }
     sc = vec2(d);
     mn = vec2(m);
+#elif defined(WL_IQ4)
+    // Group s's 16 quant bytes are texel 1 + s; IQ4_NL's scale is half s of t0, IQ4_XS's is
+    // d * (code - 32) with d half 0 of t0, scales_h half 1, scales_l bytes 4..7.
+#if defined(WTYPE_IQ4_NL)
+    float d = halfOf(h.t0, s);
+#else
+    uint code = ((byteOf(h.t0, 4u + (s >> 1)) >> (4u * (s & 1u))) & 15u) | (((h.t0.x >> (16u + 2u * s)) & 3u) << 4);
+    float d = halfOf(h.t0, 0u) * float(int(code) - 32);
+#endif
+    uvec4 t = wTexel(base, bpr, row, g, 1u + s);
+    for (uint j = 0u; j < 4u; ++j) {
+        q[j] = iq4Nib4(t[j], 0u);
+        q[j + 4u] = iq4Nib4(t[j], 4u);
+    }
+    sc = vec2(d);
+    mn = vec2(0.0);
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     float d = halfOf(h.t0, 0u), dmin = halfOf(h.t0, 1u);
     uvec2 sm = kScaleMin(h.t0, s);
