@@ -143,6 +143,20 @@ void wHead(uint base, uint bpr, uint row, uint g, out WHead h) {
 #endif
 }
 
+#ifdef WL_IQ4
+// IQ4 scale of group s (its 16 quant bytes are texel 1 + s): IQ4_NL's is half s of t0; IQ4_XS's
+// is d * (code - 32), d half 0 of t0, the code's high 2 bits in scales_h (half 1), its low 4 in
+// scales_l (bytes 4..7).
+float iq4Scale(uvec4 t0, uint s) {
+#if defined(WTYPE_IQ4_NL)
+    return halfOf(t0, s);
+#else
+    uint code = ((byteOf(t0, 4u + (s >> 1)) >> (4u * (s & 1u))) & 15u) | (((t0.x >> (16u + 2u * s)) & 3u) << 4);
+    return halfOf(t0, 0u) * float(int(code) - 32);
+#endif
+}
+#endif
+
 // Q4_K/Q5_K 6-bit scale and min of sub-block s, from the 12 scale bytes at bytes 4..15 of t0.
 uvec2 kScaleMin(uvec4 t0, uint s) {
     uint b0 = byteOf(t0, 4u + s), b4 = byteOf(t0, 8u + s);
@@ -189,14 +203,7 @@ void wGroup(uint base, uint bpr, uint row, uint g, uint s, WHead h, out vec4 q[8
     sc = vec2(d);
     mn = vec2(m);
 #elif defined(WL_IQ4)
-    // Group s's 16 quant bytes are texel 1 + s; IQ4_NL's scale is half s of t0, IQ4_XS's is
-    // d * (code - 32) with d half 0 of t0, scales_h half 1, scales_l bytes 4..7.
-#if defined(WTYPE_IQ4_NL)
-    float d = halfOf(h.t0, s);
-#else
-    uint code = ((byteOf(h.t0, 4u + (s >> 1)) >> (4u * (s & 1u))) & 15u) | (((h.t0.x >> (16u + 2u * s)) & 3u) << 4);
-    float d = halfOf(h.t0, 0u) * float(int(code) - 32);
-#endif
+    float d = iq4Scale(h.t0, s);
     uvec4 t = wTexel(base, bpr, row, g, 1u + s);
     for (uint j = 0u; j < 4u; ++j) {
         q[j] = iq4Nib4(t[j], 0u);
