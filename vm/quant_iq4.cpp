@@ -1,7 +1,7 @@
 // The non-linear 4-bit formats IQ4_NL and IQ4_XS: each 4-bit code indexes the fixed table of 16
 // levels kIq4Values (quant.h), times one scale per 32 elements. IQ4_NL stores that scale as fp16
 // per block of 32; IQ4_XS stores a signed 6-bit code per 32 and one fp16 scale per 256, which
-// saves 1.75 bits per 32 elements. Byte layouts: see the diagrams in quant.h.
+// saves 8 bits per 32 elements (4.25 bits per weight against 4.5). Byte layouts: quant.h.
 //
 // Encoding a group of 32 searches its scale. Each candidate maps the group's largest-magnitude
 // element to a level near one end of the table (-127 or 113, moved by up to kCandidates = 7 table
@@ -18,7 +18,7 @@
 // Measured on Gaussian rows (tests/test_quant.cpp): relative RMSE 0.0736 (IQ4_NL) and 0.0743
 // (IQ4_XS) against 0.080 for the min/max scale and 0.0857 for Q4_0. Trying the +113 end as well
 // gains 1.6% over the -127 end alone; a fan of +-10 units gains 0.15% more at 1.2x the time, +-4
-// loses 0.4%. About 5 MB/s of f32 input per core, Q4_K's order.
+// loses 0.4%. 3-5 MB/s of f32 input per core, Q4_K's order.
 #include <array>
 #include <cstring>
 
