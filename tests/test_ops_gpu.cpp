@@ -363,8 +363,10 @@ void splitCases(Gpu& small) {
         DType t;
         uint32_t pieces_w, pieces_table;  // pieces of the [256, 300] matrix and [256, 64] table
     };
-    // 8 rows of K = 256: F32 8 KiB, Q4_0 1152 bytes, Q6_K 1792 bytes (host/weight_layout.h).
-    for (const Case& c : {Case{DType::F32, 10, 2}, Case{DType::Q4_0, 2, 1}, Case{DType::Q6_K, 3, 1}}) {
+    // 8 rows of K = 256: F32 8 KiB, Q4_0 and IQ4_XS 1152 bytes, Q6_K 1792 bytes
+    // (host/weight_layout.h).
+    for (const Case& c : {Case{DType::F32, 10, 2}, Case{DType::Q4_0, 2, 1}, Case{DType::Q6_K, 3, 1},
+                          Case{DType::IQ4_XS, 2, 1}}) {
         INFO("type " << lowerName(c.t));
         const uint32_t k = 256, n = 300;
         for (const std::vector<uint32_t>& rows : {std::vector<uint32_t>{1}, {3, 2, 1}, {6, 5, 8}}) {
@@ -380,10 +382,19 @@ void splitCases(Gpu& small) {
             om.step(Op::MATMUL, {yi, w, x});
             om.step(Op::EMBED, {e, table, BLUE_FA_TOKENS});
             std::vector<InstancePlan> plans = raggedPlans(om, rows, std::vector<uint32_t>(rows.size(), 0));
-            plans[0].tokens[0] = kVocab - 1;  // the last row of the last piece
+            // Sets a row's token, swapping with the row that held it: rows keep distinct tokens,
+            // which the comparison uses to pair GPU and reference rows.
+            auto place = [&plans](size_t p, size_t r, uint32_t token) {
+                const uint32_t displaced = plans[p].tokens[r];
+                for (InstancePlan& q : plans) {
+                    std::replace(q.tokens.begin(), q.tokens.end(), token, displaced);
+                }
+                plans[p].tokens[r] = token;
+            };
+            place(0, 0, kVocab - 1);  // the last row of the last piece
             if (rows.size() > 1) {
-                plans[1].tokens[0] = 3;
-                plans[1].tokens[1] = kVocab + 7;  // past the vocabulary: zeros
+                place(1, 0, 3);
+                place(1, 1, kVocab + 7);  // past the vocabulary: zeros
             }
             Module m = om.build(plans);
             Result<PagePlan> pages = planPages(m, uint32_t(plans.size()), small.device->maxPageBytes());
