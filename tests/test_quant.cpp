@@ -558,6 +558,35 @@ TEST_CASE("quantize: K-quants re-encode their own decoded blocks almost lossless
     }
 }
 
+TEST_CASE("quantize: IQ4 re-encodes its own decoded blocks exactly") {
+    // A decoded block lies on the grid. Its largest element sits at level -127 (code 0 appears and
+    // d > 0), a candidate of the scale search, whose least-squares fit then is d itself; for
+    // IQ4_XS the largest sub-block scale has code -32, which the super-block scale maps exactly.
+    BlockIQ4_NL nl{};
+    nl.d = 0x2e66;  // ~0.1
+    fillPattern(nl.qs, 16, 3);
+    nl.qs[5] = 0x10;  // codes 0 and 1 present
+    BlockIQ4_XS xs{};
+    xs.d = 0x2c00;  // 0.0625
+    const int ls[8] = {0, 40, 20, 33, 10, 63, 31, 5};  // code 0: scale -32, the largest
+    uint16_t h = 0;
+    for (int s = 0; s < 8; ++s) {
+        xs.scales_l[s / 2] |= uint8_t((ls[s] & 0xF) << (4 * (s % 2)));
+        h |= uint16_t((ls[s] >> 4) << (2 * s));
+    }
+    xs.scales_h[0] = uint8_t(h);
+    xs.scales_h[1] = uint8_t(h >> 8);
+    fillPattern(xs.qs, 128, 4);
+    xs.qs[0] = 0x00;  // sub-block 0 (the largest scale) holds code 0
+    const std::pair<DType, std::vector<float>> cases[] = {
+        {DType::IQ4_NL, decodeBlock(DType::IQ4_NL, nl)},
+        {DType::IQ4_XS, decodeBlock(DType::IQ4_XS, xs)}};
+    for (const auto& [t, x] : cases) {
+        CAPTURE(nameOf(t));
+        CHECK(roundTrip(t, x) == x);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Error on Gaussian rows.
 //
