@@ -27,8 +27,8 @@
 
 namespace blue {
 
-// The --type choices: q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k f16 bf16 f32
-// (case-insensitive). nullopt for any other name.
+// The --type choices: q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs f16 bf16
+// f32 (case-insensitive). nullopt for any other name.
 std::optional<DType> quantizeTypeFromName(std::string_view name);
 // "q8_0, q4_0, ..." for help texts and error messages.
 std::string quantizeTypeNames();
@@ -36,7 +36,8 @@ std::string quantizeTypeNames();
 bool quantizeIsTarget(DType type);
 // llama.cpp's LLAMA_FTYPE for a target: the K-quants name llama.cpp's mixes (Q2_K 10, Q3_K_M 12,
 // Q4_K_M 15, Q5_K_M 17, Q6_K 18); the others their plain ftype (F32 0, F16 1, Q4_0 2, Q4_1 3,
-// Q8_0 7, Q5_0 8, Q5_1 9, BF16 32). Precondition (asserted): quantizeIsTarget(type).
+// Q8_0 7, Q5_0 8, Q5_1 9, IQ4_NL 25, IQ4_XS 30, BF16 32). Precondition (asserted):
+// quantizeIsTarget(type).
 uint32_t quantizeFileType(DType type);
 
 // What the mix rules need to know about a model.
@@ -61,10 +62,13 @@ bool quantizeIsWeightMatrix(std::string_view name, uint32_t n_dims);
 //                    layers, else Q4_K; attn_output Q4_K;
 //   - q4_k (Q4_K_M), q5_k (Q5_K_M): attn_v and ffn_down Q6_K in the layers where llama.cpp's
 //     use_more_bits holds (the first and last eighth, and every third layer between);
+//   - iq4_nl, iq4_xs: attn_v Q5_K when n_gqa >= 4; ffn_down Q5_K in the first n_layer/8 layers
+//     (llama.cpp's rule without an importance matrix);
 //   - 8-expert models: attn_v and attn_k Q8_0 (any quantized target); attn_output Q5_K for
-//     q2_k, q3_k and q4_k;
+//     q2_k, q3_k, q4_k, iq4_nl and iq4_xs;
 //   - attn_qkv (fused QKV): q3_k Q4_K, q4_k Q5_K, q5_k Q6_K.
-// Not reproduced: llama.cpp's 70B-only attn_v rule, Falcon rules, the IQ types and imatrix rules.
+// Not reproduced: llama.cpp's 70B-only attn_v rule, Falcon rules, the 1- to 3-bit IQ types and
+// imatrix rules.
 // Layers are read from the "blk.N." name prefix. f16/bf16/f32 targets give every matrix that type.
 DType quantizeMixType(std::string_view name, int64_t row_len, DType target,
                       const QuantizeModelInfo& model, bool pure = false);

@@ -1,7 +1,7 @@
 // The quantize targets and the per-tensor type mix (see quantize.h). The rules restate the
 // behaviour of llama.cpp's llama_tensor_get_type for the ftypes BlueVM offers (Q2_K, Q3_K_M,
-// Q4_K_M, Q5_K_M, Q6_K and the plain types), so a BlueVM q4_k file has the tensor types a
-// llama.cpp Q4_K_M file of the same model has.
+// Q4_K_M, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS and the plain types), so a BlueVM q4_k file has the tensor
+// types a llama.cpp Q4_K_M file of the same model has.
 #include <cassert>
 #include <cctype>
 #include <charconv>
@@ -20,11 +20,11 @@ struct Target {
 };
 
 constexpr Target kTargets[] = {
-    {DType::Q8_0, "q8_0", 7},  {DType::Q4_0, "q4_0", 2},  {DType::Q4_1, "q4_1", 3},
-    {DType::Q5_0, "q5_0", 8},  {DType::Q5_1, "q5_1", 9},  {DType::Q2_K, "q2_k", 10},
-    {DType::Q3_K, "q3_k", 12}, {DType::Q4_K, "q4_k", 15}, {DType::Q5_K, "q5_k", 17},
-    {DType::Q6_K, "q6_k", 18}, {DType::F16, "f16", 1},    {DType::BF16, "bf16", 32},
-    {DType::F32, "f32", 0},
+    {DType::Q8_0, "q8_0", 7},  {DType::Q4_0, "q4_0", 2},      {DType::Q4_1, "q4_1", 3},
+    {DType::Q5_0, "q5_0", 8},  {DType::Q5_1, "q5_1", 9},      {DType::Q2_K, "q2_k", 10},
+    {DType::Q3_K, "q3_k", 12}, {DType::Q4_K, "q4_k", 15},     {DType::Q5_K, "q5_k", 17},
+    {DType::Q6_K, "q6_k", 18}, {DType::IQ4_NL, "iq4_nl", 25}, {DType::IQ4_XS, "iq4_xs", 30},
+    {DType::F16, "f16", 1},    {DType::BF16, "bf16", 32},     {DType::F32, "f32", 0},
 };
 
 bool contains(std::string_view s, std::string_view part) {
@@ -33,6 +33,10 @@ bool contains(std::string_view s, std::string_view part) {
 
 bool isBlockType(DType t) {
     return dtypeInfo(t)->block_elems > 1;
+}
+
+bool isIq4(DType t) {
+    return t == DType::IQ4_NL || t == DType::IQ4_XS;
 }
 
 // The N of a "blk.N." prefix; -1 when the name has none.
@@ -56,6 +60,7 @@ DType attnVType(DType target, int layer, const QuantizeModelInfo& m) {
     int n = int(m.n_layer);
     if (target == DType::Q2_K) t = m.n_gqa >= 4 ? DType::Q4_K : DType::Q3_K;
     if (target == DType::Q3_K) t = layer < 2 ? DType::Q5_K : DType::Q4_K;
+    if (isIq4(target) && m.n_gqa >= 4) t = DType::Q5_K;
     if ((target == DType::Q4_K || target == DType::Q5_K) && moreBits(layer, n)) t = DType::Q6_K;
     if (m.n_expert == 8) t = DType::Q8_0;
     return t;
@@ -66,12 +71,14 @@ DType ffnDownType(DType target, int layer, const QuantizeModelInfo& m) {
     if (target == DType::Q2_K) return DType::Q3_K;
     if (target == DType::Q3_K) return layer < n / 16 ? DType::Q5_K : DType::Q4_K;
     if ((target == DType::Q4_K || target == DType::Q5_K) && moreBits(layer, n)) return DType::Q6_K;
+    if (isIq4(target) && layer < n / 8) return DType::Q5_K;  // llama.cpp: without an imatrix
     return target;
 }
 
 DType attnOutputType(DType target, const QuantizeModelInfo& m) {
     if (m.n_expert == 8) {
-        bool low = target == DType::Q2_K || target == DType::Q3_K || target == DType::Q4_K;
+        bool low = target == DType::Q2_K || target == DType::Q3_K || target == DType::Q4_K ||
+                   isIq4(target);
         return low ? DType::Q5_K : target;
     }
     if (target == DType::Q2_K) return DType::Q3_K;

@@ -411,6 +411,7 @@ uint32_t matmulRowsPerInvocation(DType type) {
         case DType::Q4_1:
         case DType::Q5_0:
         case DType::Q5_1:
+        case DType::IQ4_NL:
             return BLUE_MM_R_SMALLQ;
         default:
             return BLUE_MM_R_KQ;

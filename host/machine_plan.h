@@ -145,9 +145,9 @@ StreamPlan planStreams(const PagePlan& pages, std::vector<DispatchDesc>* dispatc
 uint32_t matmulRowsPerInvocation(DType type);
 
 // One dispatch per tensor instruction, block by block (MATMUL: a single-item variant, a batched
-// one and, for plain weight types and Q4_0 with at least BLUE_MATMUL_WG * BLUE_MM_R_GEMM rows,
-// the GEMM variant for BLUE_MATMUL_GEMM_TILE items or more; the plan kernel enables one per
-// cycle). Fails naming the instruction when no kernel exists for its operand types, its kernel
+// one and, for plain weight types, Q4_0 and the IQ4 types with at least BLUE_MATMUL_WG *
+// BLUE_MM_R_GEMM rows, the GEMM variant for BLUE_MATMUL_GEMM_TILE items or more; the plan kernel
+// enables one per cycle). Fails naming the instruction when no kernel exists for its operand types, its kernel
 // cannot run its shape (an odd ROPE head size, an F16 KV cache with odd rows, an ATTN head larger
 // than BLUE_ATTN_MAX_HEAD) or its fixed grid exceeds the device: `max_groups_x` along x, and along y (MATMUL's rows) the 65535 workgroups
 // every Vulkan device allows.

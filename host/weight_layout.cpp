@@ -26,6 +26,7 @@ bool smallQuant(DType t, SmallQuant* q) {
     switch (t) {
         case DType::Q8_0: *q = {34, -1, -1, 2, 32}; return true;
         case DType::Q4_0: *q = {18, -1, -1, 2, 16}; return true;
+        case DType::IQ4_NL: *q = {18, -1, -1, 2, 16}; return true;
         case DType::Q4_1: *q = {20, 2, -1, 4, 16}; return true;
         case DType::Q5_0: *q = {22, -1, 2, 6, 16}; return true;
         case DType::Q5_1: *q = {24, 2, 4, 8, 16}; return true;
@@ -88,6 +89,22 @@ void repackKQuantRow(DType type, const uint8_t* src, uint64_t k, const WeightLay
     }
 }
 
+// IQ4_XS: the 8-byte header (d, scales_h, scales_l) in texel 0, sub-block s's 16 quant bytes in
+// texel 1 + s (in the file they start at byte 8 and straddle texels).
+void repackIq4XsRow(const uint8_t* src, uint64_t k, const WeightLayout& l, uint64_t row,
+                    uint8_t* dst) {
+    constexpr uint32_t kBytes = 136, kHead = 8;
+    uint64_t blocks = k / 256;
+    const uint8_t* s = src + row * blocks * kBytes;
+    for (uint64_t b = 0; b < blocks; ++b) {
+        const uint8_t* blk = s + b * kBytes;
+        std::memcpy(texelAt(dst, l, row, b, 0), blk, kHead);
+        for (uint32_t t = 0; t < 8; ++t) {
+            std::memcpy(texelAt(dst, l, row, b, 1 + t), blk + kHead + t * kTexel, kTexel);
+        }
+    }
+}
+
 }  // namespace
 
 bool weightLayout(DType type, uint64_t k, uint64_t n, WeightLayout* out) {
@@ -105,6 +122,7 @@ bool weightLayout(DType type, uint64_t k, uint64_t n, WeightLayout* out) {
             l.block_elems = 256;
             l.block_texels = (dtypeInfo(type)->block_bytes + 15) / 16;
             break;
+        case DType::IQ4_XS: l.block_elems = 256; l.block_texels = 9; break;
         default:
             if (!smallQuant(type, &q)) return false;
             l.block_elems = 256;
@@ -126,6 +144,8 @@ void repackRows(DType type, const uint8_t* src, uint64_t k, uint64_t n, const We
             repackPlainRow(type, src, k, layout, row, dst);
         } else if (small) {
             repackSmallQuantRow(q, src, k, layout, row, dst);
+        } else if (type == DType::IQ4_XS) {
+            repackIq4XsRow(src, k, layout, row, dst);
         } else {
             repackKQuantRow(type, src, k, layout, row, dst);
         }

@@ -4,11 +4,14 @@
 //
 //   - the row is cut into "gblocks" of E elements stored in T texels:
 //       F32: E = 4, T = 1     F16/BF16: E = 8, T = 1
-//       Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1: E = 256 (8 llama blocks), T = 17 / 9 / 10 / 11 / 12:
+//       Q8_0 / Q4_0 / IQ4_NL / Q4_1 / Q5_0 / Q5_1: E = 256 (8 llama blocks),
+//       T = 17 / 9 / 9 / 10 / 11 / 12:
 //         texel 0: the 8 blocks' f16 scales d (block b: word b/2, half b%2);
 //         Q4_1/Q5_1: next texel their mins m; Q5_0/Q5_1: next 2 texels the 8 blocks' qh words;
 //         then each block's quant bytes (1 texel, Q8_0 2) unchanged;
 //       K-quants: E = 256, one llama block padded with zeros to T = ceil(bytes / 16) texels;
+//       IQ4_XS: E = 256, T = 9: texel 0 the block's 8 header bytes (d, scales_h, scales_l) and 8
+//         zeros, texel 1 + s the 16 quant bytes of sub-block s;
 //   - rows are padded to a multiple of 8 and interleaved by 8, so the 8 lanes of a SIMD group
 //     that own rows 8o..8o+7 read adjacent texels:
 //       texel(row, gblock g, t) = ((row / 8) * gblocks_per_row + g) * T + t) * 8 + row % 8

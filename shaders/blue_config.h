@@ -22,18 +22,19 @@
 #define BLUE_ITEM_WG 64       // ITEM grid: invocations per item's workgroup
 #define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
 #define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (x) in the batched variant
-// MATMUL GEMM variant (`_g`: plain weight types and Q4_0): items per workgroup and rows per
-// invocation. Chosen when a cycle has at least BLUE_MATMUL_GEMM_TILE items and the matrix at least
-// one workgroup's rows (WG * R). On lavapipe each x texel then serves 4 rows and each weight vec4
-// 16 items: 1.5-1.8x the 4-item tile's time for F32/F16, 1.1-1.5x for Q4_0 (README, Measured).
+// MATMUL GEMM variant (`_g`: plain weight types, Q4_0, IQ4_NL, IQ4_XS): items per workgroup and
+// rows per invocation. Chosen when a cycle has at least BLUE_MATMUL_GEMM_TILE items and the matrix
+// at least one workgroup's rows (WG * R). On lavapipe each x texel then serves 4 rows and each
+// weight vec4 16 items: 1.5-1.8x the 4-item tile's time for F32/F16, 1.1-1.5x for Q4_0, 1.2x for
+// IQ4 (README, Measured).
 // Q8_0 and the K-quants stay on the 4-item tile (larger tiles of their masked decode measured no
 // faster); they get no `_g` kernel yet.
 #define BLUE_MATMUL_GEMM_TILE 16
 #define BLUE_MM_R_GEMM 4
 // MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).
 #define BLUE_MM_R_PLAIN 2     // F32, F16, BF16
-#define BLUE_MM_R_SMALLQ 4    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
-#define BLUE_MM_R_KQ 4        // Q2_K .. Q6_K
+#define BLUE_MM_R_SMALLQ 4    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
+#define BLUE_MM_R_KQ 4        // Q2_K .. Q6_K, IQ4_XS
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 #define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)
 

@@ -4,7 +4,7 @@
 // (common/wlayout.glsl), any type (WTYPE_*). Lanes over output rows: each invocation owns MM_R
 // rows (n = base + r * WG) and MM_BT items, so the x it reads is the same for the whole workgroup
 // (one vectorized load) and every weight texel serves MM_BT items. Built twice: MM_BT = 1 for one
-// item (decode) and BLUE_MATMUL_TILE for batches; plain types and Q4_0 a third time (`_g`,
+// item (decode) and BLUE_MATMUL_TILE for batches; plain types, Q4_0 and IQ4 a third time (`_g`,
 // MM_GEMM, MM_BT and MM_R from blue_config.h's GEMM constants) for prompts and large batches.
 // The plan enables one per cycle by the item count. Built twice more with MM_MOE for MOEMM, the
 // grouped expert matmul: the same loops over a tile of one expert's rows that the map lists.
@@ -15,7 +15,7 @@
 #if defined(MM_R)  // set by the build (the GEMM variant)
 #elif defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
 #define MM_R BLUE_MM_R_PLAIN
-#elif defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1)
+#elif defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1) || defined(WTYPE_IQ4_NL)
 #define MM_R BLUE_MM_R_SMALLQ
 #else
 #define MM_R BLUE_MM_R_KQ
@@ -90,10 +90,11 @@ void main() {
             for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += dot(a, xa[c]) + dot(b, xq[c]);
         }
     }
-#elif defined(WTYPE_Q4_0) && defined(MM_GEMM)
+#elif (defined(WTYPE_Q4_0) || defined(WL_IQ4)) && defined(MM_GEMM)
     // GEMM tile: shaped like the plain types' loop (one x texel per item per step, every weight
     // vec4 reused by MM_BT items) instead of the masked decode below, whose pre-scaled x per item
     // spills at 16 items. A block's quant texel and scale stay in registers over its 8 steps.
+    // IQ4_NL/IQ4_XS share the nibble order: only the levels and the scale differ.
     for (uint g = 0u; g < bpr; ++g) {
         WHead head[MM_R];
         for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
@@ -104,14 +105,22 @@ void main() {
             float d[MM_R];
             for (uint r = 0u; r < MM_R; ++r) {
                 q[r] = wTexel(wbase, bpr, rows[r], g, 1u + s);
+#ifdef WL_IQ4
+                d[r] = iq4Scale(head[r].t0, s);
+#else
                 d[r] = halfOf(head[r].t0, s);
+#endif
             }
             // Step j: elements 4j..4j+3 of the block, the low nibbles of word j (j < 4) or the
             // high nibbles of word j - 4.
             for (uint j = 0u; j < 8u; ++j) {
                 uvec4 shift = uvec4(0u, 8u, 16u, 24u) + 4u * (j >> 2);
                 vec4 wv[MM_R];
+#ifdef WL_IQ4
+                for (uint r = 0u; r < MM_R; ++r) wv[r] = d[r] * iq4Nib4(q[r][j & 3u], 4u * (j >> 2));
+#else
                 for (uint r = 0u; r < MM_R; ++r) wv[r] = d[r] * (vec4((uvec4(q[r][j & 3u]) >> shift) & 15u) - 8.0);
+#endif
                 for (uint c = 0u; c < MM_BT; ++c) {
                     vec4 xv = xLoad(xb[c], xt + j);
                     for (uint r = 0u; r < MM_R; ++r) acc[r][c] += dot(wv[r], xv);

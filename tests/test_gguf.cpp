@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
+#include <vector>
 
 #include <unistd.h>
 
@@ -709,6 +711,45 @@ void checkMutant(std::vector<uint8_t> bytes, MutationStats& st) {
 }
 
 }  // namespace
+
+TEST_CASE("gguf: IQ4 tensors: whole blocks load; truncated, ragged or mutated ones are refused") {
+    // Valid: [64, 2] IQ4_NL (2 x 2 blocks of 18 bytes) and [256] IQ4_XS (one 136-byte block).
+    for (auto [type, dims, bytes] : {std::tuple{DType::IQ4_NL, std::vector<uint64_t>{64, 2}, 72},
+                                     std::tuple{DType::IQ4_XS, std::vector<uint64_t>{256}, 136}}) {
+        CAPTURE(dtypeName(type));
+        Result<GgufFile> f = ggufParse(oneTensor(dims, uint32_t(type), 0, size_t(bytes)), "m.gguf");
+        REQUIRE_MESSAGE(f.isOk(), f.message());
+        CHECK(f->tensors()[0].n_bytes == uint64_t(bytes));
+        CHECK(f->tensorData(f->tensors()[0]).isOk());
+        // One byte short of the last block.
+        expectError(oneTensor(dims, uint32_t(type), 0, size_t(bytes) - 1),
+                    {"tensor 't' (#0): data [0x", "runs past end of file"});
+    }
+    expectError(oneTensor({100}, uint32_t(DType::IQ4_NL), 0, 18 * 4),
+                {"row length 100 is not a whole number of IQ4_NL blocks (32 elements)"});
+    expectError(oneTensor({64}, uint32_t(DType::IQ4_XS), 0, 136),
+                {"row length 64 is not a whole number of IQ4_XS blocks (256 elements)"});
+
+    // Mutants of a file holding both types parse or fail with a message naming the file.
+    GgufWriter w;
+    std::vector<uint8_t> nl(18 * 4), xs(136 * 2);
+    for (size_t i = 0; i < nl.size(); ++i) nl[i] = uint8_t(i * 13);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = uint8_t(i * 7 + 1);
+    REQUIRE(w.addTensor("nl", DType::IQ4_NL, {64, 2}, nl).isOk());
+    REQUIRE(w.addTensor("xs", DType::IQ4_XS, {256, 2}, xs).isOk());
+    std::vector<uint8_t> file = *w.writeToMemory();
+    std::mt19937_64 rng(0x1a4);
+    MutationStats st;
+    for (int i = 0; i < 3000; ++i) {
+        std::vector<uint8_t> m = file;
+        mutate(m, rng, 0x80);
+        checkMutant(std::move(m), st);
+    }
+    CHECK(st.bad_message == 0);
+    CHECK(st.bad_span == 0);
+    CHECK(st.parsed > 100);
+    CHECK(st.failed > 300);
+}
 
 TEST_CASE("gguf: mutants parse or fail cleanly") {
     std::vector<uint8_t> stories = readFile(storiesDir() + "/stories260K.gguf");

@@ -437,10 +437,10 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
     // Every matrix type the verifier accepts for MATMUL (and EMBED) plans to its own kernels:
     // no accepted module can reach the "no GPU kernel" refusal through a weight type.
     Module q = m;
-    const std::vector<DType> types = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
-                                      DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                                      DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K,
-                                      DType::Q6_K};
+    const std::vector<DType> types = {DType::F32,  DType::F16,    DType::BF16,  DType::Q8_0,
+                                      DType::Q4_0, DType::Q4_1,   DType::Q5_0,  DType::Q5_1,
+                                      DType::Q2_K, DType::Q3_K,   DType::Q4_K,  DType::Q5_K,
+                                      DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
     for (DType t : types) {
         CAPTURE(dtypeName(t));
         q.tensors[0].dtype = t;

@@ -380,9 +380,9 @@ TEST_CASE("model config: errors name the key or tensor") {
         CHECK(loadError(s) == "syn.gguf: llama: missing tensor 'token_embd.weight'");
     }
     SUBCASE("unsupported type") {
-        s.retype["blk.1.attn_q.weight"] = DType::IQ4_NL;
+        s.retype["blk.1.attn_q.weight"] = DType::I64;
         CHECK(loadError(s) ==
-              "syn.gguf: llama: tensor 'blk.1.attn_q.weight' has type IQ4_NL, which BlueVM does "
+              "syn.gguf: llama: tensor 'blk.1.attn_q.weight' has type I64, which BlueVM does "
               "not support");
     }
     SUBCASE("tensor the forward pass would ignore") {

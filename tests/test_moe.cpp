@@ -161,6 +161,38 @@ TEST_CASE("moe: synthetic MoE models give the reference machine's tokens on the 
     CHECK_NO_VALIDATION_ERRORS();
 }
 
+// IQ4_XS and IQ4_NL through the whole model: 256-wide synthetic models (rows of 256 take IQ4_XS;
+// ffn_down's rows of 64 fall back to IQ4_NL) lowered and run on the GPU, dense and with experts
+// (the MOEMM kernels), give the reference machine's greedy tokens.
+TEST_CASE("moe: dense and MoE models in iq4_xs give the reference machine's tokens on the GPU") {
+    TempDir dir("blue_iq4");
+    for (const char* preset : {"peer-dim256", "mixtral-tiny"}) {
+        SynthConfig cfg = small(preset);
+        cfg.dim = 256;
+        SynthOptions so;
+        so.type = DType::IQ4_XS;
+        const std::string path = dir.path + "/" + preset + "_iq4_xs.gguf";
+        REQUIRE(synthWrite(cfg, so, path));
+        Lowered l = lowerFile(path);
+        std::map<DType, int> types;
+        for (const GgufTensor& t : l.gguf.tensors()) ++types[t.type];
+        CHECK(types[DType::IQ4_XS] > 0);
+        CHECK(types[DType::IQ4_NL] > 0);
+        INFO(std::string(preset) << ": " << types[DType::IQ4_XS] << " IQ4_XS and "
+                                 << types[DType::IQ4_NL] << " IQ4_NL tensors, " << l.cfg.n_expert
+                                 << " experts");
+        const std::vector<GenerationRequest> reqs = requests(5, 6);
+        TokensByTag ref = runRef(l.module, 3, reqs);
+        GpuRun g = runGpu(l.module, 3, reqs);
+        REQUIRE(ref.size() == reqs.size());
+        for (const GenerationRequest& r : reqs) {
+            CHECK(ref[r.tag].size() == 6);
+            CHECK_MESSAGE(g.tokens[r.tag] == ref[r.tag], "request " << r.tag);
+        }
+    }
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
 // One instance decoding one row per step: every layer reads exactly its k chosen experts, so the
 // expert bytes are rows x layers x k x one expert's bytes, k/E of what a dense pass over every
 // expert would read. With 16 instances stepping together the rows that chose the same expert

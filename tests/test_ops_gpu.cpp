@@ -78,8 +78,8 @@ constexpr uint32_t kWide = 172;  // a row width that is no multiple of 32, 64 or
 
 // Variants that must be built: MATMUL and EMBED weight types, KVSTORE and ATTN cache types.
 // Whatever else shaders/CMakeLists.txt builds is found and tested too.
-constexpr std::initializer_list<DType> kWeightTypes = {DType::F32, DType::F16, DType::BF16,
-                                                       DType::Q8_0, DType::Q4_0};
+constexpr std::initializer_list<DType> kWeightTypes = {
+    DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::IQ4_NL, DType::IQ4_XS};
 constexpr std::initializer_list<DType> kCacheTypes = {DType::F32, DType::F16};
 
 uint32_t roundUp(uint32_t n, uint32_t block) {
@@ -230,10 +230,12 @@ void embedCase(DType t) {
     Module m = om.build(plans);
     auto both = runOnBoth(m, uint32_t(plans.size()));
     if (!both) return;
-    // Dequantization is exact in float for the plain types, Q8_0 and Q4_0 (a copy, or d * q
-    // with at most 19 significant bits): identical rows. Formats with a second term (d * q - m)
-    // may round once more where a device fuses the multiply-add: 1e-6.
-    const bool exact = dtypeInfo(t)->block_elems == 1 || t == DType::Q8_0 || t == DType::Q4_0;
+    // Dequantization is exact in float for the plain types, Q8_0, Q4_0 and the IQ4 types (a copy,
+    // or d * q with at most 19 significant bits; IQ4_XS's d * code * level at most 11 + 6 + 7):
+    // identical rows. Formats with a second term (d * q - m) may round once more where a device
+    // fuses the multiply-add: 1e-6.
+    const bool exact = dtypeInfo(t)->block_elems == 1 || t == DType::Q8_0 || t == DType::Q4_0 ||
+                       t == DType::IQ4_NL || t == DType::IQ4_XS;
     expectClose(*both, e, totalRows(plans), exact ? 0.0 : 1e-6, "EMBED " + lowerName(t));
 }
 
@@ -361,8 +363,10 @@ void splitCases(Gpu& small) {
         DType t;
         uint32_t pieces_w, pieces_table;  // pieces of the [256, 300] matrix and [256, 64] table
     };
-    // 8 rows of K = 256: F32 8 KiB, Q4_0 1152 bytes, Q6_K 1792 bytes (host/weight_layout.h).
-    for (const Case& c : {Case{DType::F32, 10, 2}, Case{DType::Q4_0, 2, 1}, Case{DType::Q6_K, 3, 1}}) {
+    // 8 rows of K = 256: F32 8 KiB, Q4_0 and IQ4_XS 1152 bytes, Q6_K 1792 bytes
+    // (host/weight_layout.h).
+    for (const Case& c : {Case{DType::F32, 10, 2}, Case{DType::Q4_0, 2, 1}, Case{DType::Q6_K, 3, 1},
+                          Case{DType::IQ4_XS, 2, 1}}) {
         INFO("type " << lowerName(c.t));
         const uint32_t k = 256, n = 300;
         for (const std::vector<uint32_t>& rows : {std::vector<uint32_t>{1}, {3, 2, 1}, {6, 5, 8}}) {
@@ -378,10 +382,19 @@ void splitCases(Gpu& small) {
             om.step(Op::MATMUL, {yi, w, x});
             om.step(Op::EMBED, {e, table, BLUE_FA_TOKENS});
             std::vector<InstancePlan> plans = raggedPlans(om, rows, std::vector<uint32_t>(rows.size(), 0));
-            plans[0].tokens[0] = kVocab - 1;  // the last row of the last piece
+            // Sets a row's token, swapping with the row that held it: rows keep distinct tokens,
+            // which the comparison uses to pair GPU and reference rows.
+            auto place = [&plans](size_t p, size_t r, uint32_t token) {
+                const uint32_t displaced = plans[p].tokens[r];
+                for (InstancePlan& q : plans) {
+                    std::replace(q.tokens.begin(), q.tokens.end(), token, displaced);
+                }
+                plans[p].tokens[r] = token;
+            };
+            place(0, 0, kVocab - 1);  // the last row of the last piece
             if (rows.size() > 1) {
-                plans[1].tokens[0] = 3;
-                plans[1].tokens[1] = kVocab + 7;  // past the vocabulary: zeros
+                place(1, 0, 3);
+                place(1, 1, kVocab + 7);  // past the vocabulary: zeros
             }
             Module m = om.build(plans);
             Result<PagePlan> pages = planPages(m, uint32_t(plans.size()), small.device->maxPageBytes());

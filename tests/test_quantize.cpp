@@ -76,8 +76,9 @@ double relRmse(const std::vector<float>& ref, const std::vector<float>& got) {
 
 // Relative RMSE each stored type may show against the f32 original. Worst tensor measured on
 // stories260K (trained weights, heavier-tailed than Gaussian): F16 2.0e-4 (rounding bounds it by
-// 2^-11), Q8_0 0.0062, Q5_0 0.050, Q4_0 0.096; the bounds leave ~1.4x room and stay below the
-// next coarser format's typical error. Types that stories260K does not produce fail the check.
+// 2^-11), Q8_0 0.0062, Q5_0 0.050, IQ4_NL 0.081, Q4_0 0.096; the bounds leave ~1.4x room and stay
+// below the next coarser format's typical error. Types that stories260K does not produce fail the
+// check.
 double errorBound(DType t) {
     switch (t) {
         case DType::F16:
@@ -88,6 +89,8 @@ double errorBound(DType t) {
             return 0.07;
         case DType::Q4_0:
             return 0.13;
+        case DType::IQ4_NL:
+            return 0.11;
         default:
             return 0.0;
     }
@@ -105,6 +108,7 @@ DType expectedStoriesType(std::string_view name, DType target) {
         if (name == "blk.2.attn_v.weight" || name == "blk.4.attn_v.weight") return DType::Q8_0;
         return DType::Q5_0;
     }
+    if (target == DType::IQ4_XS) return DType::IQ4_NL;  // rows of 64: the 32-element fallback
     return target;
 }
 
@@ -127,6 +131,10 @@ TEST_CASE("quantize: type names and llama.cpp file types") {
     CHECK(quantizeFileType(DType::Q5_K) == 17);  // Q5_K_M
     CHECK(quantizeFileType(DType::Q6_K) == 18);
     CHECK(quantizeFileType(DType::BF16) == 32);
+    CHECK(quantizeTypeFromName("iq4_nl") == DType::IQ4_NL);
+    CHECK(quantizeTypeFromName("IQ4_XS") == DType::IQ4_XS);
+    CHECK(quantizeFileType(DType::IQ4_NL) == 25);
+    CHECK(quantizeFileType(DType::IQ4_XS) == 30);
 }
 
 TEST_CASE("quantize: which tensors are weight matrices") {
@@ -139,7 +147,7 @@ TEST_CASE("quantize: which tensors are weight matrices") {
     CHECK_FALSE(quantizeIsWeightMatrix("blk.0.ffn_gate_inp.weight", 2));  // the MoE router
 }
 
-TEST_CASE("quantize: the mix follows llama.cpp's Q4_K_M, Q3_K_M and Q2_K rules") {
+TEST_CASE("quantize: the mix follows llama.cpp's Q4_K_M, Q3_K_M, Q2_K and IQ4 rules") {
     // A 32-layer model with 4096-wide rows (whole K blocks), like Llama-2-7B.
     QuantizeModelInfo m{32, 1, 0, true};
     auto type = [&](const char* name, DType target) {
@@ -196,6 +204,32 @@ TEST_CASE("quantize: the mix follows llama.cpp's Q4_K_M, Q3_K_M and Q2_K rules")
         CHECK(quantizeTensorType("blk.6.ffn_down_exps.weight", 4096, DType::Q4_K, moe) ==
               DType::Q6_K);
     }
+    SUBCASE("IQ4_NL and IQ4_XS") {
+        // ffn_down Q5_K in the first n_layer/8 = 4 layers (no importance matrix), attn_v Q5_K
+        // when n_gqa >= 4; the output Q6_K; 8 experts: attn_output Q5_K, attn_v/attn_k Q8_0.
+        for (DType t : {DType::IQ4_NL, DType::IQ4_XS}) {
+            CAPTURE(dtypeName(t));
+            CHECK(type("blk.3.ffn_down.weight", t) == DType::Q5_K);
+            CHECK(type("blk.4.ffn_down.weight", t) == t);
+            CHECK(type("blk.0.attn_v.weight", t) == t);
+            CHECK(type("blk.0.attn_q.weight", t) == t);
+            CHECK(type("blk.0.attn_output.weight", t) == t);
+            CHECK(type("token_embd.weight", t) == t);
+            CHECK(type("output.weight", t) == DType::Q6_K);
+            QuantizeModelInfo gqa{32, 4, 0, true}, moe{32, 4, 8, true};
+            CHECK(quantizeTensorType("blk.9.attn_v.weight", 4096, t, gqa) == DType::Q5_K);
+            CHECK(quantizeTensorType("blk.9.attn_v.weight", 4096, t, moe) == DType::Q8_0);
+            CHECK(quantizeTensorType("blk.9.attn_k.weight", 4096, t, moe) == DType::Q8_0);
+            CHECK(quantizeTensorType("blk.9.attn_output.weight", 4096, t, moe) == DType::Q5_K);
+        }
+        // Rows that are whole 32-blocks but not 256-blocks: IQ4_XS and Q2_K/Q3_K take IQ4_NL,
+        // as llama.cpp does; the output (64 % 256 != 0) Q8_0.
+        CHECK(quantizeTensorType("blk.9.attn_q.weight", 896, DType::IQ4_XS, m) == DType::IQ4_NL);
+        CHECK(quantizeTensorType("blk.9.attn_q.weight", 896, DType::Q2_K, m) == DType::IQ4_NL);
+        CHECK(quantizeTensorType("blk.9.attn_q.weight", 896, DType::Q3_K, m) == DType::IQ4_NL);
+        CHECK(quantizeTensorType("output.weight", 896, DType::IQ4_XS, m) == DType::Q8_0);
+        CHECK(quantizeTensorType("output.weight", 896, DType::IQ4_NL, m) == DType::Q8_0);
+    }
     SUBCASE("row lengths that are not whole blocks fall back") {
         CHECK(quantizeTensorType("blk.9.attn_q.weight", 896, DType::Q4_K, m) == DType::Q5_0);
         CHECK(quantizeTensorType("blk.0.attn_v.weight", 896, DType::Q4_K, m) == DType::Q8_0);
@@ -205,11 +239,11 @@ TEST_CASE("quantize: the mix follows llama.cpp's Q4_K_M, Q3_K_M and Q2_K rules")
     }
 }
 
-TEST_CASE("quantize: stories260K to q8_0, q4_0 and q4_k") {
+TEST_CASE("quantize: stories260K to q8_0, q4_0, q4_k, iq4_nl and iq4_xs") {
     Result<GgufFile> src = ggufOpen(storiesPath());
     REQUIRE_MESSAGE(src, src.message());
     TempDir dir;
-    for (DType target : {DType::Q8_0, DType::Q4_0, DType::Q4_K}) {
+    for (DType target : {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::IQ4_NL, DType::IQ4_XS}) {
         CAPTURE(dtypeName(target));
         std::string out = dir.file(std::string(dtypeName(target)) + ".gguf");
         std::vector<std::string> notes;

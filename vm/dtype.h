@@ -32,10 +32,10 @@ namespace blue {
     X(IQ2_XS, 17, 256, 74, false)   \
     X(IQ3_XXS, 18, 256, 98, false)  \
     X(IQ1_S, 19, 256, 50, false)    \
-    X(IQ4_NL, 20, 32, 18, false)    \
+    X(IQ4_NL, 20, 32, 18, true)     \
     X(IQ3_S, 21, 256, 110, false)   \
     X(IQ2_S, 22, 256, 82, false)    \
-    X(IQ4_XS, 23, 256, 136, false)  \
+    X(IQ4_XS, 23, 256, 136, true)   \
     X(I8, 24, 1, 1, true)           \
     X(I16, 25, 1, 2, true)          \
     X(I32, 26, 1, 4, true)          \

@@ -1,6 +1,6 @@
 // Row-level entry points of the quantized formats (see quant.h): dispatch on the element type, the
 // plain types (F32/F16/BF16/integers), the 32-element formats Q4_0..Q8_1, the dot product and the
-// storability rules. The K-quants live in quant_k.cpp.
+// storability rules. The K-quants live in quant_k.cpp, IQ4_NL and IQ4_XS in quant_iq4.cpp.
 #include "vm/quant.h"
 
 #include <cassert>
@@ -41,6 +41,8 @@ static_assert(matchesTable<BlockQ4_K>(DType::Q4_K, kKBlock));
 static_assert(matchesTable<BlockQ5_K>(DType::Q5_K, kKBlock));
 static_assert(matchesTable<BlockQ6_K>(DType::Q6_K, kKBlock));
 static_assert(matchesTable<BlockQ8_K>(DType::Q8_K, kKBlock));
+static_assert(matchesTable<BlockIQ4_NL>(DType::IQ4_NL, kQBlock));
+static_assert(matchesTable<BlockIQ4_XS>(DType::IQ4_XS, kKBlock));
 
 // ---- 32-element formats: decode ----
 
@@ -292,6 +294,12 @@ void encodeRow(DType t, const float* src, void* dst, int64_t n, bool search) {
         case DType::Q6_K:
             encodeBlocks<BlockQ6_K>(src, dst, n, kKBlock, k(encodeQ6_K));
             return;
+        case DType::IQ4_NL:
+            encodeBlocks<BlockIQ4_NL>(src, dst, n, kQBlock, k(encodeIQ4_NL));
+            return;
+        case DType::IQ4_XS:
+            encodeBlocks<BlockIQ4_XS>(src, dst, n, kKBlock, k(encodeIQ4_XS));
+            return;
         default:
             assert(false && "unreachable: quantCanEncode covers the cases above");
     }
@@ -372,6 +380,12 @@ void dequantizeRow(DType t, const void* src, float* dst, int64_t n) {
         case DType::Q8_K:
             decodeBlocks<BlockQ8_K>(src, dst, n, kKBlock, decodeQ8_K);
             return;
+        case DType::IQ4_NL:
+            decodeBlocks<BlockIQ4_NL>(src, dst, n, kQBlock, decodeIQ4_NL);
+            return;
+        case DType::IQ4_XS:
+            decodeBlocks<BlockIQ4_XS>(src, dst, n, kKBlock, decodeIQ4_XS);
+            return;
         default:
             assert(false && "unreachable: assertRow admits only supported types");
     }
@@ -428,7 +442,8 @@ DType quantFallback(DType wanted, int64_t row_len) {
     switch (wanted) {
         case DType::Q2_K:
         case DType::Q3_K:
-            alt = DType::Q4_0;
+        case DType::IQ4_XS:
+            alt = DType::IQ4_NL;
             break;
         case DType::Q4_K:
             alt = DType::Q5_0;

@@ -140,6 +140,30 @@ struct BlockQ8_K {
     int16_t bsums[16];
 };
 
+// The 16 levels of the non-linear 4-bit formats (llama.cpp's kvalues_iq4nl): a 4-bit code c
+// stands for kIq4Values[c]. Denser near zero, where most weights are; asymmetric (-127..113).
+inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+
+// IQ4_NL, 18 bytes: [d:half][qs:16]   nibbles as Q4_0;  x = d * kIq4Values[nibble]
+struct BlockIQ4_NL {
+    uint16_t d;
+    uint8_t qs[16];
+};
+
+// IQ4_XS, 136 bytes: [d:half][scales_h:2][scales_l:4][qs:128]
+//   8 sub-blocks of 32; sub-block s = i/32 keeps its elements in qs[16*s .. 16*s+15], nibbles as
+//   Q4_0 (element 32s + j, j < 16: lo(qs[16s + j]); j >= 16: hi(qs[16s + j - 16])).
+//   6-bit scale of sub-block s (h = little-endian uint16 of scales_h):
+//     ls = (scales_l[s/2] >> 4*(s%2)) & 0xF | ((h >> 2*s) & 3) << 4;   signed scale ls - 32
+//   x = d * (ls - 32) * kIq4Values[nibble]
+struct BlockIQ4_XS {
+    uint16_t d;
+    uint8_t scales_h[2];
+    uint8_t scales_l[4];
+    uint8_t qs[128];
+};
+
 #pragma pack(pop)
 
 // True for the types dequantizeRow and dotRow accept: every `supported` type of the table
@@ -159,11 +183,12 @@ void dequantizeRow(DType t, const void* src, float* dst, int64_t n);
 // Finite input never yields NaN or inf on decode: block scales that would exceed the fp16 range
 // saturate at 65504 and the values they cannot reach are clamped. Non-finite input is the
 // caller's error; it causes no undefined behaviour but the block contents are unspecified.
-// The K-quants search each sub-block's scale (and min) by least squares (see quant_k.cpp).
+// The K-quants search each sub-block's scale (and min) by least squares (see quant_k.cpp); IQ4_NL
+// and IQ4_XS search each 32-element block's scale against the non-linear levels (quant_iq4.cpp).
 void quantizeRow(DType t, const float* src, void* dst, int64_t n);
 
-// As quantizeRow, but the K-quants take each sub-block's scale and min from its plain min/max
-// range, without the least-squares search. Exists only to measure what the search gains; other
+// As quantizeRow, but the K-quants and IQ4 types take each (sub-)block's scale (and min) from its
+// plain min/max range, without the search. Exists only to measure what the search gains; other
 // types encode exactly as quantizeRow.
 void quantizeRowBaseline(DType t, const float* src, void* dst, int64_t n);
 
@@ -180,9 +205,9 @@ Status checkQuantizable(DType t, int64_t row_len);
 // The type to store a tensor with rows of `row_len` (> 0) elements when `wanted` was asked for
 // (quantCanEncode(wanted) asserted):
 //   - `wanted` itself when row_len is a multiple of its block;
-//   - else, for a K-quant, the 32-element format of similar size when row_len is a multiple of 32:
-//     Q2_K, Q3_K -> Q4_0;  Q4_K -> Q5_0;  Q5_K -> Q5_1;  Q6_K, Q8_K -> Q8_0
-//     (llama.cpp's rule, with Q4_0 where it would pick IQ4_NL, which BlueVM does not support);
+//   - else, for a 256-element format, the 32-element format of similar size when row_len is a
+//     multiple of 32 (llama.cpp's rule in llama_tensor_get_type):
+//     Q2_K, Q3_K, IQ4_XS -> IQ4_NL;  Q4_K -> Q5_0;  Q5_K -> Q5_1;  Q6_K, Q8_K -> Q8_0;
 //   - else F16 (e.g. stories260K's ffn_down, rows of 172).
 DType quantFallback(DType wanted, int64_t row_len);
 

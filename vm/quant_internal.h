@@ -1,5 +1,6 @@
-// Internal to vm/quant.cpp and vm/quant_k.cpp: rounding helpers shared by the encoders, and the
-// per-block entry points of the K-quants. Not part of the public API (use vm/quant.h).
+// Internal to vm/quant.cpp, vm/quant_k.cpp and vm/quant_iq4.cpp: rounding helpers shared by the
+// encoders, and the per-block entry points of the K-quants and the IQ4 types. Not part of the
+// public API (use vm/quant.h).
 #pragma once
 
 #include <algorithm>
@@ -51,5 +52,11 @@ void encodeQ4_K(const float* x, BlockQ4_K& b, bool search);
 void encodeQ5_K(const float* x, BlockQ5_K& b, bool search);
 void encodeQ6_K(const float* x, BlockQ6_K& b, bool search);
 void encodeQ8_K(const float* x, BlockQ8_K& b);
+
+// Non-linear 4-bit blocks (quant_iq4.cpp): decode / encode 32 (IQ4_NL) or 256 (IQ4_XS) floats.
+void decodeIQ4_NL(const BlockIQ4_NL& b, float* y);
+void decodeIQ4_XS(const BlockIQ4_XS& b, float* y);
+void encodeIQ4_NL(const float* x, BlockIQ4_NL& b, bool search);
+void encodeIQ4_XS(const float* x, BlockIQ4_XS& b, bool search);
 
 }  // namespace blue::quant_internal

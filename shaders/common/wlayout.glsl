@@ -47,6 +47,10 @@
 #elif defined(WTYPE_Q6_K)
 #define WL_E 256u
 #define WL_T 14u
+#elif defined(WTYPE_IQ4_NL) || defined(WTYPE_IQ4_XS)
+#define WL_E 256u
+#define WL_T 9u
+#define WL_IQ4
 #else
 #error "define a WTYPE_* for common/wlayout.glsl"
 #endif
@@ -89,13 +93,26 @@ struct WHead {
 
 vec4 nib4(uint word, uint shift) { return vec4((uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 15u); }
 vec4 crumb4(uint word, uint shift) { return vec4((uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 3u); }
+#ifdef WL_IQ4
+// IQ4_NL/IQ4_XS: the level of each 4-bit code c (vm/quant.h, kIq4Values), plus 127 (0..240), in
+// byte c % 4 of word c / 4. Selected with ALU ops: indexing a constant array by a dynamic index
+// becomes per-invocation memory on CPU drivers (measured 6x slower decode on lavapipe).
+const uvec4 kIq4Packed = uvec4(0x3e2c1700u, 0x75695c4eu, 0xa5988c80u, 0xf0d8c4b4u);
+vec4 iq4Nib4(uint word, uint shift) {
+    uvec4 c = (uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 15u;
+    bvec4 odd = notEqual(c & 4u, uvec4(0u)), high = greaterThanEqual(c, uvec4(8u));
+    uvec4 lo = mix(uvec4(kIq4Packed.x), uvec4(kIq4Packed.y), odd);
+    uvec4 hi = mix(uvec4(kIq4Packed.z), uvec4(kIq4Packed.w), odd);
+    return vec4((mix(lo, hi, high) >> ((c & 3u) * 8u)) & 0xFFu) - 127.0;
+}
+#endif
 uint bitsOf(uint word, uint shift) {  // bit `shift` of each byte, packed 0..3
     uvec4 b = (uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 1u;
     return b.x | (b.y << 1) | (b.z << 2) | (b.w << 3);
 }
 
 void wHead(uint base, uint bpr, uint row, uint g, out WHead h) {
-#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_K)
+#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_K) || defined(WL_IQ4)
     h.t0 = wTexel(base, bpr, row, g, 0u);
 #elif defined(WTYPE_Q4_1)
     h.t0 = wTexel(base, bpr, row, g, 0u);
@@ -125,6 +142,20 @@ void wHead(uint base, uint bpr, uint row, uint g, out WHead h) {
     h.t2 = wTexel(base, bpr, row, g, 6u);  // scales, d
 #endif
 }
+
+#ifdef WL_IQ4
+// IQ4 scale of group s (its 16 quant bytes are texel 1 + s): IQ4_NL's is half s of t0; IQ4_XS's
+// is d * (code - 32), d half 0 of t0, the code's high 2 bits in scales_h (half 1), its low 4 in
+// scales_l (bytes 4..7).
+float iq4Scale(uvec4 t0, uint s) {
+#if defined(WTYPE_IQ4_NL)
+    return halfOf(t0, s);
+#else
+    uint code = ((byteOf(t0, 4u + (s >> 1)) >> (4u * (s & 1u))) & 15u) | (((t0.x >> (16u + 2u * s)) & 3u) << 4);
+    return halfOf(t0, 0u) * float(int(code) - 32);
+#endif
+}
+#endif
 
 // Q4_K/Q5_K 6-bit scale and min of sub-block s, from the 12 scale bytes at bytes 4..15 of t0.
 uvec2 kScaleMin(uvec4 t0, uint s) {
@@ -171,6 +202,15 @@ void wGroup(uint base, uint bpr, uint row, uint g, uint s, WHead h, out vec4 q[8
     }
     sc = vec2(d);
     mn = vec2(m);
+#elif defined(WL_IQ4)
+    float d = iq4Scale(h.t0, s);
+    uvec4 t = wTexel(base, bpr, row, g, 1u + s);
+    for (uint j = 0u; j < 4u; ++j) {
+        q[j] = iq4Nib4(t[j], 0u);
+        q[j + 4u] = iq4Nib4(t[j], 4u);
+    }
+    sc = vec2(d);
+    mn = vec2(0.0);
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     float d = halfOf(h.t0, 0u), dmin = halfOf(h.t0, 1u);
     uvec2 sm = kScaleMin(h.t0, s);
