@@ -1,9 +1,10 @@
 // The official `openai` npm package as a client of `bluevm serve`: the test starts the server on a
 // free port with stories260K and an API key, and runs tests/openai_client/test.mjs under Node.js
 // against it (models, completions and chat plain and streamed, log-probabilities, seeds, stops and
-// the client's typed errors). Without node or tests/openai_client/node_modules (tools/install_deps.sh
-// runs `npm ci` there) the case says why and passes, unless BLUE_REQUIRE_OPENAI_CLIENT=1 (set by
-// tools/test.sh when the client was installed) makes that a failure.
+// the client's typed errors). Without node or tests/openai_client/node_modules
+// (tools/install_deps.sh runs `npm ci` there) the case says why and passes, unless
+// BLUE_REQUIRE_OPENAI_CLIENT=1 (set by tools/test.sh when the client was installed) makes that a
+// failure.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -29,7 +30,8 @@ std::string findOnPath(const std::string& name) {
     for (std::string dir; std::getline(dirs, dir, ':');) {
         if (dir.empty()) continue;
         std::string candidate = dir + "/" + name;
-        if (access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate)) return candidate;
+        if (access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate))
+            return candidate;
     }
     return "";
 }
@@ -38,7 +40,9 @@ std::string findOnPath(const std::string& name) {
 std::string clientMissing(const std::string& node, const std::string& dir) {
     if (node.empty()) return "node is not on PATH (tools/install_deps.sh installs nodejs and npm)";
     if (!std::filesystem::exists(dir + "/node_modules/openai/package.json")) {
-        return dir + "/node_modules has no openai package (run `npm ci` there, as tools/install_deps.sh does)";
+        return dir +
+               "/node_modules has no openai package (run `npm ci` there, as tools/install_deps.sh "
+               "does)";
     }
     return "";
 }
@@ -55,13 +59,13 @@ TEST_CASE("openai client: the official openai npm package drives bluevm serve (t
     }
     const std::string key = "sk-bluevm-openai-client-test";
     Child server({std::string(BLUE_BINARY_DIR) + "/host/bluevm", "serve", "--model",
-                  sharedDir() + "/models/stories260K/stories260K.gguf", "--port", "0", "--instances", "2",
-                  "--ctx", "256", "--api-key", key});
+                  sharedDir() + "/models/stories260K/stories260K.gguf", "--port", "0",
+                  "--instances", "2", "--ctx", "256", "--api-key", key});
     std::smatch m;
     const std::regex listening("on http://127\\.0\\.0\\.1:([0-9]+) ");
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (!std::regex_search(server.err_text, m, listening) && std::chrono::steady_clock::now() < until &&
-           server.err >= 0) {
+    while (!std::regex_search(server.err_text, m, listening) &&
+           std::chrono::steady_clock::now() < until && server.err >= 0) {
         server.pump(100);
     }
     REQUIRE_MESSAGE(std::regex_search(server.err_text, m, listening), server.err_text);

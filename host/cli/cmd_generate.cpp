@@ -60,8 +60,11 @@ json logprobsJson(const Engine& e, const Completion& c) {
         for (const auto& [id, lp] : c.logprobs[i].top) {
             top.push_back({{"id", id}, {"token", pieceText(e, id)}, {"logprob", lp}});
         }
-        all.push_back({{"index", i}, {"id", c.tokens[i]}, {"token", pieceText(e, c.tokens[i])},
-                       {"logprob", c.logprobs[i].logprob}, {"top_logprobs", top}});
+        all.push_back({{"index", i},
+                       {"id", c.tokens[i]},
+                       {"token", pieceText(e, c.tokens[i])},
+                       {"logprob", c.logprobs[i].logprob},
+                       {"top_logprobs", top}});
     }
     return all;
 }
@@ -75,17 +78,19 @@ std::string dumpJson(const json& j) {
 // and newlines), e.g.  `   1  -0.0312  " upon"       | " upon" -0.0312  " a" -4.1830`.
 void printLogprobs(const Engine& e, const Completion& c, const std::string& format) {
     const json all = logprobsJson(e, c);
-    if (format != "json") std::fprintf(stderr, "   #   logprob  token          | alternatives, most likely first\n");
+    if (format != "json")
+        std::fprintf(stderr, "   #   logprob  token          | alternatives, most likely first\n");
     for (const json& t : all) {
         std::string line;
         if (format == "json") {
             line = dumpJson(t);
         } else {
-            line = strFormat("%4zu %9.4f  %-14s", t["index"].get<size_t>(), t["logprob"].get<double>(),
-                             dumpJson(t["token"]).c_str());
+            line = strFormat("%4zu %9.4f  %-14s", t["index"].get<size_t>(),
+                             t["logprob"].get<double>(), dumpJson(t["token"]).c_str());
             if (!t["top_logprobs"].empty()) line += " |";
             for (const json& alt : t["top_logprobs"]) {
-                line += strFormat(" %s %.4f", dumpJson(alt["token"]).c_str(), alt["logprob"].get<double>());
+                line += strFormat(" %s %.4f", dumpJson(alt["token"]).c_str(),
+                                  alt["logprob"].get<double>());
             }
         }
         std::fprintf(stderr, "%s\n", line.c_str());
@@ -211,8 +216,11 @@ int runMany(Engine& engine, const GenerateArgs& a) {
     for (size_t i = 0; i < reqs.size(); ++i) {
         const Completion& c = results.value()[i];
         gen += c.tokens.size();
-        json j = {{"index", i}, {"prompt", prompts.value()[i].first}, {"text", c.text},
-                            {"prompt_tokens", reqs[i].prompt.size()}, {"tokens", c.tokens.size()}};
+        json j = {{"index", i},
+                  {"prompt", prompts.value()[i].first},
+                  {"text", c.text},
+                  {"prompt_tokens", reqs[i].prompt.size()},
+                  {"tokens", c.tokens.size()}};
         if (a.ids) j["ids"] = c.tokens;
         if (a.logprobs >= 0) j["logprobs"] = logprobsJson(engine, c);
         std::string line = dumpJson(j) + "\n";
@@ -286,16 +294,20 @@ Command addGenerateCommand(CLI::App& app) {
     sub->add_flag("--no-echo", a->no_echo, "do not print the prompt before the generated text");
     sub->add_flag("--stats", a->stats, "print counters and speed as one JSON line on stderr");
     sub->add_flag("--profile", a->profile, "time every kernel (stderr)");
-    sub->add_option("--logprobs", a->logprobs,
-                    "print each generated token's log-probability and its N most likely "
-                    "alternatives (0..20) on stderr after the text (with --prompts: in each result)")
+    sub->add_option(
+           "--logprobs", a->logprobs,
+           "print each generated token's log-probability and its N most likely "
+           "alternatives (0..20) on stderr after the text (with --prompts: in each result)")
         ->each([a](const std::string&) { a->logprobs_given = true; });
-    sub->add_option("--logprobs-format", a->logprobs_format, "--logprobs as a 'text' table or 'json' lines");
+    sub->add_option("--logprobs-format", a->logprobs_format,
+                    "--logprobs as a 'text' table or 'json' lines");
     return [a] {
         if (!a->seed_given) a->sampling.seed = uint32_t(std::time(nullptr));
-        if (a->logprobs_given && (a->logprobs < 0 || a->logprobs > int32_t(BLUE_MAX_TOP_LOGPROBS))) {
-            return fail(strFormat("--logprobs %d: N is the number of alternatives per token, 0 to %d",
-                                  a->logprobs, BLUE_MAX_TOP_LOGPROBS));
+        if (a->logprobs_given &&
+            (a->logprobs < 0 || a->logprobs > int32_t(BLUE_MAX_TOP_LOGPROBS))) {
+            return fail(
+                strFormat("--logprobs %d: N is the number of alternatives per token, 0 to %d",
+                          a->logprobs, BLUE_MAX_TOP_LOGPROBS));
         }
         if (a->logprobs_format != "text" && a->logprobs_format != "json") {
             return fail("--logprobs-format " + a->logprobs_format + ": 'text' or 'json'");
