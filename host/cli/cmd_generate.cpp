@@ -51,8 +51,8 @@ std::string pieceText(const Engine& e, uint32_t id) {
     return std::string(e.tokenizer().piece(int32_t(id), true));
 }
 
-// A completion's log-probabilities, one object a token:
-// {"index", "id", "token", "logprob", "top_logprobs": [{"id", "token", "logprob"}, ...]}.
+// A completion's log-probabilities, one object a token (keys print sorted):
+// {"id", "index", "logprob", "token", "top_logprobs": [{"id", "logprob", "token"}, ...]}.
 json logprobsJson(const Engine& e, const Completion& c) {
     json all = json::array();
     for (size_t i = 0; i < c.tokens.size() && i < c.logprobs.size(); ++i) {
@@ -75,7 +75,7 @@ std::string dumpJson(const json& j) {
 }
 
 // Prints --logprobs on stderr: JSON lines, or a table with the token quoted (pieces hold spaces
-// and newlines), e.g.  `   1  -0.0312  " upon"       | " upon" -0.0312  " a" -4.1830`.
+// and newlines), e.g. `   1   -0.0684  " there"       | " there" -0.0684 " in" -2.9794`.
 void printLogprobs(const Engine& e, const Completion& c, const std::string& format) {
     const json all = logprobsJson(e, c);
     if (format != "json")
