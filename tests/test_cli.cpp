@@ -210,6 +210,103 @@ TEST_CASE("cli: the C API example serves its prompts") {
     CHECK(c.err_text.find(", 0 round trips") != std::string::npos);
 }
 
+// The JSON objects among `text`'s lines (--logprobs-format json on stderr).
+std::vector<json> jsonLines(const std::string& text) {
+    std::istringstream lines(text);
+    std::vector<json> out;
+    for (std::string line; std::getline(lines, line);) {
+        if (!line.empty() && line[0] == '{') out.push_back(json::parse(line));
+    }
+    return out;
+}
+
+TEST_CASE("cli: generate --logprobs N prints each token's log-probability and N sorted alternatives") {
+    const std::string prompt = "Once upon a time";
+    const std::string alone = generateAlone(prompt, 12);
+    Child c({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", prompt, "-n",
+             "12", "--temp", "0", "--ctx", "128", "--no-echo", "--logprobs", "4",
+             "--logprobs-format", "json"});
+    REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    CHECK(c.out_text == alone + "\n");  // stdout stays the text
+    const std::vector<json> tokens = jsonLines(c.err_text);
+    REQUIRE(tokens.size() == 12);
+    std::string joined;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        CAPTURE(i);
+        const json& t = tokens[i];
+        CHECK(t["index"] == i);
+        const float lp = t["logprob"];
+        CHECK(lp <= 0.0f);
+        joined += t["token"].get<std::string>();
+        const json& top = t["top_logprobs"];
+        REQUIRE(top.size() == 4);
+        // Greedy: the chosen token is the first alternative, with the same log-probability.
+        CHECK(top[0]["id"] == t["id"]);
+        CHECK(top[0]["token"] == t["token"]);
+        CHECK(top[0]["logprob"].get<float>() == lp);
+        for (size_t k = 1; k < top.size(); ++k) {
+            CHECK(top[k]["logprob"].get<float>() <= top[k - 1]["logprob"].get<float>());
+            CHECK(top[k]["id"] != top[0]["id"]);
+        }
+    }
+    CHECK((joined == alone || joined == " " + alone));  // SentencePiece drops the first space
+
+    // The table: one line a token, the token quoted, then its alternatives.
+    Child table({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", prompt, "-n",
+                 "5", "--temp", "0", "--ctx", "128", "--no-echo", "--logprobs", "2"});
+    REQUIRE_MESSAGE(table.wait() == 0, table.err_text);
+    const std::regex row(
+        "^ +([0-9]+) +(-[0-9.]+|0\\.0000) +(\"[^\"]*\") +\\| \\3 \\2 \"[^\"]*\" -[0-9.]+$");
+    std::istringstream lines(table.err_text);
+    int rows = 0;
+    for (std::string line; std::getline(lines, line);) {
+        std::smatch m;
+        if (!std::regex_match(line, m, row)) continue;
+        CHECK(std::stoi(m[1]) == rows);
+        ++rows;
+    }
+    CHECK_MESSAGE(rows == 5, table.err_text);
+
+    // Sampled, N = 0: each token's log-probability alone; --prompts: in each JSONL result.
+    Child sampled({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", prompt,
+                   "-n", "10", "--temp", "0.9", "--seed", "3", "--ctx", "128", "--logprobs", "0",
+                   "--logprobs-format", "json"});
+    REQUIRE_MESSAGE(sampled.wait() == 0, sampled.err_text);
+    const std::vector<json> drawn = jsonLines(sampled.err_text);
+    CHECK(drawn.size() == 10);
+    for (const json& t : drawn) {
+        CHECK(t["logprob"].get<float>() <= 0.0f);
+        CHECK(t["top_logprobs"].empty());
+    }
+    TempDir dir;
+    const std::string file = dir.path + "/prompts.txt";
+    std::ofstream(file) << "Once upon a time\nThe dog\n";
+    Child many({binary("host/bluevm"), "generate", "--model", stories(), "--prompts", file,
+                "--instances", "2", "-n", "6", "--temp", "0", "--ctx", "128", "--logprobs", "1"});
+    REQUIRE_MESSAGE(many.wait() == 0, many.err_text);
+    const std::vector<json> results = jsonLines(many.out_text);
+    REQUIRE(results.size() == 2);
+    for (const json& r : results) {
+        REQUIRE(r["logprobs"].size() == r["tokens"].get<size_t>());
+        for (const json& t : r["logprobs"]) CHECK(t["top_logprobs"][0]["id"] == t["id"]);
+    }
+}
+
+TEST_CASE("cli: generate --logprobs refuses N outside 0..20 and an unknown format with one line") {
+    for (const char* n : {"21", "-1", "100"}) {
+        CAPTURE(n);
+        Child c({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", "Lily", "-n",
+                 "2", "--logprobs", n});
+        CHECK(c.wait(60) == 1);
+        CHECK(c.err_text == std::string("bluevm: --logprobs ") + n +
+                                ": N is the number of alternatives per token, 0 to 20\n");
+        CHECK(c.out_text.empty());
+    }
+    Child f({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", "Lily", "-n", "2",
+             "--logprobs", "1", "--logprobs-format", "xml"});
+    CHECK(f.wait(60) == 1);
+    CHECK(f.err_text == "bluevm: --logprobs-format xml: 'text' or 'json'\n");
+}
 
 // `bluevm generate --ids` token ids of one run (REQUIREs exit 0).
 std::vector<uint32_t> generateIds(const std::vector<std::string>& extra) {

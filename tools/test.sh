@@ -6,6 +6,8 @@
 #     profile that lowers no limit of the device at hand is skipped)
 #   - GPU-assisted validation (BLUE_VALIDATION=gpu) over the GPU kernel and program tests
 #   - AddressSanitizer + UBSan build (tools/test_sanitize.sh)
+# The openai npm client test (tests/openai_client) skips without node or its node_modules, except
+# after tools/install_deps.sh installed them (BLUE_REQUIRE_OPENAI_CLIENT=1).
 # Usage: tools/test.sh [--quick] [doctest options]   (--quick: the first run only)
 # Ends with one line "tests: N passed, N failed" counting every run's test cases.
 set -euo pipefail
@@ -18,6 +20,10 @@ fi
 bash tools/build.sh
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 export BLUE_VALIDATION=${BLUE_VALIDATION:-1}
+# tools/install_deps.sh installed the openai npm client: its test must run, not skip.
+if [ -f tests/openai_client/.npm_ci_ok ]; then
+  export BLUE_REQUIRE_OPENAI_CLIENT=${BLUE_REQUIRE_OPENAI_CLIENT:-1}
+fi
 tests="${BUILD_DIR:-build}/tests/blue_tests"
 logs=$(mktemp -d)
 passed=0
@@ -60,9 +66,10 @@ if [ "$quick" -eq 0 ]; then
   # already do (serving over HTTP and the C API, the write-ahead log's process kills, the
   # command-line runs of programs/ and of the ceilings), the mutation tests of the loaders (host
   # code), and the programs-against-the-reference test (mostly reference runs, the same on every
-  # device; the GPU side of every program runs in the other cascade tests): they test
+  # device; the GPU side of every program runs in the other cascade tests), and the openai npm
+  # client (host and Node.js code over the same server): they test
   # host code, take a third of a pass, and run once in the first pass and the sanitizer pass.
-  host_heavy='-tce=cascade serving*,cascade wal*,capi: bluevm_cascade*,cli: bluevm serve --cascade*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,peak: bluevm devices*,cascade: mutated*,verify: mutants*,cascade: every program in programs/ gives*'
+  host_heavy='-tce=openai client:*,cascade serving*,cascade wal*,capi: bluevm_cascade*,cli: bluevm serve --cascade*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,peak: bluevm devices*,cascade: mutated*,verify: mutants*,cascade: every program in programs/ gives*'
   run subgroup-4 LP_NATIVE_VECTOR_WIDTH=128 -- "$host_heavy" "$@"
   run subgroup-16 LP_NATIVE_VECTOR_WIDTH=512 -- "$host_heavy" "$@"
   # A profile that lowers none of this device's limits (`bluevm devices` says so) would repeat

@@ -4,6 +4,9 @@
 //                  results as JSONL, --instances N instances serving them together
 //   conversations: --kv-save F keeps the KV cache of a --prompt run; --kv-load F continues one
 //                  (the prompt is appended; an empty prompt goes on generating)
+//   log-probabilities: --logprobs N prints each generated token's log-probability and its N most
+//                  likely alternatives (computed on the GPU by SAMPLE) on stderr after the text,
+//                  as a table or (--logprobs-format json) one JSON object a token
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -14,6 +17,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/progress.h"
 #include "host/llm/engine.h"
+#include "vm/llm_abi.h"
 
 namespace blue::cli {
 
@@ -28,7 +32,70 @@ struct GenerateArgs {
     uint64_t vram_budget = 0;
     GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     bool stats = false, ids = false, no_echo = false, profile = false;
+    int32_t logprobs = -1;  // --logprobs N: alternatives per token (-1: no log-probabilities)
+    bool logprobs_given = false;
+    std::string logprobs_format = "text";
 };
+
+using json = nlohmann::json;
+
+// Applies --logprobs to a request: the token's own log-probability and N alternatives.
+void askLogprobs(const GenerateArgs& a, GenerationRequest* r) {
+    r->logprobs = a.logprobs >= 0;
+    r->top_logprobs = a.logprobs > 0 ? uint32_t(a.logprobs) : 0;
+}
+
+// The text a token contributes (control tokens' own text included, so EOS among the
+// alternatives shows as itself).
+std::string pieceText(const Engine& e, uint32_t id) {
+    return std::string(e.tokenizer().piece(int32_t(id), true));
+}
+
+// A completion's log-probabilities, one object a token (keys print sorted):
+// {"id", "index", "logprob", "token", "top_logprobs": [{"id", "logprob", "token"}, ...]}.
+json logprobsJson(const Engine& e, const Completion& c) {
+    json all = json::array();
+    for (size_t i = 0; i < c.tokens.size() && i < c.logprobs.size(); ++i) {
+        json top = json::array();
+        for (const auto& [id, lp] : c.logprobs[i].top) {
+            top.push_back({{"id", id}, {"token", pieceText(e, id)}, {"logprob", lp}});
+        }
+        all.push_back({{"index", i},
+                       {"id", c.tokens[i]},
+                       {"token", pieceText(e, c.tokens[i])},
+                       {"logprob", c.logprobs[i].logprob},
+                       {"top_logprobs", top}});
+    }
+    return all;
+}
+
+std::string dumpJson(const json& j) {
+    // A byte token's piece may be part of a UTF-8 sequence: replace, never throw.
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// Prints --logprobs on stderr: JSON lines, or a table with the token quoted (pieces hold spaces
+// and newlines), e.g. `   1   -0.0684  " there"       | " there" -0.0684 " in" -2.9794`.
+void printLogprobs(const Engine& e, const Completion& c, const std::string& format) {
+    const json all = logprobsJson(e, c);
+    if (format != "json")
+        std::fprintf(stderr, "   #   logprob  token          | alternatives, most likely first\n");
+    for (const json& t : all) {
+        std::string line;
+        if (format == "json") {
+            line = dumpJson(t);
+        } else {
+            line = strFormat("%4zu %9.4f  %-14s", t["index"].get<size_t>(),
+                             t["logprob"].get<double>(), dumpJson(t["token"]).c_str());
+            if (!t["top_logprobs"].empty()) line += " |";
+            for (const json& alt : t["top_logprobs"]) {
+                line += strFormat(" %s %.4f", dumpJson(alt["token"]).c_str(),
+                                  alt["logprob"].get<double>());
+            }
+        }
+        std::fprintf(stderr, "%s\n", line.c_str());
+    }
+}
 
 // Reads --prompts FILE: plain lines are prompts; lines starting with '{' are JSON objects with
 // "prompt" and optional "max_tokens", "temperature", "top_k", "top_p", "min_p",
@@ -44,6 +111,7 @@ Result<std::vector<std::pair<std::string, GenerationRequest>>> readPrompts(const
         r.max_new = uint32_t(a.n_predict);
         r.sampling = a.sampling;
         r.sampling.seed = a.sampling.seed + uint32_t(out.size());
+        askLogprobs(a, &r);
         std::string text = line;
         if (line[0] == '{') {
             auto j = nlohmann::json::parse(line, nullptr, false);
@@ -93,6 +161,7 @@ int runOne(Engine& engine, const GenerateArgs& a) {
     GenerationRequest r;
     r.max_new = uint32_t(a.n_predict);
     r.sampling = a.sampling;
+    askLogprobs(a, &r);
     KvSnapshot restore, saved;
     KvRun kv;
     if (!a.kv_load.empty()) {
@@ -122,6 +191,7 @@ int runOne(Engine& engine, const GenerateArgs& a) {
     }
     std::printf("\n");
     std::fflush(stdout);
+    if (a.logprobs >= 0) printLogprobs(engine, c, a.logprobs_format);
     if (a.stats) std::fprintf(stderr, "%s\n", statsJson(engine, r.prompt.size(), c.tokens.size(), ms, results.value()).c_str());
     return 0;
 }
@@ -146,10 +216,14 @@ int runMany(Engine& engine, const GenerateArgs& a) {
     for (size_t i = 0; i < reqs.size(); ++i) {
         const Completion& c = results.value()[i];
         gen += c.tokens.size();
-        nlohmann::json j = {{"index", i}, {"prompt", prompts.value()[i].first}, {"text", c.text},
-                            {"prompt_tokens", reqs[i].prompt.size()}, {"tokens", c.tokens.size()}};
+        json j = {{"index", i},
+                  {"prompt", prompts.value()[i].first},
+                  {"text", c.text},
+                  {"prompt_tokens", reqs[i].prompt.size()},
+                  {"tokens", c.tokens.size()}};
         if (a.ids) j["ids"] = c.tokens;
-        std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+        if (a.logprobs >= 0) j["logprobs"] = logprobsJson(engine, c);
+        std::string line = dumpJson(j) + "\n";
         std::fwrite(line.data(), 1, line.size(), f);
     }
     if (f != stdout) std::fclose(f);
@@ -220,8 +294,24 @@ Command addGenerateCommand(CLI::App& app) {
     sub->add_flag("--no-echo", a->no_echo, "do not print the prompt before the generated text");
     sub->add_flag("--stats", a->stats, "print counters and speed as one JSON line on stderr");
     sub->add_flag("--profile", a->profile, "time every kernel (stderr)");
+    sub->add_option(
+           "--logprobs", a->logprobs,
+           "print each generated token's log-probability and its N most likely "
+           "alternatives (0..20) on stderr after the text (with --prompts: in each result)")
+        ->each([a](const std::string&) { a->logprobs_given = true; });
+    sub->add_option("--logprobs-format", a->logprobs_format,
+                    "--logprobs as a 'text' table or 'json' lines");
     return [a] {
         if (!a->seed_given) a->sampling.seed = uint32_t(std::time(nullptr));
+        if (a->logprobs_given &&
+            (a->logprobs < 0 || a->logprobs > int32_t(BLUE_MAX_TOP_LOGPROBS))) {
+            return fail(
+                strFormat("--logprobs %d: N is the number of alternatives per token, 0 to %d",
+                          a->logprobs, BLUE_MAX_TOP_LOGPROBS));
+        }
+        if (a->logprobs_format != "text" && a->logprobs_format != "json") {
+            return fail("--logprobs-format " + a->logprobs_format + ": 'text' or 'json'");
+        }
         if (!a->prompts_file.empty() && (!a->kv_save.empty() || !a->kv_load.empty())) {
             return fail("--kv-save and --kv-load take one --prompt, not --prompts");
         }
