@@ -349,6 +349,29 @@ TEST_CASE("cli: generate --kv-save then --kv-load continues exactly as one unint
     CHECK(stats["instances"] == 1);
 }
 
+TEST_CASE("cli: run --ref takes a generation program's --prompt and prints the GPU run's text, greedy and seeded") {
+    TempDir dir;
+    const std::string bir = dir.path + "/s.bir";
+    Child lower({binary("compiler/bluec"), "lower", "--model", stories(), "-o", bir, "--ctx", "64"});
+    REQUIRE_MESSAGE(lower.wait() == 0, lower.err_text);
+    for (const char* temp : {"0", "0.8"}) {
+        CAPTURE(temp);
+        std::vector<std::string> args = {binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "16",
+                                         "--temp", temp, "--seed", "3"};
+        Child gpu(args);
+        REQUIRE_MESSAGE(gpu.wait() == 0, gpu.err_text);
+        args.push_back("--ref");
+        Child ref(args);
+        REQUIRE_MESSAGE(ref.wait() == 0, ref.err_text);
+        CHECK(ref.out_text.rfind("Lily ", 0) == 0);
+        CHECK(ref.out_text.size() > 30);  // 16 tokens generated, not just the prompt
+        CHECK(ref.out_text == gpu.out_text);
+    }
+    Child too_long({binary("host/bluevm"), "run", bir, "--ref", "--prompt", std::string(400, 'a')});
+    CHECK(too_long.wait() == 1);
+    CHECK(too_long.err_text.find("the program's context is 64") != std::string::npos);
+}
+
 TEST_CASE("cli: a generation program lowered before request layout 3 (no log-probability word) is refused") {
     TempDir dir;
     const std::string bir = dir.path + "/s.bir";
@@ -369,6 +392,9 @@ TEST_CASE("cli: a generation program lowered before request layout 3 (no log-pro
     Child two({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4"});
     CHECK(two.wait() == 1);
     CHECK(two.err_text == "bluevm: " + bir + ": lowered by an older bluec (request layout 2; this build's is " + now + "): lower the model again\n");
+    Child ref({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4", "--ref"});
+    CHECK(ref.wait() == 1);
+    CHECK(ref.err_text == two.err_text);
 }
 
 TEST_CASE("cli: generate --kv-load refuses a snapshot of another model, a damaged or truncated one, with one line") {

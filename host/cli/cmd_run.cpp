@@ -8,12 +8,18 @@
 #include <sstream>
 
 #include "compiler/asm.h"
+#include "compiler/gguf.h"
+#include "compiler/lower_model.h"
+#include "compiler/tokenizer.h"
 #include "host/cascade/cascade_durable.h"
 #include "host/cascade/cascade_run.h"
 #include "host/cascade/cascade_trace.h"
 #include "host/cli/commands.h"
 #include "host/machine.h"
 #include "vm/interp.h"
+#include "vm/abi.h"
+#include "vm/llm_abi.h"
+#include "vm/llm_request.h"
 #include "vm/output.h"
 #include "vm/verify.h"
 
@@ -115,6 +121,61 @@ int runReference(const Module& m, const WeightSource& w, const RunArgs& args,
                                  (unsigned long long)report.cycles, (unsigned long long)report.steps,
                                  (unsigned long long)report.block_runs, args.instances);
     return finish(m, report, text, args, json);
+}
+
+// A generation program (lowered by `bluec lower`) on the reference interpreter: --prompt becomes
+// one request, tokenized with the model the module names, and the text is printed as `run` on
+// the GPU prints it (the prompt, then what was generated).
+int runGenerationReference(const Module& m, const RunArgs& args) {
+    const std::string dir = dirOf(args.program);
+    if (m.externs.empty()) return fail(args.program + ": this generation program names no model file");
+    const std::string* layout = m.metaValue(kMetaRequest);
+    if (!layout || *layout != std::to_string(BLUE_REQ_LAYOUT)) {
+        return fail(strFormat("%s: lowered by an older bluec (request layout %s; this build's is %u): lower the model again",
+                              args.program.c_str(), layout ? layout->c_str() : "1", BLUE_REQ_LAYOUT));
+    }
+    auto gguf = ggufOpen(resolveModulePath(dir, m.externs[0]));
+    if (!gguf) return fail(gguf.message());
+    auto tok = Tokenizer::fromGguf(gguf.value());
+    if (!tok) return fail(tok.message());
+    auto weights = WeightSource::open(m, dir);
+    if (!weights) return fail(weights.message());
+    GenerationRequest r;
+    if (args.prompt.empty()) {
+        if (tok->bos() != kNoToken) r.prompt.push_back(uint32_t(tok->bos()));
+    } else {
+        for (int32_t id : tok->encode(args.prompt, true, false)) r.prompt.push_back(uint32_t(id));
+    }
+    const std::string* ctx = m.metaValue(kMetaCtx);
+    if (ctx && r.prompt.size() >= std::stoul(*ctx)) {
+        return fail(strFormat("the prompt is %zu tokens; the program's context is %s", r.prompt.size(), ctx->c_str()));
+    }
+    r.max_new = uint32_t(args.n_predict);
+    r.sampling.temperature = args.temperature;
+    r.sampling.seed = args.seed;
+    if (Status can = refCanRun(m); !can) return fail(can.message());
+    RefMachine machine(m, weights.value(), MachineOptions{1, args.max_cycles});
+    machine.pushInput(encodeRequest(r));
+    machine.closeInput();
+    RunReport report = machine.run();
+    TokenStreamDecoder decoder(tok.value(), false, args.prompt.empty());
+    std::string text = args.prompt;
+    for (const OutputRecord& rec : report.output) {
+        if (rec.kind == BLUE_OUT_TOKEN) text += decoder.push(int32_t(rec.value));
+    }
+    text += decoder.finish();
+    std::printf("%s\n", text.c_str());
+    if (args.stats) {
+        std::fprintf(stderr, "{\"engine\":\"reference\",\"cycles\":%llu,\"steps\":%llu,\"block_runs\":%llu,\"instances\":1}\n",
+                     (unsigned long long)report.cycles, (unsigned long long)report.steps,
+                     (unsigned long long)report.block_runs);
+    }
+    if (!report.status) return fail(report.status.message());
+    if (!report.instances.empty() && report.instances[0].status == BLUE_ST_FAULT) {
+        return fail(strFormat("the generation program faulted (code %u at pc %u)", report.instances[0].fault,
+                              report.instances[0].pc));
+    }
+    return 0;
 }
 
 int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,
@@ -271,6 +332,7 @@ Command addRunCommand(CLI::App& app) {
             return runGenerationModule(args->program, args->prompt, args->n_predict, args->temperature,
                                        args->seed, args->instances, args->stats, args->device);
         }
+        if (kind && *kind == "llm-generate" && args->input.empty()) return runGenerationReference(m.value(), *args);
         auto weights = WeightSource::open(m.value(), dirOf(args->program));
         if (!weights) return fail(weights.message());
         std::vector<std::vector<uint32_t>> inputs;
