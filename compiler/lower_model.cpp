@@ -419,7 +419,9 @@ Status checkLowerable(const ModelConfig& cfg) {
         return BLUE_ERROR("%u experts with %u per token: at most %u experts and %u per token are supported",
                           cfg.n_expert, cfg.n_expert_used, BLUE_MOE_MAX_EXPERTS, BLUE_MOE_MAX_SLOTS);
     }
-    if (cfg.rope_scaling == RopeScaling::Yarn) return Status::error("YaRN rope scaling is not supported yet");
+    if (cfg.rope_scaling == RopeScaling::Yarn) {
+        return Status::error("rope scaling type 'yarn' (rope.scaling.type) is not supported yet (BlueVM runs none and linear)");
+    }
     if (cfg.head_dim_v != cfg.head_dim) return Status::error("K and V head sizes differ; not supported");
     return Status::ok();
 }
@@ -446,7 +448,7 @@ std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelCon
 }
 
 Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const LowerOptions& opt) {
-    BLUE_TRY(checkLowerable(cfg));
+    if (Status s = checkLowerable(cfg); !s) return Status::error(gguf.name() + ": " + s.message());
     uint32_t ctx = opt.ctx ? opt.ctx : std::min<uint32_t>(cfg.n_ctx_train ? cfg.n_ctx_train : 2048, 2048);
     uint32_t max_rows = opt.max_rows ? opt.max_rows : 512;
     uint32_t chunk = std::min(opt.chunk ? opt.chunk : 128, max_rows);

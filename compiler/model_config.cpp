@@ -2,6 +2,7 @@
 // Defaults and fallbacks follow llama.cpp's loader so files converted for it load the same here.
 #include "compiler/model_config.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <initializer_list>
@@ -72,6 +73,18 @@ class TensorChecker {
         if (!t->supported) {
             return BLUE_ERROR("%s: tensor '%s' has type %s, which BlueVM does not support",
                               ctx_.c_str(), name.c_str(), dtypeName(t->type).data());
+        }
+        if (shape.size() == 1 && t->type != DType::F32) {
+            return BLUE_ERROR("%s: tensor '%s' has type %s; norm weights, biases and other vectors must be F32 "
+                              "(as llama.cpp writes them)",
+                              ctx_.c_str(), name.c_str(), dtypeName(t->type).data());
+        }
+        const std::vector<DType>& matrix = gpuMatrixTypes();
+        if (shape.size() > 1 && std::find(matrix.begin(), matrix.end(), t->type) == matrix.end()) {
+            std::string list;
+            for (DType m : matrix) list += (list.empty() ? "" : ", ") + std::string(dtypeName(m));
+            return BLUE_ERROR("%s: tensor '%s' has type %s, which no GPU kernel reads as a matrix (%s do)",
+                              ctx_.c_str(), name.c_str(), dtypeName(t->type).data(), list.c_str());
         }
         return true;
     }
@@ -171,7 +184,7 @@ Status readRope(const GgufFile& file, const ArchKeys& keys, ModelConfig& c) {
     } else if (type == "yarn") {
         c.rope_scaling = RopeScaling::Yarn;
     } else {
-        return BLUE_ERROR("%s: rope scaling type '%s' is not supported (none, linear, yarn)", name,
+        return BLUE_ERROR("%s: rope scaling type '%s' is not supported (BlueVM runs none and linear)", name,
                           ggufPrintable(type).c_str());
     }
     if (!(factor > 0.0f) || !std::isfinite(factor)) {
@@ -326,6 +339,13 @@ std::string_view modelArchName(ModelArch arch) {
         if (t.arch == arch) return t.name;
     }
     return "?";
+}
+
+const std::vector<DType>& gpuMatrixTypes() {
+    static const std::vector<DType> types = {
+        DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,   DType::Q5_0,  DType::Q5_1, DType::Q8_0,
+        DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
+    return types;
 }
 
 std::string_view ropeScalingName(RopeScaling s) {

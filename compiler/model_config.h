@@ -58,6 +58,11 @@ struct ModelConfig {
 };
 
 std::string_view modelArchName(ModelArch arch);
+
+// Weight types the GPU reads as matrices (MATMUL, EMBED, MoE matmuls: shaders/CMakeLists.txt
+// builds a kernel of each for every one; tests/test_ops_gpu.cpp checks the two lists agree), in
+// the order error messages list them. Vectors (norm weights, biases) are F32.
+const std::vector<DType>& gpuMatrixTypes();
 std::string_view ropeScalingName(RopeScaling s);
 
 // Reads the hyperparameters of a supported architecture and validates the tensors: every tensor

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "compiler/gguf.h"
+#include "compiler/lower_model.h"
 #include "compiler/model_config.h"
 #include "tests/test_paths.h"
 
@@ -384,6 +385,37 @@ TEST_CASE("model config: errors name the key or tensor") {
         CHECK(loadError(s) ==
               "syn.gguf: llama: tensor 'blk.1.attn_q.weight' has type I64, which BlueVM does "
               "not support");
+    }
+    SUBCASE("types no GPU kernel reads: named at load, not at lowering or on the device") {
+        s.retype["blk.1.attn_q.weight"] = DType::Q8_1;
+        CHECK(loadError(s) ==
+              "syn.gguf: llama: tensor 'blk.1.attn_q.weight' has type Q8_1, which no GPU kernel reads as a "
+              "matrix (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, "
+              "IQ4_XS do)");
+        s.retype = {{"blk.0.ffn_down.weight", DType::I8}};
+        CHECK(loadError(s).find("tensor 'blk.0.ffn_down.weight' has type I8, which no GPU kernel reads") !=
+              std::string::npos);
+        s.retype = {{"blk.0.attn_norm.weight", DType::F16}};
+        CHECK(loadError(s) ==
+              "syn.gguf: llama: tensor 'blk.0.attn_norm.weight' has type F16; norm weights, biases and "
+              "other vectors must be F32 (as llama.cpp writes them)");
+    }
+    SUBCASE("rope scaling types") {
+        s.keys = [](GgufWriter& w) { w.setString("llama.rope.scaling.type", "longrope"); };
+        CHECK(loadError(s) ==
+              "syn.gguf: rope scaling type 'longrope' is not supported (BlueVM runs none and linear)");
+        // YaRN is read (`bluevm info` shows it) but not lowered; the refusal names the file.
+        s.keys = [](GgufWriter& w) {
+            w.setString("llama.rope.scaling.type", "yarn");
+            w.setF32("llama.rope.scaling.factor", 4.0f);
+        };
+        GgufFile f = build(s);
+        Result<ModelConfig> cfg = modelConfigFromGguf(f);
+        REQUIRE_MESSAGE(cfg, cfg.message());
+        Result<Module> m = lowerModel(f, cfg.value(), LowerOptions{});
+        REQUIRE_FALSE(m);
+        CHECK(m.message() ==
+              "syn.gguf: rope scaling type 'yarn' (rope.scaling.type) is not supported yet (BlueVM runs none and linear)");
     }
     SUBCASE("tensor the forward pass would ignore") {
         s.extra = {"blk.0.mystery.weight"};

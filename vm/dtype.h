@@ -42,7 +42,10 @@ namespace blue {
     X(I64, 27, 1, 8, false)         \
     X(F64, 28, 1, 8, false)         \
     X(IQ1_M, 29, 256, 56, false)    \
-    X(BF16, 30, 1, 2, true)
+    X(BF16, 30, 1, 2, true)         \
+    X(TQ1_0, 34, 256, 54, false)    \
+    X(TQ2_0, 35, 256, 66, false)    \
+    X(MXFP4, 39, 32, 17, false)
 
 enum class DType : uint32_t {
 #define BLUE_DTYPE_ENUM(name, id, be, bb, sup) name = id,
