@@ -3,6 +3,7 @@
 #include <map>
 
 #include "compiler/model_config.h"
+#include "compiler/tokenizer.h"
 
 namespace blue {
 
@@ -76,6 +77,9 @@ void describeTokenizer(const GgufFile& file, std::string& out) {
         out += strFormat(", %s %s", label, none ? "none" : v->toDisplay().c_str());
     }
     out += "\n";
+    // What `generate` would say about it: a tokenizer model or pre-tokenizer BlueVM does not run.
+    Result<Tokenizer> t = Tokenizer::fromGguf(file);
+    if (!t) out += "  not loadable: " + t.message() + "\n";
 }
 
 void describeTensors(const GgufFile& file, std::string& out) {

@@ -212,6 +212,16 @@ TEST_CASE("model config: describe stories260K and a vocabulary file") {
           std::string::npos);
     CHECK(dv.find("tensors (0)") != std::string::npos);
     CHECK(dv.find("model:") == std::string::npos);
+    CHECK(dv.find("not loadable") == std::string::npos);
+    // A tokenizer `generate` would refuse is shown with the refusal.
+    Spec s;
+    s.keys = [](GgufWriter& w) {
+        w.setString("tokenizer.ggml.model", "rwkv");
+        w.setStringArray("tokenizer.ggml.tokens", std::vector<std::string>(40, "t"));
+    };
+    std::string ds = ggufDescribe(build(s));
+    INFO(ds);
+    CHECK(ds.find("tokenizer: model \"rwkv\", 40 tokens\n  not loadable: ") != std::string::npos);
 }
 
 TEST_CASE("model config: llama variants") {
