@@ -95,6 +95,22 @@ test('completions: plain and streamed carry the same greedy text; max_tokens and
   assert.equal(stopped.choices[0].finish_reason, 'stop');
 });
 
+test('usage: prompt_tokens_details.cached_tokens reports prefix reuse; cache_prompt: false recomputes', async () => {
+  const ask = (extra) => client.completions.create({
+    model: 'stories260K', prompt, max_tokens: 6, temperature: 0, ...extra,
+  });
+  const first = await ask({});
+  const again = await ask({});
+  const details = again.usage.prompt_tokens_details;
+  assert.ok(details && Number.isInteger(details.cached_tokens), JSON.stringify(again.usage));
+  // Which of the two instances takes it is the GPU's choice: at most all but the last token.
+  assert.ok(details.cached_tokens >= 0 && details.cached_tokens <= again.usage.prompt_tokens - 1);
+  assert.equal(again.choices[0].text, first.choices[0].text);
+  const off = await ask({ cache_prompt: false });
+  assert.equal(off.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.equal(off.choices[0].text, first.choices[0].text);
+});
+
 test('chat: formatted with the chat template; plain and streamed agree', async () => {
   const plain = await client.chat.completions.create({ model: 'stories260K', messages, max_tokens: 24, temperature: 0 });
   assert.equal(plain.object, 'chat.completion');
