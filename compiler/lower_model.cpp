@@ -253,8 +253,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.li(kTmp, BLUE_REQ_MAX_NEW);
     cb.op(Op::INLD, {kMaxNew, kSlot, kTmp});
     cb.li(kTmp, BLUE_REQ_FLAGS);
-    cb.op(Op::INLD, {kFlags, kSlot, kTmp});
-    cb.op(Op::ANDI, {kFlags, kFlags}, BLUE_REQ_FLAG_IGNORE_EOG);
+    cb.op(Op::INLD, {kFlags, kSlot, kTmp});  // all flags until prefix reuse read its own
     // Log-probabilities: kLp = 0 (none) or 1 + N alternatives, which SAMPLE writes when N > 0.
     cb.li(kTmp, BLUE_REQ_LOGPROBS);
     cb.op(Op::INLD, {kLp, kSlot, kTmp});
@@ -307,9 +306,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     auto no_reuse = cb.newLabel("no_reuse");
     cb.li(kReuse, 0);
     cb.jump(Op::BNEZ, {kStart}, no_reuse);
-    cb.li(kI, BLUE_REQ_FLAGS);
-    cb.op(Op::INLD, {kWord, kSlot, kI});
-    cb.op(Op::ANDI, {kWord, kWord}, BLUE_REQ_FLAG_NO_PREFIX);
+    cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_NO_PREFIX);
     cb.jump(Op::BNEZ, {kWord}, no_reuse);
     cb.li(kReuse, BLUE_LM_HISTORY);
     cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
@@ -320,6 +317,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.jump(Op::BEQZ, {kReuse}, no_reuse);
     cb.op(Op::OUTU, {kReuse});
     cb.bind(no_reuse);
+    cb.op(Op::ANDI, {kFlags, kFlags}, BLUE_REQ_FLAG_IGNORE_EOG);
     cb.op(Op::ADD, {kPos, kStart, kReuse});  // one of them is 0
     cb.op(Op::ADD, {kPrompt, kHist, kStart});
     cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
@@ -413,6 +411,30 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
 }
 
 }  // namespace
+
+Result<uint32_t> checkGenerationModule(const Module& m, const std::string& path) {
+    const std::string* kind = m.metaValue(kMetaKind);
+    if (!kind || *kind != "llm-generate" || m.externs.empty()) {
+        return BLUE_ERROR("%s: not a generation program (lower a model with `bluec lower`)", path.c_str());
+    }
+    const std::string* layout = m.metaValue(kMetaRequest);
+    if (!layout || *layout != std::to_string(BLUE_REQ_LAYOUT)) {
+        return BLUE_ERROR("%s: lowered by an older bluec (request layout %s; this build's is %u): lower the model again",
+                          path.c_str(), layout ? layout->c_str() : "1", BLUE_REQ_LAYOUT);
+    }
+    const std::string* ctx = m.metaValue(kMetaCtx);
+    uint64_t n = 0;
+    bool digits = ctx && !ctx->empty() && ctx->size() <= 10;
+    for (size_t i = 0; digits && i < ctx->size(); ++i) {
+        digits = (*ctx)[i] >= '0' && (*ctx)[i] <= '9';
+        n = n * 10 + uint64_t((*ctx)[i] - '0');
+    }
+    if (!digits || n < 2 || n > UINT32_MAX) {
+        return BLUE_ERROR("%s: %s '%s' is not a context length", path.c_str(), kMetaCtx,
+                          ctx ? ctx->c_str() : "(missing)");
+    }
+    return uint32_t(n);
+}
 
 Status checkLowerable(const ModelConfig& cfg) {
     if (cfg.isMoe() && (cfg.n_expert > BLUE_MOE_MAX_EXPERTS || cfg.n_expert_used > BLUE_MOE_MAX_SLOTS)) {

@@ -64,4 +64,9 @@ inline constexpr const char* kMetaCtx = "llm.context";         // decimal
 inline constexpr const char* kMetaArch = "llm.architecture";
 inline constexpr const char* kMetaRequest = "llm.request";     // BLUE_REQ_LAYOUT, decimal
 
+// Checks that `m` (read from `path`, untrusted) is a generation program this build runs: its kind,
+// the model file it names, its request layout (BLUE_REQ_LAYOUT) and its context length, which it
+// returns. Messages name the file.
+Result<uint32_t> checkGenerationModule(const Module& m, const std::string& path);
+
 }  // namespace blue

@@ -200,6 +200,16 @@ int32_t Tokenizer::findToken(std::string_view text) const {
     return s_ ? s_->find(text) : kNoToken;
 }
 
+std::vector<uint32_t> Tokenizer::promptIds(std::string_view text) const {
+    std::vector<uint32_t> out;
+    if (text.empty()) {
+        if (bos() != kNoToken) out.push_back(uint32_t(bos()));
+        return out;
+    }
+    for (int32_t id : encode(text, true, false)) out.push_back(uint32_t(id));
+    return out;
+}
+
 TokenStreamDecoder::TokenStreamDecoder(const Tokenizer& tokenizer, bool render_special,
                                        bool at_sequence_start)
     : tokenizer_(&tokenizer),

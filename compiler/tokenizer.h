@@ -108,6 +108,9 @@ class Tokenizer {
     std::string_view tokenText(int32_t id) const;
     // The id whose vocabulary text is exactly `text`, or kNoToken.
     int32_t findToken(std::string_view text) const;
+    // A prompt's ids: BOS as the vocabulary asks, then the text (special-token text stays text);
+    // an empty prompt gives just BOS.
+    std::vector<uint32_t> promptIds(std::string_view text) const;
 
   private:
     friend class TokenStreamDecoder;

@@ -395,6 +395,18 @@ TEST_CASE("cli: a generation program lowered before request layout 3 (no log-pro
     Child ref({binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4", "--ref"});
     CHECK(ref.wait() == 1);
     CHECK(ref.err_text == two.err_text);
+    // A context that is not a number is refused by name, on either machine (it used to throw).
+    std::erase_if(m->meta, [](const auto& kv) { return kv.first == "llm.request" || kv.first == "llm.context"; });
+    m->meta.push_back({"llm.request", now});
+    m->meta.push_back({"llm.context", "64x"});
+    REQUIRE(writeModuleFile(m.value(), bir).isOk());
+    for (bool on_ref : {false, true}) {
+        std::vector<std::string> args = {binary("host/bluevm"), "run", bir, "--prompt", "Lily", "--n-predict", "4"};
+        if (on_ref) args.push_back("--ref");
+        Child bad(args);
+        CHECK(bad.wait() == 1);
+        CHECK(bad.err_text == "bluevm: " + bir + ": llm.context '64x' is not a context length\n");
+    }
 }
 
 TEST_CASE("cli: generate --kv-load refuses a snapshot of another model, a damaged or truncated one, with one line") {

@@ -18,7 +18,6 @@
 #include "host/machine.h"
 #include "vm/interp.h"
 #include "vm/abi.h"
-#include "vm/llm_abi.h"
 #include "vm/llm_request.h"
 #include "vm/output.h"
 #include "vm/verify.h"
@@ -84,15 +83,8 @@ Result<Module> loadProgram(const std::string& path) {
     return loadModuleFile(path);
 }
 
-int finish(const Module& m, const RunReport& report, const std::vector<std::string>& text,
-           const RunArgs& args, const std::string& stats_json) {
-    std::string listing = formatInstanceOutput(text);
-    if (args.out.empty()) {
-        std::fwrite(listing.data(), 1, listing.size(), stdout);
-    } else {
-        std::ofstream f(args.out, std::ios::binary | std::ios::trunc);
-        if (!(f << listing)) return fail("cannot write " + args.out);
-    }
+// After a run's output: --stats, then its faults and failure (exit code 3 for either).
+int reportEnd(const Module& m, const RunReport& report, const RunArgs& args, const std::string& stats_json) {
     std::fflush(stdout);
     if (args.stats) std::fprintf(stderr, "%s\n", stats_json.c_str());
     int code = 0;
@@ -107,6 +99,24 @@ int finish(const Module& m, const RunReport& report, const std::vector<std::stri
     return code;
 }
 
+int finish(const Module& m, const RunReport& report, const std::vector<std::string>& text,
+           const RunArgs& args, const std::string& stats_json) {
+    std::string listing = formatInstanceOutput(text);
+    if (args.out.empty()) {
+        std::fwrite(listing.data(), 1, listing.size(), stdout);
+    } else {
+        std::ofstream f(args.out, std::ios::binary | std::ios::trunc);
+        if (!(f << listing)) return fail("cannot write " + args.out);
+    }
+    return reportEnd(m, report, args, stats_json);
+}
+
+std::string referenceStats(const RunReport& report, uint32_t instances) {
+    return strFormat("{\"engine\":\"reference\",\"cycles\":%llu,\"steps\":%llu,\"block_runs\":%llu,\"instances\":%u}",
+                     (unsigned long long)report.cycles, (unsigned long long)report.steps,
+                     (unsigned long long)report.block_runs, instances);
+}
+
 int runReference(const Module& m, const WeightSource& w, const RunArgs& args,
                  const std::vector<std::vector<uint32_t>>& inputs) {
     if (Status can = refCanRun(m); !can) return fail(can.message());
@@ -116,11 +126,7 @@ int runReference(const Module& m, const WeightSource& w, const RunArgs& args,
     RunReport report = machine.run();
     std::vector<std::string> text(args.instances);
     appendOutputText(m, report.output, &text);
-    std::string json = strFormat("{\"engine\":\"reference\",\"cycles\":%llu,\"steps\":%llu,"
-                                 "\"block_runs\":%llu,\"instances\":%u}",
-                                 (unsigned long long)report.cycles, (unsigned long long)report.steps,
-                                 (unsigned long long)report.block_runs, args.instances);
-    return finish(m, report, text, args, json);
+    return finish(m, report, text, args, referenceStats(report, args.instances));
 }
 
 // A generation program (lowered by `bluec lower`) on the reference interpreter: --prompt becomes
@@ -128,12 +134,8 @@ int runReference(const Module& m, const WeightSource& w, const RunArgs& args,
 // the GPU prints it (the prompt, then what was generated).
 int runGenerationReference(const Module& m, const RunArgs& args) {
     const std::string dir = dirOf(args.program);
-    if (m.externs.empty()) return fail(args.program + ": this generation program names no model file");
-    const std::string* layout = m.metaValue(kMetaRequest);
-    if (!layout || *layout != std::to_string(BLUE_REQ_LAYOUT)) {
-        return fail(strFormat("%s: lowered by an older bluec (request layout %s; this build's is %u): lower the model again",
-                              args.program.c_str(), layout ? layout->c_str() : "1", BLUE_REQ_LAYOUT));
-    }
+    auto ctx = checkGenerationModule(m, args.program);
+    if (!ctx) return fail(ctx.message());
     auto gguf = ggufOpen(resolveModulePath(dir, m.externs[0]));
     if (!gguf) return fail(gguf.message());
     auto tok = Tokenizer::fromGguf(gguf.value());
@@ -141,14 +143,9 @@ int runGenerationReference(const Module& m, const RunArgs& args) {
     auto weights = WeightSource::open(m, dir);
     if (!weights) return fail(weights.message());
     GenerationRequest r;
-    if (args.prompt.empty()) {
-        if (tok->bos() != kNoToken) r.prompt.push_back(uint32_t(tok->bos()));
-    } else {
-        for (int32_t id : tok->encode(args.prompt, true, false)) r.prompt.push_back(uint32_t(id));
-    }
-    const std::string* ctx = m.metaValue(kMetaCtx);
-    if (ctx && r.prompt.size() >= std::stoul(*ctx)) {
-        return fail(strFormat("the prompt is %zu tokens; the program's context is %s", r.prompt.size(), ctx->c_str()));
+    r.prompt = tok->promptIds(args.prompt);
+    if (r.prompt.size() >= ctx.value()) {
+        return fail(strFormat("the prompt is %zu tokens; the program's context is %u", r.prompt.size(), ctx.value()));
     }
     r.max_new = uint32_t(args.n_predict);
     r.sampling.temperature = args.temperature;
@@ -165,17 +162,7 @@ int runGenerationReference(const Module& m, const RunArgs& args) {
     }
     text += decoder.finish();
     std::printf("%s\n", text.c_str());
-    if (args.stats) {
-        std::fprintf(stderr, "{\"engine\":\"reference\",\"cycles\":%llu,\"steps\":%llu,\"block_runs\":%llu,\"instances\":1}\n",
-                     (unsigned long long)report.cycles, (unsigned long long)report.steps,
-                     (unsigned long long)report.block_runs);
-    }
-    if (!report.status) return fail(report.status.message());
-    if (!report.instances.empty() && report.instances[0].status == BLUE_ST_FAULT) {
-        return fail(strFormat("the generation program faulted (code %u at pc %u)", report.instances[0].fault,
-                              report.instances[0].pc));
-    }
-    return 0;
+    return reportEnd(m, report, args, referenceStats(report, 1));
 }
 
 int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,

@@ -47,15 +47,9 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     if (endsWith(path, ".bir")) {
         auto m = loadModuleFile(path);
         if (!m) return m.status();
-        const std::string* kind = m->metaValue(kMetaKind);
-        if (!kind || *kind != "llm-generate" || m->externs.empty()) {
-            return BLUE_ERROR("%s: not a generation program (lower a model with `bluec lower`)", path.c_str());
-        }
-        const std::string* layout = m->metaValue(kMetaRequest);
-        if (!layout || *layout != std::to_string(BLUE_REQ_LAYOUT)) {
-            return BLUE_ERROR("%s: lowered by an older bluec (request layout %s; this build's is %u): lower the model again",
-                              path.c_str(), layout ? layout->c_str() : "1", BLUE_REQ_LAYOUT);
-        }
+        auto ctx = checkGenerationModule(m.value(), path);
+        if (!ctx) return ctx.status();
+        e->ctx_ = ctx.value();
         module_dir = dirOf(path);
         gguf_path = resolveModulePath(module_dir, m->externs[0]);
         e->module_ = std::move(m.value());
@@ -78,10 +72,11 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         lo.model_path = std::filesystem::absolute(gguf_path).string();
         auto m = lowerModel(e->gguf_, e->config_, lo);
         if (!m) return m.status();
+        auto ctx = checkGenerationModule(m.value(), gguf_path);
+        if (!ctx) return ctx.status();
+        e->ctx_ = ctx.value();
         e->module_ = std::move(m.value());
     }
-    const std::string* ctx = e->module_.metaValue(kMetaCtx);
-    e->ctx_ = ctx ? uint32_t(std::stoul(*ctx)) : 0;
     auto w = WeightSource::open(e->module_, module_dir);
     if (!w) return w.status();
     e->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
@@ -157,13 +152,7 @@ Status Engine::deviceUsable() const {
 }
 
 std::vector<uint32_t> Engine::promptTokens(const std::string& text) const {
-    std::vector<uint32_t> out;
-    if (text.empty()) {
-        if (tokenizer_.bos() != kNoToken) out.push_back(uint32_t(tokenizer_.bos()));
-        return out;
-    }
-    for (int32_t id : tokenizer_.encode(text, true, false)) out.push_back(uint32_t(id));
-    return out;
+    return tokenizer_.promptIds(text);
 }
 
 std::vector<uint32_t> Engine::specialTokens(const std::string& text) const {
