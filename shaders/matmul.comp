@@ -128,8 +128,33 @@ void main() {
             }
         }
     }
-#elif defined(WTYPE_Q6_K) || defined(WTYPE_Q4_0)
-    // Masked decode: quants stay in place in their words and are masked per byte, and x is
+#elif defined(MM_GEMM)
+    // GEMM tile for other block types (built for Q6_K and Q3_K, where it measured faster than the
+    // 4-item tile; see blue_config.h): each row's group of 32 is decoded once into weights
+    // (sc * q + mn), then every x texel serves MM_R rows and every weight vec4 MM_BT items.
+    for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MM_R];
+        for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
+        for (uint s = 0u; s < 8u; ++s) {
+            uint xt = g * 64u + s * 8u;
+            if (xt >= g_xt) break;
+            vec4 wq[MM_R][8];
+            for (uint r = 0u; r < MM_R; ++r) {
+                vec4 q[8];
+                vec2 sc, mn;
+                wGroup(wbase, bpr, rows[r], g, s, head[r], q, sc, mn);
+                for (uint j = 0u; j < 8u; ++j) wq[r][j] = q[j] * sc[j >> 2] + mn[j >> 2];
+            }
+            for (uint j = 0u; j < 8u; ++j) {
+                for (uint c = 0u; c < MM_BT; ++c) {
+                    vec4 xv = xLoad(xb[c], xt + j);
+                    for (uint r = 0u; r < MM_R; ++r) acc[r][c] += dot(wq[r][j], xv);
+                }
+            }
+        }
+    }
+#elif (defined(WTYPE_Q6_K) && defined(MM_SINGLE)) || defined(WTYPE_Q4_0)
+    // Masked decode (Q6_K: decode of one item only; Q4_0: one item or a 4-item tile): quants stay in place in their words and are masked per byte, and x is
     // pre-scaled by each byte's place value (exact powers of two), so no shifts per element.
     // Q6_K's groups are walked so that every texel of a block is fetched once per row.
     const uvec4 kNib = uvec4(0xFu, 0xF00u, 0xF0000u, 0xF000000u);

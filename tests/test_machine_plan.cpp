@@ -460,7 +460,8 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
         CHECK(qd.value()[3].pipeline == name);
     }
     // A plain-type matrix of at least one GEMM workgroup's rows gets a third dispatch, the GEMM
-    // tile, and the 4-item tile stops below it; Q8_0 and the K-quants have no GEMM kernel yet.
+    // tile, and the 4-item tile stops below it; Q8_0 and most K-quants have no GEMM kernel (Q6_K
+    // and Q3_K do).
     q.tensors[0].dtype = DType::F32;
     q.tensors[0].ne[1] = BLUE_MATMUL_WG * BLUE_MM_R_GEMM + 1;
     q.tensors[3].ne[0] = q.tensors[0].ne[1];
@@ -479,6 +480,7 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
     CHECK(g.push[BLUE_PC_TILE] == BLUE_MATMUL_GEMM_TILE);
     CHECK(g.fixed == 2);  // ceil(257 / (64 invocations x 4 rows))
     CHECK(!Pipelines::exists("matmul_q8_0_g"));
+    CHECK(Pipelines::exists("matmul_q6_k_g"));
     CHECK(!Pipelines::exists("matmul"));
     CHECK(Pipelines::exists("matmul_q8_0"));
     CHECK(Pipelines::exists("matmul_q4_0"));
