@@ -96,7 +96,7 @@ void main() {
     float temp = uintBitsToFloat(localWord(inst, sp + BLUE_SP_TEMP));
     float total = 1.0;
     if (temp > 0.0) {
-        g_thr = keepThreshold(s.m, localWord(inst, sp + BLUE_SP_TOP_K),
+        g_thr = keepThreshold(s.m, s.z, localWord(inst, sp + BLUE_SP_TOP_K),
                               uintBitsToFloat(localWord(inst, sp + BLUE_SP_TOP_P)),
                               uintBitsToFloat(localWord(inst, sp + BLUE_SP_MIN_P)));
         g_m = s.m;

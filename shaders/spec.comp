@@ -59,7 +59,7 @@ void main() {
         g_temp = temp;
         g_total = 1.0;
         if (temp > 0.0) {
-            g_thr = keepThreshold(s.m, top_k, top_p, min_p);
+            g_thr = keepThreshold(s.m, s.z, top_k, top_p, min_p);
             g_total = weightTotal(0u);
         }
         if (is_draft) {

@@ -1,7 +1,10 @@
 // The per-op GPU-vs-reference case of SAMPLE (see test_ops_gpu.cpp). 96 instances each draw 6
-// tokens from one of six 1000-logit distributions (peaked, flat, wide, a tie for the maximum, six
-// near-equal leaders) under one of eight parameter sets: greedy, top-k 1, temperature alone, every
-// filter, top-p, min-p, penalties over a token history, top-k 5. The logits reach both machines
+// tokens from one of six 3000-logit distributions (peaked, flat, wide, a tie for the maximum, six
+// near-equal leaders) under one of nine parameter sets: greedy, top-k 1, temperature alone, every
+// filter, top-p, min-p, penalties over a token history, top-k 5, top-p 0.97. More logits than the
+// kernel's candidate list (SAMPLE_CANDIDATES, 1024) so both of its top-p paths run: the list of
+// the 1024 largest where they carry the mass (top-p 0.5; the wide row), the whole row where they
+// do not (top-p 0.97 on the flat rows). The logits reach both machines
 // bit for bit (an embedded row copied by TSCALE 1.0), so draws can differ only by the float
 // rounding of the sampling arithmetic itself. The rule checked:
 //   - greedy and top-k 1 draws give the same token on both machines: the lowest-index maximum
@@ -37,7 +40,7 @@ namespace blue::test {
 
 namespace {
 
-constexpr uint32_t kLogits = 1000, kDists = 6, kInstances = 96, kDraws = 6, kHistLen = 24;
+constexpr uint32_t kLogits = 3000, kDists = 6, kInstances = 96, kDraws = 6, kHistLen = 24;
 
 struct SampleConfig {
     const char* what;
@@ -54,6 +57,7 @@ const SampleConfig kConfigs[] = {
     {"min-p", 1.0f, 1, 0.1f},
     {"penalties", 0.9f, 1, 0, 1.3f, 0.4f, 0.2f, 0, 16},
     {"top-k 5", 1.5f, 1, 0, 1, 0, 0, 5},
+    {"top-p 0.97", 1.0f, 0.97f},
 };
 constexpr uint32_t kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 constexpr uint32_t kTopK5 = 7, kBanDist = 3;

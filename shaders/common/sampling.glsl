@@ -10,6 +10,12 @@ shared uint reduce_u[SAMPLE_WG];
 
 uint g_logits, g_page, g_n;  // the row of logits being read
 
+// The candidate list (listCandidates): logits in id order, g_cand_n of them (~0u: none listed).
+#define SAMPLE_CANDIDATES 1024u
+shared float cand_v[SAMPLE_CANDIDATES];
+shared uint cand_count[SAMPLE_WG];
+uint g_cand_n;
+
 float logit(uint i) { return page_f[g_page].d[g_logits + i]; }
 
 // Maps floats to uints with the same order.
@@ -51,27 +57,97 @@ uint workgroupArgmax(float best, uint best_i) {
     return reduce_u[0];
 }
 
-// The largest key T >= floor such that the values with key >= T number at least `k` (top-k), or
-// carry at least `mass` of exp(l - m) (top-p). Bit by bit from the top, over the predicate on
-// max(T, floor), which is monotone in T.
-uint searchThreshold(uint floor_key, bool by_mass, uint k, float mass, float m) {
+// The largest key T >= floor such that the values with key >= T carry at least `mass` of
+// exp(l - m) (top-p). Two bits a pass from the top (three candidate thresholds summed at once),
+// over the predicate on max(T, floor), which is monotone in T. With `listed`, over the candidate
+// list (below) instead of the whole row: the same answer whenever every key >= it is listed.
+shared vec4 reduce_v[SAMPLE_WG];
+uint searchThreshold(uint floor_key, float mass, float m, bool listed) {
+    uint lid = gl_LocalInvocationID.x;
     uint t = 0u;
-    for (int bit = 31; bit >= 0; --bit) {
-        uint cand = t | (1u << uint(bit));
-        uint lowest = max(cand, floor_key);
-        uint cnt = 0u;
-        float acc = 0.0;
-        for (uint i = gl_LocalInvocationID.x; i < g_n; i += SAMPLE_WG) {
-            float v = logit(i);
-            if (orderKey(v) >= lowest) {
-                cnt += 1u;
-                acc += exp(v - m);
-            }
+    uint n = listed ? g_cand_n : g_n;
+    for (int shift = 30; shift >= 0; shift -= 2) {
+        uvec3 lowest = max(uvec3(t) | (uvec3(1u, 2u, 3u) << uint(shift)), uvec3(floor_key));
+        vec3 acc = vec3(0.0);
+        for (uint i = lid; i < n; i += SAMPLE_WG) {
+            float v = listed ? cand_v[i] : logit(i);
+            uint key = orderKey(v);
+            if (key >= lowest.x) acc += exp(v - m) * vec3(greaterThanEqual(uvec3(key), lowest));
         }
-        bool ok = by_mass ? workgroupSum(acc) >= mass : workgroupCount(cnt) >= k;
-        if (ok) t = cand;
+        barrier();
+        reduce_v[lid] = vec4(acc, 0.0);
+        barrier();
+        for (uint s = SAMPLE_WG / 2u; s > 0u; s >>= 1) {
+            if (lid < s) reduce_v[lid] += reduce_v[lid + s];
+            barrier();
+        }
+        vec3 got = reduce_v[0].xyz;
+        uint step = got.z >= mass ? 3u : got.y >= mass ? 2u : got.x >= mass ? 1u : 0u;
+        t |= step << uint(shift);
     }
     return max(t, floor_key);
+}
+
+// The key of the k-th largest logit (1 <= k <= g_n): the largest key T with at least k keys >= T,
+// in four passes (a radix select, 8 bits a pass).
+shared uint radix_hist[256];
+shared uint radix_bin, radix_rest;
+uint kthKey(uint k) {
+    uint lid = gl_LocalInvocationID.x;
+    uint prefix = 0u, mask = 0u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        barrier();
+        for (uint b = lid; b < 256u; b += SAMPLE_WG) radix_hist[b] = 0u;
+        barrier();
+        for (uint i = lid; i < g_n; i += SAMPLE_WG) {
+            uint key = orderKey(logit(i));
+            if ((key & mask) == prefix) atomicAdd(radix_hist[(key >> uint(shift)) & 255u], 1u);
+        }
+        barrier();
+        if (lid == 0u) {
+            uint b = 255u, above = 0u;
+            while (b > 0u && above + radix_hist[b] < k) above += radix_hist[b--];
+            radix_bin = b;
+            radix_rest = k - above;
+        }
+        barrier();
+        prefix |= radix_bin << uint(shift);
+        mask |= 255u << uint(shift);
+        k = radix_rest;
+    }
+    return prefix;
+}
+
+// The candidate list: the logits with key >= a threshold, in id order, when they number at most
+// SAMPLE_CANDIDATES (g_cand_n; ~0u when they do not fit): cand_v. Each invocation lists its contiguous
+// range of ids after those of the invocations before it, so the order is fixed.
+void listCandidates(uint thr) {
+    uint lid = gl_LocalInvocationID.x;
+    uint per = (g_n + SAMPLE_WG - 1u) / SAMPLE_WG;
+    uint lo = min(lid * per, g_n), hi = min(lo + per, g_n);
+    uint mine = 0u;
+    for (uint i = lo; i < hi; ++i) mine += orderKey(logit(i)) >= thr ? 1u : 0u;
+    barrier();
+    cand_count[lid] = mine;
+    barrier();
+    if (lid == 0u) {
+        uint total = 0u;
+        for (uint t = 0u; t < SAMPLE_WG; ++t) {
+            uint c = cand_count[t];
+            cand_count[t] = total;
+            total += c;
+        }
+        radix_rest = total;
+    }
+    barrier();
+    g_cand_n = radix_rest <= SAMPLE_CANDIDATES ? radix_rest : 0xFFFFFFFFu;
+    if (g_cand_n == 0xFFFFFFFFu) return;
+    uint at = cand_count[lid];
+    for (uint i = lo; i < hi; ++i) {
+        float v = logit(i);
+        if (orderKey(v) >= thr) cand_v[at++] = v;
+    }
+    barrier();
 }
 
 // Argmax (lowest index of the largest logit), its logit, and the T = 1 entropy.
@@ -108,17 +184,40 @@ RowStats rowStats() {
     return s;
 }
 
-// The key of the smallest kept logit (0: every token is kept).
-uint keepThreshold(float m, uint top_k, float top_p, float min_p) {
+// The key of the smallest kept logit (0: every token is kept). z: the sum of exp(l - m) over the
+// whole row (rowStats). Top-k is a radix select; top-p searches the list of the top-k tokens, or
+// without top-k the list of the SAMPLE_CANDIDATES largest when they carry the mass it needs (a
+// flat row falls back to searching the whole row): a few passes over the row, not 64.
+uint keepThreshold(float m, float z, uint top_k, float top_p, float min_p) {
     uint lid = gl_LocalInvocationID.x;
     uint thr = 0u;
-    if (top_k > 0u && top_k < g_n) thr = searchThreshold(0u, false, top_k, 0.0, m);
+    bool top_k_on = top_k > 0u && top_k < g_n;
+    if (top_k_on) thr = kthKey(top_k);
     if (top_p < 1.0) {
-        float kept = 0.0;
-        for (uint i = lid; i < g_n; i += SAMPLE_WG) {
-            if (orderKey(logit(i)) >= thr) kept += exp(logit(i) - m);
+        uint floor_key = thr;
+        if (!top_k_on && g_n > SAMPLE_CANDIDATES) floor_key = kthKey(SAMPLE_CANDIDATES);
+        listCandidates(floor_key);
+        bool listed = g_cand_n != 0xFFFFFFFFu;
+        float kept = z;  // the mass top-p takes its share of: all, or the top-k's
+        if (top_k_on && listed) {
+            kept = 0.0;
+            for (uint i = lid; i < g_cand_n; i += SAMPLE_WG) kept += exp(cand_v[i] - m);
+            kept = workgroupSum(kept);
+        } else if (top_k_on) {
+            kept = 0.0;
+            for (uint i = lid; i < g_n; i += SAMPLE_WG) {
+                if (orderKey(logit(i)) >= thr) kept += exp(logit(i) - m);
+            }
+            kept = workgroupSum(kept);
         }
-        thr = searchThreshold(thr, true, 0u, top_p * workgroupSum(kept), m);
+        float target = top_p * kept;
+        if (listed && !top_k_on) {
+            // The listed tokens must carry the target mass for the answer to be among them.
+            float in_list = 0.0;
+            for (uint i = lid; i < g_cand_n; i += SAMPLE_WG) in_list += exp(cand_v[i] - m);
+            listed = workgroupSum(in_list) >= target;
+        }
+        thr = searchThreshold(listed ? floor_key : thr, target, m, listed);
     }
     if (min_p > 0.0) thr = max(thr, orderKey(m + log(min_p)));
     return thr;
