@@ -1,8 +1,9 @@
 // The per-op GPU-vs-reference case of SAMPLE (see test_ops_gpu.cpp). 96 instances each draw 6
-// tokens from one of six 3000-logit distributions (peaked, flat, wide, a tie for the maximum, six
+// tokens from one of six 2000-logit distributions (peaked, flat, wide, a tie for the maximum, six
 // near-equal leaders) under one of nine parameter sets: greedy, top-k 1, temperature alone, every
 // filter, top-p, min-p, penalties over a token history, top-k 5, top-p 0.97. More logits than the
-// kernel's candidate list (SAMPLE_CANDIDATES, 1024) so both of its top-p paths run: the list of
+// kernel's candidate list (SAMPLE_CANDIDATES, 1024) so both of its top-p paths run (forcing the
+// list where it lacks the mass fails the 99% agreement: 434 of 444 in a trial): the list of
 // the 1024 largest where they carry the mass (top-p 0.5; the wide row), the whole row where they
 // do not (top-p 0.97 on the flat rows). The logits reach both machines
 // bit for bit (an embedded row copied by TSCALE 1.0), so draws can differ only by the float
@@ -40,7 +41,7 @@ namespace blue::test {
 
 namespace {
 
-constexpr uint32_t kLogits = 3000, kDists = 6, kInstances = 96, kDraws = 6, kHistLen = 24;
+constexpr uint32_t kLogits = 2000, kDists = 6, kInstances = 96, kDraws = 6, kHistLen = 24;
 
 struct SampleConfig {
     const char* what;
@@ -318,6 +319,7 @@ void sampleTopCase() {
     }
     Module m = om.build(plans);
     auto both = runOnBoth(m, kTopInstances);
+    if (!both) return;  // refused under a device profile (runOnBoth said why)
     ErrorStat err;
     for (uint32_t i = 0; i < kTopInstances; ++i) {
         checkTop(i, topDrawsOf(both->gpu_report.output, i), topDrawsOf(both->ref_report.output, i), &err);
@@ -337,6 +339,7 @@ void sampleCase() {
     om.outputsAfterRun();
     Module m = om.build(samplePlans(om, dists));
     auto both = runOnBoth(m, kInstances);
+    if (!both) return;  // refused under a device profile (runOnBoth said why)
     // Deterministic: each instance writes the same records again (instances interleave their
     // records in the ring in whatever order they reach it).
     std::vector<OutputRecord> again = runGpuAgain(*both, kInstances);
