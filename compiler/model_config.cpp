@@ -344,7 +344,8 @@ std::string_view modelArchName(ModelArch arch) {
 const std::vector<DType>& gpuMatrixTypes() {
     static const std::vector<DType> types = {
         DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,   DType::Q5_0,  DType::Q5_1, DType::Q8_0,
-        DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
+        DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS,
+        DType::TQ1_0, DType::TQ2_0, DType::MXFP4};
     return types;
 }
 

@@ -36,7 +36,8 @@ std::string quantizeTypeNames();
 bool quantizeIsTarget(DType type);
 // llama.cpp's LLAMA_FTYPE for a target: the K-quants name llama.cpp's mixes (Q2_K 10, Q3_K_M 12,
 // Q4_K_M 15, Q5_K_M 17, Q6_K 18); the others their plain ftype (F32 0, F16 1, Q4_0 2, Q4_1 3,
-// Q8_0 7, Q5_0 8, Q5_1 9, IQ4_NL 25, IQ4_XS 30, BF16 32). Precondition (asserted):
+// Q8_0 7, Q5_0 8, Q5_1 9, IQ4_NL 25, IQ4_XS 30, BF16 32, TQ1_0 36, TQ2_0 37; MXFP4 is 38,
+// MXFP4_MOE: experts in MXFP4, other matrices Q8_0). Precondition (asserted):
 // quantizeIsTarget(type).
 uint32_t quantizeFileType(DType type);
 

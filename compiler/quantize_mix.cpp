@@ -1,6 +1,6 @@
 // The quantize targets and the per-tensor type mix (see quantize.h). The rules restate the
 // behaviour of llama.cpp's llama_tensor_get_type for the ftypes BlueVM offers (Q2_K, Q3_K_M,
-// Q4_K_M, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS and the plain types), so a BlueVM q4_k file has the tensor
+// Q4_K_M, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4_MOE and the plain types), so a BlueVM q4_k file has the tensor
 // types a llama.cpp Q4_K_M file of the same model has.
 #include <cassert>
 #include <cctype>
@@ -25,6 +25,7 @@ constexpr Target kTargets[] = {
     {DType::Q3_K, "q3_k", 12}, {DType::Q4_K, "q4_k", 15},     {DType::Q5_K, "q5_k", 17},
     {DType::Q6_K, "q6_k", 18}, {DType::IQ4_NL, "iq4_nl", 25}, {DType::IQ4_XS, "iq4_xs", 30},
     {DType::F16, "f16", 1},    {DType::BF16, "bf16", 32},     {DType::F32, "f32", 0},
+    {DType::TQ1_0, "tq1_0", 36}, {DType::TQ2_0, "tq2_0", 37}, {DType::MXFP4, "mxfp4", 38},
 };
 
 bool contains(std::string_view s, std::string_view part) {
@@ -87,12 +88,16 @@ DType attnOutputType(DType target, const QuantizeModelInfo& m) {
 }
 
 DType mixType(std::string_view name, int64_t row_len, DType target, const QuantizeModelInfo& m) {
+    // MXFP4_MOE: the experts in MXFP4, every other matrix in Q8_0.
+    if (target == DType::MXFP4) return contains(name, "_exps.weight") ? DType::MXFP4 : DType::Q8_0;
     bool output = name == "output.weight" || (!m.has_output && name == "token_embd.weight");
     if (output) {
         if (row_len % dtypeInfo(target)->block_elems != 0) return DType::Q8_0;
         return target == DType::Q8_0 ? DType::Q8_0 : DType::Q6_K;
     }
-    if (name == "token_embd.weight") return target;
+    if (name == "token_embd.weight") {
+        return target == DType::TQ1_0 || target == DType::TQ2_0 ? DType::Q4_K : target;
+    }
     int layer = layerOf(name);
     if (contains(name, "attn_v.weight")) return attnVType(target, layer, m);
     if (contains(name, "attn_k.weight")) return m.n_expert == 8 ? DType::Q8_0 : target;

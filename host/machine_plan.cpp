@@ -412,6 +412,7 @@ uint32_t matmulRowsPerInvocation(DType type) {
         case DType::Q5_0:
         case DType::Q5_1:
         case DType::IQ4_NL:
+        case DType::MXFP4:
             return BLUE_MM_R_SMALLQ;
         default:
             return BLUE_MM_R_KQ;

@@ -105,6 +105,21 @@ void repackIq4XsRow(const uint8_t* src, uint64_t k, const WeightLayout& l, uint6
     }
 }
 
+// MXFP4: the 8 blocks' E8M0 scale bytes in bytes 0..7 of texel 0, block i's 16 quant bytes in
+// texel 1 + i (Q4_0's shape with a byte scale).
+void repackMxfp4Row(const uint8_t* src, uint64_t k, const WeightLayout& l, uint64_t row,
+                    uint8_t* dst) {
+    constexpr uint32_t kBytes = 17;
+    uint64_t blocks = k / 32;
+    const uint8_t* s = src + row * blocks * kBytes;
+    for (uint64_t b = 0; b < blocks; ++b) {
+        const uint8_t* blk = s + b * kBytes;
+        uint64_t g = b / 8, i = b % 8;
+        texelAt(dst, l, row, g, 0)[i] = blk[0];
+        std::memcpy(texelAt(dst, l, row, g, 1 + i), blk + 1, kTexel);
+    }
+}
+
 }  // namespace
 
 bool weightLayout(DType type, uint64_t k, uint64_t n, WeightLayout* out) {
@@ -119,10 +134,13 @@ bool weightLayout(DType type, uint64_t k, uint64_t n, WeightLayout* out) {
         case DType::Q4_K:
         case DType::Q5_K:
         case DType::Q6_K:
+        case DType::TQ1_0:
+        case DType::TQ2_0:
             l.block_elems = 256;
             l.block_texels = (dtypeInfo(type)->block_bytes + 15) / 16;
             break;
-        case DType::IQ4_XS: l.block_elems = 256; l.block_texels = 9; break;
+        case DType::IQ4_XS:
+        case DType::MXFP4: l.block_elems = 256; l.block_texels = 9; break;
         default:
             if (!smallQuant(type, &q)) return false;
             l.block_elems = 256;
@@ -146,6 +164,8 @@ void repackRows(DType type, const uint8_t* src, uint64_t k, uint64_t n, const We
             repackSmallQuantRow(q, src, k, layout, row, dst);
         } else if (type == DType::IQ4_XS) {
             repackIq4XsRow(src, k, layout, row, dst);
+        } else if (type == DType::MXFP4) {
+            repackMxfp4Row(src, k, layout, row, dst);
         } else {
             repackKQuantRow(type, src, k, layout, row, dst);
         }

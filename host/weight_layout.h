@@ -9,7 +9,10 @@
 //         texel 0: the 8 blocks' f16 scales d (block b: word b/2, half b%2);
 //         Q4_1/Q5_1: next texel their mins m; Q5_0/Q5_1: next 2 texels the 8 blocks' qh words;
 //         then each block's quant bytes (1 texel, Q8_0 2) unchanged;
-//       K-quants: E = 256, one llama block padded with zeros to T = ceil(bytes / 16) texels;
+//       K-quants, TQ1_0, TQ2_0: E = 256, one llama block padded with zeros to T = ceil(bytes / 16)
+//         texels;
+//       MXFP4: E = 256 (8 llama blocks), T = 9: bytes 0..7 of texel 0 the 8 blocks' E8M0 scales,
+//         texel 1 + b block b's 16 quant bytes;
 //       IQ4_XS: E = 256, T = 9: texel 0 the block's 8 header bytes (d, scales_h, scales_l) and 8
 //         zeros, texel 1 + s the 16 quant bytes of sub-block s;
 //   - rows are padded to a multiple of 8 and interleaved by 8, so the 8 lanes of a SIMD group

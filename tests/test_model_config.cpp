@@ -401,7 +401,7 @@ TEST_CASE("model config: errors name the key or tensor") {
         CHECK(loadError(s) ==
               "syn.gguf: llama: tensor 'blk.1.attn_q.weight' has type Q8_1, which no GPU kernel reads as a "
               "matrix (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, "
-              "IQ4_XS do)");
+              "IQ4_XS, TQ1_0, TQ2_0, MXFP4 do)");
         s.retype = {{"blk.0.ffn_down.weight", DType::I8}};
         CHECK(loadError(s).find("tensor 'blk.0.ffn_down.weight' has type I8, which no GPU kernel reads") !=
               std::string::npos);

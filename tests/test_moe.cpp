@@ -62,6 +62,7 @@ std::vector<GenerationRequest> requests(uint32_t n, uint32_t max_new) {
         r.tag = 100 + i;
         r.max_new = max_new;
         r.sampling.temperature = 0;
+        r.ignore_eog = true;  // every request runs its max_new tokens (random weights may pick EOS)
         r.prompt = {1};
         for (uint32_t t = 0; t < 3 + 5 * i; ++t) r.prompt.push_back(3 + (i * 37 + t * 11) % 290);
         out.push_back(r);
@@ -187,6 +188,36 @@ TEST_CASE("moe: dense and MoE models in iq4_xs give the reference machine's toke
         INFO(std::string(preset) << ": " << types[DType::IQ4_XS] << " IQ4_XS and "
                                  << types[DType::IQ4_NL] << " IQ4_NL tensors, " << l.cfg.n_expert
                                  << " experts");
+        checkGpuMatchesRef(l.module);
+    }
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
+// The low-bit formats through the whole model: a 256-wide dense model in TQ1_0 and in TQ2_0
+// (llama.cpp's mix: output Q6_K, token_embd Q4_K, ffn_down's rows of 64 fall back to Q4_0) and
+// the MoE model in MXFP4_MOE (experts MXFP4, the other matrices Q8_0) give the reference
+// machine's greedy tokens on the GPU.
+TEST_CASE("moe: TQ1_0, TQ2_0 and MXFP4 models give the reference machine's tokens on the GPU") {
+    TempDir dir("blue_lowbit");
+    const std::pair<const char*, DType> cases[] = {
+        {"peer-dim256", DType::TQ1_0}, {"peer-dim256", DType::TQ2_0}, {"mixtral-tiny", DType::MXFP4}};
+    for (auto [preset, type] : cases) {
+        SynthConfig cfg = small(preset);
+        cfg.dim = 256;
+        SynthOptions so;
+        so.type = type;
+        const std::string path = dir.path + "/" + preset + "_" + std::string(dtypeName(type)) + ".gguf";
+        REQUIRE(synthWrite(cfg, so, path));
+        Lowered l = lowerFile(path);
+        std::map<DType, int> types;
+        for (const GgufTensor& t : l.gguf.tensors()) ++types[t.type];
+        INFO(std::string(preset) << " " << dtypeName(type) << ": " << types[type] << " tensors of it, "
+                                 << types[DType::Q8_0] << " Q8_0, " << types[DType::Q4_0] << " Q4_0");
+        CHECK(types[type] > 0);
+        if (type == DType::MXFP4) {
+            CHECK(types[DType::MXFP4] == int(3 * cfg.n_layer));  // gate, up, down experts per layer
+            CHECK(types[DType::Q8_0] > 0);
+        }
         checkGpuMatchesRef(l.module);
     }
     CHECK_NO_VALIDATION_ERRORS();

@@ -43,9 +43,9 @@ namespace blue {
     X(F64, 28, 1, 8, false)         \
     X(IQ1_M, 29, 256, 56, false)    \
     X(BF16, 30, 1, 2, true)         \
-    X(TQ1_0, 34, 256, 54, false)    \
-    X(TQ2_0, 35, 256, 66, false)    \
-    X(MXFP4, 39, 32, 17, false)
+    X(TQ1_0, 34, 256, 54, true)     \
+    X(TQ2_0, 35, 256, 66, true)     \
+    X(MXFP4, 39, 32, 17, true)
 
 enum class DType : uint32_t {
 #define BLUE_DTYPE_ENUM(name, id, be, bb, sup) name = id,

@@ -1,6 +1,7 @@
 // Row-level entry points of the quantized formats (see quant.h): dispatch on the element type, the
 // plain types (F32/F16/BF16/integers), the 32-element formats Q4_0..Q8_1, the dot product and the
-// storability rules. The K-quants live in quant_k.cpp, IQ4_NL and IQ4_XS in quant_iq4.cpp.
+// storability rules. The K-quants live in quant_k.cpp, IQ4_NL and IQ4_XS in quant_iq4.cpp, TQ1_0,
+// TQ2_0 and MXFP4 in quant_low.cpp.
 #include "vm/quant.h"
 
 #include <cassert>
@@ -43,6 +44,9 @@ static_assert(matchesTable<BlockQ6_K>(DType::Q6_K, kKBlock));
 static_assert(matchesTable<BlockQ8_K>(DType::Q8_K, kKBlock));
 static_assert(matchesTable<BlockIQ4_NL>(DType::IQ4_NL, kQBlock));
 static_assert(matchesTable<BlockIQ4_XS>(DType::IQ4_XS, kKBlock));
+static_assert(matchesTable<BlockTQ1_0>(DType::TQ1_0, kKBlock));
+static_assert(matchesTable<BlockTQ2_0>(DType::TQ2_0, kKBlock));
+static_assert(matchesTable<BlockMXFP4>(DType::MXFP4, kQBlock));
 
 // ---- 32-element formats: decode ----
 
@@ -300,6 +304,15 @@ void encodeRow(DType t, const float* src, void* dst, int64_t n, bool search) {
         case DType::IQ4_XS:
             encodeBlocks<BlockIQ4_XS>(src, dst, n, kKBlock, k(encodeIQ4_XS));
             return;
+        case DType::TQ1_0:
+            encodeBlocks<BlockTQ1_0>(src, dst, n, kKBlock, k(encodeTQ1_0));
+            return;
+        case DType::TQ2_0:
+            encodeBlocks<BlockTQ2_0>(src, dst, n, kKBlock, k(encodeTQ2_0));
+            return;
+        case DType::MXFP4:
+            encodeBlocks<BlockMXFP4>(src, dst, n, kQBlock, k(encodeMXFP4));
+            return;
         default:
             assert(false && "unreachable: quantCanEncode covers the cases above");
     }
@@ -386,6 +399,15 @@ void dequantizeRow(DType t, const void* src, float* dst, int64_t n) {
         case DType::IQ4_XS:
             decodeBlocks<BlockIQ4_XS>(src, dst, n, kKBlock, decodeIQ4_XS);
             return;
+        case DType::TQ1_0:
+            decodeBlocks<BlockTQ1_0>(src, dst, n, kKBlock, decodeTQ1_0);
+            return;
+        case DType::TQ2_0:
+            decodeBlocks<BlockTQ2_0>(src, dst, n, kKBlock, decodeTQ2_0);
+            return;
+        case DType::MXFP4:
+            decodeBlocks<BlockMXFP4>(src, dst, n, kQBlock, decodeMXFP4);
+            return;
         default:
             assert(false && "unreachable: assertRow admits only supported types");
     }
@@ -454,6 +476,10 @@ DType quantFallback(DType wanted, int64_t row_len) {
         case DType::Q6_K:
         case DType::Q8_K:
             alt = DType::Q8_0;
+            break;
+        case DType::TQ1_0:
+        case DType::TQ2_0:
+            alt = DType::Q4_0;
             break;
         default:
             break;

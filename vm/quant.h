@@ -164,6 +164,37 @@ struct BlockIQ4_XS {
     uint8_t qs[128];
 };
 
+// TQ2_0, 66 bytes: [qs:64][d:half]   ternary, 2 bits per element (BitNet b1.58 weights)
+//   element 128h + 32l + m (h < 2, l < 4, m < 32) is bits 2l..2l+1 of qs[32h + m], code c in
+//   0..2; x = d * (c - 1)
+struct BlockTQ2_0 {
+    uint8_t qs[64];
+    uint16_t d;
+};
+
+// TQ1_0, 54 bytes: [qs:48][qh:4][d:half]   ternary, 1.6875 bits per element
+//   each byte holds trits t0..t4 (t0 most significant) as the fixed-point fraction
+//   ceil(256 * (t0 3^4 + t1 3^3 + t2 3^2 + t3 3 + t4) / 243); trit n of byte b is
+//   (((b * 3^n) mod 256) * 3) >> 8. Elements: 32n + m from trit n of qs[m] (m < 32, n < 5), then
+//   160 + 16n + m from trit n of qs[32 + m] (m < 16), then 240 + 4n + j from trit n of qh[j]
+//   (j < 4, n < 4; qh bytes hold 4 trits and a 0). x = d * (trit - 1)
+struct BlockTQ1_0 {
+    uint8_t qs[48];
+    uint8_t qh[4];
+    uint16_t d;
+};
+
+// The 16 levels of MXFP4's FP4 (E2M1) codes, doubled to integers as llama.cpp keeps them
+// (kvalues_mxfp4): magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2, bit 3 the sign.
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// MXFP4, 17 bytes: [e:u8][qs:16]   OCP microscaling FP4: nibbles as Q4_0; shared scale E8M0
+//   x = 2^(e - 128) * kMxfp4Values[nibble]   (2^(e - 127) times the undoubled FP4 value)
+struct BlockMXFP4 {
+    uint8_t e;
+    uint8_t qs[16];
+};
+
 #pragma pack(pop)
 
 // True for the types dequantizeRow and dotRow accept: every `supported` type of the table
@@ -184,7 +215,8 @@ void dequantizeRow(DType t, const void* src, float* dst, int64_t n);
 // saturate at 65504 and the values they cannot reach are clamped. Non-finite input is the
 // caller's error; it causes no undefined behaviour but the block contents are unspecified.
 // The K-quants search each sub-block's scale (and min) by least squares (see quant_k.cpp); IQ4_NL
-// and IQ4_XS search each 32-element block's scale against the non-linear levels (quant_iq4.cpp).
+// and IQ4_XS search each 32-element block's scale against the non-linear levels (quant_iq4.cpp),
+// TQ1_0/TQ2_0 the ternary threshold and MXFP4 the shared exponent (quant_low.cpp).
 void quantizeRow(DType t, const float* src, void* dst, int64_t n);
 
 // As quantizeRow, but the K-quants and IQ4 types take each (sub-)block's scale (and min) from its
@@ -208,6 +240,7 @@ Status checkQuantizable(DType t, int64_t row_len);
 //   - else, for a 256-element format, the 32-element format of similar size when row_len is a
 //     multiple of 32 (llama.cpp's rule in llama_tensor_get_type):
 //     Q2_K, Q3_K, IQ4_XS -> IQ4_NL;  Q4_K -> Q5_0;  Q5_K -> Q5_1;  Q6_K, Q8_K -> Q8_0;
+//     TQ1_0, TQ2_0 -> Q4_0;
 //   - else F16 (e.g. stories260K's ffn_down, rows of 172).
 DType quantFallback(DType wanted, int64_t row_len);
 

@@ -59,4 +59,15 @@ void decodeIQ4_XS(const BlockIQ4_XS& b, float* y);
 void encodeIQ4_NL(const float* x, BlockIQ4_NL& b, bool search);
 void encodeIQ4_XS(const float* x, BlockIQ4_XS& b, bool search);
 
+// Low-bit blocks (quant_low.cpp): ternary TQ1_0 / TQ2_0 (256 floats) and MXFP4 (32 floats).
+void decodeTQ1_0(const BlockTQ1_0& b, float* y);
+void decodeTQ2_0(const BlockTQ2_0& b, float* y);
+void decodeMXFP4(const BlockMXFP4& b, float* y);
+void encodeTQ1_0(const float* x, BlockTQ1_0& b, bool search);
+void encodeTQ2_0(const float* x, BlockTQ2_0& b, bool search);
+void encodeMXFP4(const float* x, BlockMXFP4& b, bool search);
+// One byte of TQ1_0 holding the 5 trits t[0..4] (each 0..2), and trit n of a byte.
+uint8_t packTrits(const uint8_t* t);
+int tritOf(uint8_t byte, int n);
+
 }  // namespace blue::quant_internal

@@ -51,6 +51,15 @@
 #define WL_E 256u
 #define WL_T 9u
 #define WL_IQ4
+#elif defined(WTYPE_TQ1_0)
+#define WL_E 256u
+#define WL_T 4u
+#elif defined(WTYPE_TQ2_0)
+#define WL_E 256u
+#define WL_T 5u
+#elif defined(WTYPE_MXFP4)
+#define WL_E 256u
+#define WL_T 9u
 #else
 #error "define a WTYPE_* for common/wlayout.glsl"
 #endif
@@ -106,14 +115,43 @@ vec4 iq4Nib4(uint word, uint shift) {
     return vec4((mix(lo, hi, high) >> ((c & 3u) * 8u)) & 0xFFu) - 127.0;
 }
 #endif
+#ifdef WTYPE_MXFP4
+// MXFP4: the doubled FP4 level of each 4-bit code (vm/quant.h kMxfp4Values): magnitude
+// 0, 1, 2, 3, 4, 6, 8, 12 for codes 0..7 (m < 4: m; else (2 + (m & 1)) << ((m >> 1) - 1)), bit 3
+// the sign. ALU only, as iq4Nib4.
+vec4 mxfp4Nib4(uint word, uint shift) {
+    uvec4 c = (uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 15u;
+    uvec4 m = c & 7u;
+    uvec4 big = (2u + (m & 1u)) << ((m >> 1) - min(m >> 1, uvec4(1u)));
+    vec4 mag = vec4(mix(m, big, greaterThanEqual(m, uvec4(4u))));
+    return mix(mag, -mag, greaterThanEqual(c, uvec4(8u)));
+}
+// 2^(e - 128) for the E8M0 byte e, built from its bits (e < 2: a denormal).
+float mxfp4Scale(uint e) {
+    return e >= 2u ? uintBitsToFloat((e - 1u) << 23) : uintBitsToFloat(0x00200000u << e);
+}
+#endif
+#ifdef WTYPE_TQ1_0
+// TQ1_0: trit n (0..4) of each byte of `word`, as 0..2 (vm/quant.h: (((b * 3^n) mod 256) * 3) >> 8).
+vec4 trit4(uint word, uint n) {
+    uint p = n == 0u ? 1u : n == 1u ? 3u : n == 2u ? 9u : n == 3u ? 27u : 81u;
+    uvec4 b = (uvec4(word) >> uvec4(0u, 8u, 16u, 24u)) & 0xFFu;
+    return vec4((((b * p) & 0xFFu) * 3u) >> 8);
+}
+#endif
 uint bitsOf(uint word, uint shift) {  // bit `shift` of each byte, packed 0..3
     uvec4 b = (uvec4(word) >> (uvec4(0u, 8u, 16u, 24u) + shift)) & 1u;
     return b.x | (b.y << 1) | (b.z << 2) | (b.w << 3);
 }
 
 void wHead(uint base, uint bpr, uint row, uint g, out WHead h) {
-#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_K) || defined(WL_IQ4)
+#if defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_K) || defined(WL_IQ4) || defined(WTYPE_MXFP4)
     h.t0 = wTexel(base, bpr, row, g, 0u);
+#elif defined(WTYPE_TQ2_0)
+    h.t0 = wTexel(base, bpr, row, g, 4u);  // d: bytes 64..65
+#elif defined(WTYPE_TQ1_0)
+    h.t0 = wTexel(base, bpr, row, g, 2u);  // qs[32..47]
+    h.t1 = wTexel(base, bpr, row, g, 3u);  // qh[0..3], d at bytes 52..53
 #elif defined(WTYPE_Q4_1)
     h.t0 = wTexel(base, bpr, row, g, 0u);
     h.t1 = wTexel(base, bpr, row, g, 1u);
@@ -211,6 +249,45 @@ void wGroup(uint base, uint bpr, uint row, uint g, uint s, WHead h, out vec4 q[8
     }
     sc = vec2(d);
     mn = vec2(0.0);
+#elif defined(WTYPE_MXFP4)
+    float d = mxfp4Scale(byteOf(h.t0, s));
+    uvec4 t = wTexel(base, bpr, row, g, 1u + s);
+    for (uint j = 0u; j < 4u; ++j) {
+        q[j] = mxfp4Nib4(t[j], 0u);
+        q[j + 4u] = mxfp4Nib4(t[j], 4u);
+    }
+    sc = vec2(d);
+    mn = vec2(0.0);
+#elif defined(WTYPE_TQ2_0)
+    // Group s: elements 128h + 32l + m, h = s / 4, l = s % 4: bits 2l of qs[32h + m].
+    uint hh = s >> 2, l = s & 3u;
+    uvec4 a = wTexel(base, bpr, row, g, 2u * hh), b = wTexel(base, bpr, row, g, 2u * hh + 1u);
+    for (uint j = 0u; j < 4u; ++j) {
+        q[j] = crumb4(a[j], 2u * l);
+        q[j + 4u] = crumb4(b[j], 2u * l);
+    }
+    float d = halfOf(h.t0, 0u);
+    sc = vec2(d);
+    mn = vec2(-d);
+#elif defined(WTYPE_TQ1_0)
+    // Groups 0..4: trit s of qs[0..31]; 5, 6: trits 2(s-5) and 2(s-5)+1 of qs[32..47]; 7: trit 4
+    // of qs[32..47], then trits 0..3 of qh[0..3] (element 240 + 4n + j).
+    if (s < 5u) {
+        uvec4 a = wTexel(base, bpr, row, g, 0u), b = wTexel(base, bpr, row, g, 1u);
+        for (uint j = 0u; j < 4u; ++j) {
+            q[j] = trit4(a[j], s);
+            q[j + 4u] = trit4(b[j], s);
+        }
+    } else {
+        uint n0 = s == 7u ? 4u : 2u * (s - 5u);
+        for (uint j = 0u; j < 4u; ++j) {
+            q[j] = trit4(h.t0[j], n0);
+            q[j + 4u] = s == 7u ? trit4(h.t1.x, j) : trit4(h.t0[j], n0 + 1u);
+        }
+    }
+    float d = halfOf(h.t1, 2u);
+    sc = vec2(d);
+    mn = vec2(-d);
 #elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
     float d = halfOf(h.t0, 0u), dmin = halfOf(h.t0, 1u);
     uvec2 sm = kScaleMin(h.t0, s);
