@@ -81,6 +81,9 @@ namespace {
 
 struct AttnShape {
     uint32_t head, n_head, n_kv;
+    uint32_t window = 0;  // ATTNX: sliding window (0: all positions)
+    float cap = 0;        // ATTNX: logit soft cap (0: none)
+    bool ext = false;     // ATTNX rather than ATTN
 };
 
 // Each instance first stores `prefill` positions (the fill block), then runs rows at the
@@ -98,7 +101,11 @@ void attnShapeCase(DType cache, AttnShape s) {
     const float scale = 1.0f / std::sqrt(float(s.head));
     om.fill(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
     om.step(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
-    om.step(Op::ATTN, {out, kc, vc, q, s.n_head, s.n_kv, BLUE_FA_POS, bits(scale)});
+    if (s.ext) {
+        om.step(Op::ATTNX, {out, kc, vc, q, s.n_head, s.n_kv, BLUE_FA_POS, bits(scale), s.window, bits(s.cap)});
+    } else {
+        om.step(Op::ATTN, {out, kc, vc, q, s.n_head, s.n_kv, BLUE_FA_POS, bits(scale)});
+    }
     std::vector<InstancePlan> plans(prefill.size());
     uint32_t token = 0, step_token = 900;
     for (size_t i = 0; i < plans.size(); ++i) {
@@ -118,8 +125,8 @@ void attnShapeCase(DType cache, AttnShape s) {
     // ~1e-5 relative at worst; 1e-4. F16 caches may also differ by one half ULP where the
     // conversion rounds differently (2^-10 relative in K and V): 2e-3.
     const double bound = cache == DType::F32 ? 1e-4 : 2e-3;
-    const std::string name = strFormat("ATTN %s head %u, %u/%u heads", lowerName(cache).c_str(),
-                                       s.head, s.n_head, s.n_kv);
+    const std::string name = strFormat("%s %s head %u, %u/%u heads, window %u, cap %g", s.ext ? "ATTNX" : "ATTN",
+                                       lowerName(cache).c_str(), s.head, s.n_head, s.n_kv, s.window, double(s.cap));
     expectClose(*both, out, totalRows(plans), bound, name);
     expectClose(*both, kc, 0, cache == DType::F32 ? 0.0 : 1e-3, name + " K cache");
     expectClose(*both, vc, 0, cache == DType::F32 ? 0.0 : 1e-3, name + " V cache");
@@ -131,6 +138,14 @@ void attnShapeCase(DType cache, AttnShape s) {
 void attnCase(DType cache) {
     attnShapeCase(cache, {8, 4, 2});
     attnShapeCase(cache, {64, 8, 2});
+}
+
+// ATTNX: a window shorter than every instance's positions (37), one longer than some (400), and
+// none; soft caps that bend the logits (0.75: scores of a few units) or leave them (0).
+void attnxCase(DType cache) {
+    attnShapeCase(cache, {8, 4, 2, 37, 0.75f, true});
+    attnShapeCase(cache, {64, 8, 2, 400, 0.0f, true});
+    attnShapeCase(cache, {64, 8, 2, 0, 2.5f, true});
 }
 
 }  // namespace blue::test
