@@ -377,7 +377,13 @@ Status readArchExtras(const GgufFile& file, const ArchKeys& keys, ModelConfig& c
         BLUE_TRY(readPositive(file, keys, "attn_logit_softcapping", 50.0f, &c.attn_softcap));
         BLUE_TRY(readPositive(file, keys, "final_logit_softcapping", 30.0f, &c.final_softcap));
     }
-    if (c.arch == ModelArch::Gemma3) c.rope_freq_base_swa = 10000.0f;
+    if (c.arch == ModelArch::Gemma3) {
+        c.rope_freq_base_swa = 10000.0f;
+        // Newer llama.cpp reads an optional final soft cap for gemma3 too (no Gemma 3 states one).
+        if (keys.has("final_logit_softcapping")) {
+            BLUE_TRY(readPositive(file, keys, "final_logit_softcapping", 0.0f, &c.final_softcap));
+        }
+    }
     if (c.arch == ModelArch::Phi3) {
         c.fused_up = true;
         BLUE_TRY(readPositive(file, keys, "rope.scaling.attn_factor", 1.0f, &c.rope_attn_factor));
