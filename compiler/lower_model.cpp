@@ -91,6 +91,7 @@ struct Lowering {
     uint32_t forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head = ForwardHead::Sample, uint32_t table = kNone);
     void attention(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a);
     void experts(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
+    void feedForward(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
     void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
 };
 
@@ -126,19 +127,9 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "ffn_norm.weight"), eps, 0});
         if (cfg.isMoe()) {
             experts(cb, l, a);
-            continue;
+        } else {
+            feedForward(cb, l, a);
         }
-        // phi3's ffn_up holds the gate's rows, then the up rows.
-        uint32_t gate_w = cfg.fused_up ? layerWeightRows(l, "ffn_up.weight", 0, cfg.n_ff) : layerWeight(l, "ffn_gate.weight");
-        uint32_t up_w = cfg.fused_up ? layerWeightRows(l, "ffn_up.weight", cfg.n_ff, cfg.n_ff) : layerWeight(l, "ffn_up.weight");
-        cb.tensor(Op::MATMUL, {a["hb"], gate_w, a["xb"]});
-        cb.tensor(Op::MATMUL, {a["hb2"], up_w, a["xb"]});
-        cb.tensor(cfg.gelu_ffn ? Op::GEGLU : Op::SWIGLU, {a["hb"], a["hb"], a["hb2"]});
-        cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "ffn_down.weight"), a["hb"]});
-        if (cfg.post_norms) {
-            cb.tensor(Op::RMSNORM, {a["xb2"], a["xb2"], layerWeight(l, "post_ffw_norm.weight"), eps, 0});
-        }
-        cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
     }
     const uint32_t cap = cfg.final_softcap > 0 ? floatBits(cfg.final_softcap) : 0;
     uint32_t lm_head = weight(cfg.tied_output ? "token_embd.weight" : "output.weight");
@@ -173,6 +164,22 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     }
     cb.endBlock();
     return block;
+}
+
+// A dense FFN on the normed rows xb, added into x: SwiGLU or (gemma) GeGLU of the gate and up
+// projections (phi3's ffn_up holds the gate's rows, then the up rows), the down projection, and
+// (gemma) its post-FFN norm.
+void Lowering::feedForward(CodeBuilder& cb, uint32_t l, const std::map<std::string, uint32_t>& a) {
+    const uint32_t eps = floatBits(cfg.rms_norm_eps), f = cfg.n_ff;
+    const uint32_t hb = a.at("hb"), hb2 = a.at("hb2"), xb = a.at("xb"), xb2 = a.at("xb2"), x = a.at("x");
+    uint32_t gate_w = cfg.fused_up ? layerWeightRows(l, "ffn_up.weight", 0, f) : layerWeight(l, "ffn_gate.weight");
+    uint32_t up_w = cfg.fused_up ? layerWeightRows(l, "ffn_up.weight", f, f) : layerWeight(l, "ffn_up.weight");
+    cb.tensor(Op::MATMUL, {hb, gate_w, xb});
+    cb.tensor(Op::MATMUL, {hb2, up_w, xb});
+    cb.tensor(cfg.gelu_ffn ? Op::GEGLU : Op::SWIGLU, {hb, hb, hb2});
+    cb.tensor(Op::MATMUL, {xb2, layerWeight(l, "ffn_down.weight"), hb});
+    if (cfg.post_norms) cb.tensor(Op::RMSNORM, {xb2, xb2, layerWeight(l, "post_ffw_norm.weight"), eps, 0});
+    cb.tensor(Op::TADD, {x, x, xb2});
 }
 
 // A mixture-of-experts FFN on the normed rows xb, added into x. The router's logits pick each
