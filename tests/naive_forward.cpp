@@ -24,7 +24,9 @@ struct Weights {
         std::memcpy(out.data(), data.data(), out.size() * 4);
         return out;
     }
-    std::vector<float> layer(uint32_t l, const char* name) const { return get("blk." + std::to_string(l) + "." + name); }
+    std::vector<float> layer(uint32_t l, const char* name) const {
+        return get("blk." + std::to_string(l) + "." + name);
+    }
 };
 
 // y[n] = sum_k w[(row0 + n) * K + k] x[k] for n < rows.
@@ -50,12 +52,13 @@ Vec rmsNorm(const Vec& x, const std::vector<float>& w, double eps, size_t group)
 
 // NeoX RoPE of every head of v at position pos (ggml_rope_ext with ext_factor 0: the rotation
 // scaled by attn_factor, dims past n_rot unchanged).
-void rope(Vec& v, const ModelConfig& c, double pos, double base, double freq_scale, const std::vector<float>* factors,
-          double attn_factor) {
+void rope(Vec& v, const ModelConfig& c, double pos, double base, double freq_scale,
+          const std::vector<float>* factors, double attn_factor) {
     const uint32_t hd = c.head_dim, half = c.n_rot / 2;
     for (size_t h = 0; h < v.size(); h += hd) {
         for (uint32_t i = 0; i < half; ++i) {
-            double theta = pos * freq_scale * std::pow(base, -2.0 * i / c.n_rot) / (factors ? (*factors)[i] : 1.0f);
+            double theta = pos * freq_scale * std::pow(base, -2.0 * i / c.n_rot) /
+                           (factors ? (*factors)[i] : 1.0f);
             double x0 = v[h + i], x1 = v[h + i + half];
             v[h + i] = (x0 * std::cos(theta) - x1 * std::sin(theta)) * attn_factor;
             v[h + i + half] = (x0 * std::sin(theta) + x1 * std::cos(theta)) * attn_factor;
@@ -65,8 +68,8 @@ void rope(Vec& v, const ModelConfig& c, double pos, double base, double freq_sca
 
 }  // namespace
 
-std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const ModelConfig& c, uint32_t ctx,
-                                               const std::vector<uint32_t>& tokens) {
+std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const ModelConfig& c,
+                                               uint32_t ctx, const std::vector<uint32_t>& tokens) {
     const Weights w{file};
     const bool gemma = c.arch == ModelArch::Gemma2 || c.arch == ModelArch::Gemma3;
     const bool phi3 = c.arch == ModelArch::Phi3;
@@ -84,12 +87,16 @@ std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const Model
     }
     std::vector<float> factors;
     if (phi3 && (ctx > c.rope_scaling_orig_ctx ? c.has_rope_long : c.has_rope_short)) {
-        factors = w.get(ctx > c.rope_scaling_orig_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight");
+        factors = w.get(ctx > c.rope_scaling_orig_ctx ? "rope_factors_long.weight"
+                                                      : "rope_factors_short.weight");
     }
     for (uint32_t l = 0; l < c.n_layer; ++l) {
-        // gemma2: even layers slide; gemma3: five of every six, with RoPE base 10000 unscaled there.
-        const bool sliding = (c.arch == ModelArch::Gemma2 && l % 2 == 0) || (c.arch == ModelArch::Gemma3 && l % 6 < 5);
-        double base = c.rope_freq_base, fscale = c.rope_scaling == RopeScaling::Linear ? 1.0 / c.rope_scaling_factor : 1.0;
+        // gemma2: even layers slide; gemma3: five of every six, with RoPE base 10000 unscaled
+        // there.
+        const bool sliding = (c.arch == ModelArch::Gemma2 && l % 2 == 0) ||
+                             (c.arch == ModelArch::Gemma3 && l % 6 < 5);
+        double base = c.rope_freq_base,
+               fscale = c.rope_scaling == RopeScaling::Linear ? 1.0 / c.rope_scaling_factor : 1.0;
         if (c.arch == ModelArch::Gemma3 && sliding) base = 10000.0, fscale = 1.0;
         std::vector<Vec> q(T), k(T), v(T);
         const std::vector<float> norm = w.layer(l, "attn_norm.weight");
@@ -106,8 +113,10 @@ std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const Model
                 q[t] = rmsNorm(q[t], w.layer(l, "attn_q_norm.weight"), eps, hd);
                 k[t] = rmsNorm(k[t], w.layer(l, "attn_k_norm.weight"), eps, hd);
             }
-            rope(q[t], c, double(t), base, fscale, factors.empty() ? nullptr : &factors, c.rope_attn_factor);
-            rope(k[t], c, double(t), base, fscale, factors.empty() ? nullptr : &factors, c.rope_attn_factor);
+            rope(q[t], c, double(t), base, fscale, factors.empty() ? nullptr : &factors,
+                 c.rope_attn_factor);
+            rope(k[t], c, double(t), base, fscale, factors.empty() ? nullptr : &factors,
+                 c.rope_attn_factor);
             for (double& e : q[t]) e /= std::sqrt(double(hd));
         }
         const std::vector<float> wo = w.layer(l, "attn_output.weight");
@@ -121,28 +130,33 @@ std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const Model
                     if (sliding && t - u >= c.sliding_window) continue;
                     double d = 0;
                     for (size_t i = 0; i < hd; ++i) d += q[t][h * hd + i] * k[u][kvh * hd + i];
-                    if (c.arch == ModelArch::Gemma2) d = c.attn_softcap * std::tanh(d / c.attn_softcap);
+                    if (c.arch == ModelArch::Gemma2)
+                        d = c.attn_softcap * std::tanh(d / c.attn_softcap);
                     s[u] = d;
                     m = std::max(m, d);
                 }
                 double z = 0;
                 for (double& e : s) z += (e = std::exp(e - m));
                 for (size_t u = 0; u <= t; ++u) {
-                    for (size_t i = 0; i < hd; ++i) att[h * hd + i] += s[u] / z * v[u][kvh * hd + i];
+                    for (size_t i = 0; i < hd; ++i)
+                        att[h * hd + i] += s[u] / z * v[u][kvh * hd + i];
                 }
             }
             Vec o = matvec(wo, att, 0, E);
             if (gemma) o = rmsNorm(o, w.layer(l, "post_attention_norm.weight"), eps, E);
             for (size_t i = 0; i < E; ++i) x[t][i] += o[i];
         }
-        const std::vector<float> ffn_norm = w.layer(l, "ffn_norm.weight"), down = w.layer(l, "ffn_down.weight");
+        const std::vector<float> ffn_norm = w.layer(l, "ffn_norm.weight"),
+                                 down = w.layer(l, "ffn_down.weight");
         const std::vector<float> up = w.layer(l, "ffn_up.weight");
         const std::vector<float> gate = phi3 ? up : w.layer(l, "ffn_gate.weight");
         for (size_t t = 0; t < T; ++t) {
             Vec h = rmsNorm(x[t], ffn_norm, eps, E);
             Vec g = matvec(gate, h, 0, F), u = matvec(up, h, phi3 ? F : 0, F);
             for (size_t i = 0; i < F; ++i) {
-                double a = gemma ? 0.5 * g[i] * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g[i] + 0.044715 * g[i] * g[i] * g[i])))
+                double a = gemma ? 0.5 * g[i] *
+                                       (1.0 + std::tanh(std::sqrt(2.0 / M_PI) *
+                                                        (g[i] + 0.044715 * g[i] * g[i] * g[i])))
                                  : g[i] / (1.0 + std::exp(-g[i]));
                 g[i] = a * u[i];
             }

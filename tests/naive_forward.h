@@ -14,7 +14,7 @@ namespace blue::test {
 
 // Log-softmax of the logits at every position of `tokens` (positions 0..n-1), for a context of
 // `ctx` positions (phi3 picks its LongRoPE factors by it). The file's matrices must be F32.
-std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const ModelConfig& cfg, uint32_t ctx,
-                                               const std::vector<uint32_t>& tokens);
+std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const ModelConfig& cfg,
+                                               uint32_t ctx, const std::vector<uint32_t>& tokens);
 
 }  // namespace blue::test

@@ -39,7 +39,8 @@ Model open(const std::string& path) {
     return {std::move(g.value()), cfg.value()};
 }
 
-Module lower(const Model& model, const ModelConfig& cfg, const std::string& path, DType kv_type = DType::F16) {
+Module lower(const Model& model, const ModelConfig& cfg, const std::string& path,
+             DType kv_type = DType::F16) {
     LowerOptions opt;
     opt.kv_type = kv_type;
     opt.ctx = kCtx;
@@ -81,7 +82,8 @@ Generated tokensByTag(const RunReport& r) {
     for (const OutputRecord& rec : r.output) {
         if (rec.kind == BLUE_OUT_BEGIN) tag_of[rec.inst] = rec.value;
         if (rec.kind == BLUE_OUT_TOKEN) out.tokens[tag_of[rec.inst]].push_back(rec.value);
-        if (rec.kind == BLUE_OUT_FLOAT) out.logprobs[tag_of[rec.inst]].push_back(std::bit_cast<float>(rec.value));
+        if (rec.kind == BLUE_OUT_FLOAT)
+            out.logprobs[tag_of[rec.inst]].push_back(std::bit_cast<float>(rec.value));
     }
     return out;
 }
@@ -92,7 +94,8 @@ double maxLogprobDiff(const Generated& a, const Generated& b) {
     for (const auto& [tag, lp] : a.logprobs) {
         auto it = b.logprobs.find(tag);
         if (it == b.logprobs.end() || it->second.size() != lp.size()) return INFINITY;
-        for (size_t i = 0; i < lp.size(); ++i) worst = std::max(worst, std::fabs(double(lp[i]) - it->second[i]));
+        for (size_t i = 0; i < lp.size(); ++i)
+            worst = std::max(worst, std::fabs(double(lp[i]) - it->second[i]));
     }
     return worst;
 }
@@ -115,7 +118,8 @@ TokensByTag runGpu(const Module& m) {
     opt.instances = 3;
     auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, m, w.value(), opt);
     REQUIRE_MESSAGE(machine.isOk(), machine.message());
-    for (const GenerationRequest& r : requests()) REQUIRE(machine.value()->pushInput(encodeRequest(r)).isOk());
+    for (const GenerationRequest& r : requests())
+        REQUIRE(machine.value()->pushInput(encodeRequest(r)).isOk());
     machine.value()->closeInput();
     auto r = machine.value()->run();
     REQUIRE_MESSAGE(r.isOk(), r.message());
@@ -146,7 +150,8 @@ std::vector<TensorInstr> forwardOps(const Module& m) {
 }
 
 size_t countOp(const std::vector<TensorInstr>& ops, Op op) {
-    return size_t(std::count_if(ops.begin(), ops.end(), [op](const TensorInstr& t) { return t.op == op; }));
+    return size_t(
+        std::count_if(ops.begin(), ops.end(), [op](const TensorInstr& t) { return t.op == op; }));
 }
 
 std::string writePreset(const TempDir& dir, const char* preset, DType type = DType::F32) {
@@ -204,7 +209,8 @@ TEST_CASE("archs: gemma3-tiny on the GPU gives the reference tokens") {
     std::vector<float> bases;
     for (const TensorInstr& t : ops) {
         if (t.op == Op::ATTNX) CHECK((t.args[8] == 8 && t.args[9] == 0));
-        if (t.op == Op::ROPE && t.args[0] == t.args[1] && bases.size() < 12) bases.push_back(std::bit_cast<float>(t.args[7]));
+        if (t.op == Op::ROPE && t.args[0] == t.args[1] && bases.size() < 12)
+            bases.push_back(std::bit_cast<float>(t.args[7]));
     }
     REQUIRE(bases.size() == 12);  // Q and K of 6 layers: 10000 on the local layers, 1e6 on layer 5
     for (size_t i = 0; i < 10; ++i) CHECK(bases[i] == 10000.0f);
@@ -214,7 +220,9 @@ TEST_CASE("archs: gemma3-tiny on the GPU gives the reference tokens") {
     CHECK_NO_VALIDATION_ERRORS();
 }
 
-TEST_CASE("archs: phi3-tiny, short and long LongRoPE factors, F32 and Q8_0, on the GPU gives the reference tokens") {
+TEST_CASE(
+    "archs: phi3-tiny, short and long LongRoPE factors, F32 and Q8_0, on the GPU gives the "
+    "reference tokens") {
     TempDir dir("blue_archs");
     for (DType type : {DType::F32, DType::Q8_0}) {
         const std::string path = writePreset(dir, "phi3-tiny", type);
@@ -251,9 +259,11 @@ TEST_CASE("archs: phi3-tiny, short and long LongRoPE factors, F32 and Q8_0, on t
 }
 
 // The lowered program against tests/naive_forward.cpp, a plain forward pass written from
-// llama.cpp's graphs: for the longest request (19 prompt tokens, past gemma's window), the reference
-// machine's greedy tokens are the naive pass's argmax at each step, with the same log-probability.
-TEST_CASE("archs: the lowered gemma2, gemma3 and phi3 programs agree with a plain C++ forward pass") {
+// llama.cpp's graphs: for the longest request (19 prompt tokens, past gemma's window), the
+// reference machine's greedy tokens are the naive pass's argmax at each step, with the same
+// log-probability.
+TEST_CASE(
+    "archs: the lowered gemma2, gemma3 and phi3 programs agree with a plain C++ forward pass") {
     TempDir dir("blue_archs");
     for (const char* preset : {"gemma2-tiny", "gemma3-tiny", "phi3-tiny"}) {
         INFO(std::string(preset));
