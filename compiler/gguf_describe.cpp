@@ -68,10 +68,10 @@ void describeModel(const GgufFile& file, std::string& out) {
         out += strFormat(" x%g from %u", double(c.rope_scaling_factor), c.rope_scaling_orig_ctx);
     }
     if (c.has_rope_long || c.has_rope_short) {
-        out += strFormat(", LongRoPE factors%s%s (original context %u, attention factor %g)",
-                         c.has_rope_short ? " short" : "", c.has_rope_long ? " long" : "", c.rope_scaling_orig_ctx,
-                         double(c.rope_attn_factor));
+        out += strFormat(", LongRoPE factors%s%s (original context %u)", c.has_rope_short ? " short" : "",
+                         c.has_rope_long ? " long" : "", c.rope_scaling_orig_ctx);
     }
+    if (c.rope_attn_factor != 1.0f) out += strFormat(", attention factor %g", double(c.rope_attn_factor));
     out += c.has_rope_freqs ? ", rope_freqs.weight\n" : "\n";
     out += c.tied_output ? "  output: tied to token_embd.weight\n" : "  output: output.weight\n";
 }

@@ -653,6 +653,22 @@ TEST_CASE("model config: gemma2, gemma3 and phi3 with llama.cpp's defaults") {
     }
 }
 
+TEST_CASE("model config: describe gemma and phi3 files with what they add") {
+    Spec g = gemmaSpec("gemma3");
+    g.keys = [](GgufWriter& w) { w.setU32("gemma3.attention.sliding_window", 512); };
+    std::string text = ggufDescribe(build(g));
+    CHECK(text.find("  ffn: width 48, geglu\n") != std::string::npos);
+    CHECK(text.find("  sliding window 512 on layers l % 6 < 5 (rope base 10000 there)\n") != std::string::npos);
+    CHECK(text.find("  embeddings x sqrt(n_embd) yes, post-sublayer norms yes, attention softcap 0, final softcap 0\n") !=
+          std::string::npos);
+    Spec p = phi3Spec();
+    p.keys = [](GgufWriter& w) { w.setF32("phi3.rope.scaling.attn_factor", 1.25f); };
+    text = ggufDescribe(build(p));
+    CHECK(text.find("  ffn: width 48, swiglu, gate and up fused in ffn_up\n") != std::string::npos);
+    CHECK(text.find("  attention weights: Q, K, V fused in attn_qkv\n") != std::string::npos);
+    CHECK(text.find("scaling none, attention factor 1.25\n") != std::string::npos);
+}
+
 TEST_CASE("model config: malformed gemma and phi3 files name the key or tensor") {
     SUBCASE("gemma3 without its sliding window") {
         CHECK(loadError(gemmaSpec("gemma3")) == "syn.gguf: missing key 'gemma3.attention.sliding_window'");
