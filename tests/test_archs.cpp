@@ -170,6 +170,7 @@ TEST_CASE("archs: gemma2-tiny on the GPU gives the reference tokens; its window 
     TempDir dir("blue_archs");
     const std::string path = writePreset(dir, "gemma2-tiny");
     Model model = open(path);
+    CHECK(model.cfg.head_dim == 48);  // Q is 192 wide, the residual 256, as in Gemma 2 2B
     Module m = lower(model, model.cfg, path);
     std::vector<TensorInstr> ops = forwardOps(m);
     CHECK(countOp(ops, Op::GEGLU) == 4);

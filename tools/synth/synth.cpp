@@ -79,12 +79,14 @@ std::vector<SynthConfig> presets() {
     qwen3moe.norm_eps = 1e-6f;
     p.push_back(qwen3moe);
     // Gemma 2 2B scaled down (256000 tokens, window 4096 -> 512 and 8; soft caps 50 and 30);
-    // the window is small enough that test prompts slide past it.
+    // the window is small enough that test prompts slide past it. Like the 2B, its heads are not
+    // dim / heads wide (key_length 48: Q is 192 wide, the residual 256).
     SynthConfig gemma2 = llama("gemma2-tiny", 256, 4, 4, 2, 512, 8192, true);
     gemma2.arch = "gemma2";
     gemma2.n_vocab = 512;
     gemma2.norm_eps = 1e-6f;
     gemma2.sliding_window = 8;
+    gemma2.head_dim = 48;
     p.push_back(gemma2);
     // Gemma 3 1B scaled down: 6 layers, so one global layer after five sliding ones.
     SynthConfig gemma3 = llama("gemma3-tiny", 256, 6, 4, 1, 512, 32768, true);
@@ -269,6 +271,10 @@ void setMetadata(const SynthConfig& c, const SynthOptions& o, GgufWriter* w) {
     w->setF32(a + ".attention.layer_norm_rms_epsilon", c.norm_eps);
     w->setF32(a + ".rope.freq_base", c.rope_base);
     w->setU32(a + ".rope.dimension_count", c.headDim());
+    if (c.head_dim) {
+        w->setU32(a + ".attention.key_length", c.head_dim);
+        w->setU32(a + ".attention.value_length", c.head_dim);
+    }
     if (c.n_expert > 0) {
         w->setU32(a + ".expert_count", c.n_expert);
         w->setU32(a + ".expert_used_count", c.n_expert_used);
@@ -324,7 +330,8 @@ Status synthValidate(const SynthConfig& c) {
         if (value == 0 || value >= kMaxDim)
             return BLUE_ERROR("%s must be in 1..%u (got %u)", field, kMaxDim - 1, value);
     }
-    if (c.dim % c.n_head != 0 || c.headDim() % 2 != 0) {
+    if (c.head_dim % 2 != 0) return BLUE_ERROR("head width %u must be even", c.head_dim);
+    if (!c.head_dim && (c.dim % c.n_head != 0 || c.headDim() % 2 != 0)) {
         return BLUE_ERROR("dim %u must be a multiple of heads %u with an even quotient", c.dim,
                           c.n_head);
     }

@@ -49,7 +49,9 @@ struct SynthConfig {
     uint32_t orig_ctx = 0;        // phi3: rope.scaling.original_context_length; 0: no LongRoPE factors
     float attn_factor = 1.0f;     // phi3: rope.scaling.attn_factor
 
-    uint32_t headDim() const { return n_head ? dim / n_head : 0; }
+    uint32_t head_dim = 0;        // attention.key_length/value_length; 0: dim / n_head (no keys written)
+
+    uint32_t headDim() const { return head_dim ? head_dim : n_head ? dim / n_head : 0; }
     bool qkNorm() const { return arch == "qwen3moe" || arch == "gemma3"; }  // attn_{q,k}_norm.weight [head_dim]
     bool isGemma() const { return arch == "gemma2" || arch == "gemma3"; }
 };
