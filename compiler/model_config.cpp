@@ -355,7 +355,8 @@ Status readPositive(const GgufFile& file, const ArchKeys& keys, const char* suff
 // logits; gemma3 slides on 5 layers of every 6 (window required) with RoPE base 10000 there;
 // both scale embeddings, norm after each sublayer too, use GeGLU and scale queries by
 // 1/sqrt(n_embd / n_head) in their 27B sizes (46 and 62 layers), else 1/sqrt(head_dim). phi3
-// fuses Q/K/V and gate/up; its sliding window is ignored, as llama.cpp now does.
+// fuses Q/K/V and gate/up; its sliding window is ignored, as llama.cpp now does. Every
+// architecture takes rope.scaling.attn_factor.
 Status readArchExtras(const GgufFile& file, const ArchKeys& keys, ModelConfig& c) {
     const char* name = file.name().c_str();
     c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
@@ -384,13 +385,14 @@ Status readArchExtras(const GgufFile& file, const ArchKeys& keys, ModelConfig& c
             BLUE_TRY(readPositive(file, keys, "final_logit_softcapping", 0.0f, &c.final_softcap));
         }
     }
+    // llama.cpp reads RoPE's attention factor for every architecture (phi3's converter writes it).
+    BLUE_TRY(readPositive(file, keys, "rope.scaling.attn_factor", 1.0f, &c.rope_attn_factor));
+    if (c.rope_attn_factor != 1.0f && c.n_rot != c.head_dim) {
+        return BLUE_ERROR("%s: key '%s' with partial rotation (rope.dimension_count %u < head width %u) is not supported",
+                          name, keys.key("rope.scaling.attn_factor").c_str(), c.n_rot, c.head_dim);
+    }
     if (c.arch == ModelArch::Phi3) {
         c.fused_up = true;
-        BLUE_TRY(readPositive(file, keys, "rope.scaling.attn_factor", 1.0f, &c.rope_attn_factor));
-        if (c.rope_attn_factor != 1.0f && c.n_rot != c.head_dim) {
-            return BLUE_ERROR("%s: key '%s' with partial rotation (rope.dimension_count %u < head width %u) is not supported",
-                              name, keys.key("rope.scaling.attn_factor").c_str(), c.n_rot, c.head_dim);
-        }
         if (c.rope_scaling_orig_ctx == 0) {
             BLUE_ASSIGN(c.rope_scaling_orig_ctx, keys.u32Or("rope.scaling.original_context_length", c.n_ctx_train));
         }

@@ -69,7 +69,7 @@ struct ModelConfig {
     bool fused_up = false;        // blk.*.ffn_up.weight [n_embd, 2 n_ff]: gate rows, then up rows (phi3)
     bool has_rope_long = false;   // rope_factors_long.weight [n_rot/2] (phi3 LongRoPE, ctx > original)
     bool has_rope_short = false;  // rope_factors_short.weight [n_rot/2] (ctx <= original)
-    float rope_attn_factor = 1.0f;  // rope.scaling.attn_factor: RoPE's cos/sin magnitude (phi3)
+    float rope_attn_factor = 1.0f;  // rope.scaling.attn_factor: RoPE's cos/sin magnitude (any arch; phi3 writes it)
 
     bool isMoe() const { return n_expert > 0; }
     bool isSlidingLayer(uint32_t l) const {

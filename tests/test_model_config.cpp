@@ -633,6 +633,12 @@ TEST_CASE("model config: gemma2, gemma3 and phi3 with llama.cpp's defaults") {
         CHECK(c.attn_softcap == 0.0f);
         CHECK(c.final_softcap == 0.0f);
     }
+    SUBCASE("llama takes rope.scaling.attn_factor too, as llama.cpp reads it for every architecture") {
+        Spec s;
+        CHECK(load(s).rope_attn_factor == 1.0f);
+        s.keys = [](GgufWriter& w) { w.setF32("llama.rope.scaling.attn_factor", 1.5f); };
+        CHECK(load(s).rope_attn_factor == 1.5f);
+    }
     SUBCASE("phi3: fused or separate Q/K/V, fused gate/up, LongRoPE factors") {
         Spec s = phi3Spec();
         s.extra = {};
