@@ -2,7 +2,8 @@
 // ROPE in both pair layouts, with and without frequency factors, in place; KVSTORE into F32 and
 // F16 caches, up to and past the end of the context; ATTN over several hundred cached positions
 // (so the kernel's 256-position chunks of online softmax are crossed), head sizes 8 and 64,
-// grouped-query ratios 2 and 4.
+// grouped-query ratios 2 and 4; ATTNX the same with sliding windows shorter and longer than the
+// positions and soft caps that bend the scores.
 #include <doctest/doctest.h>
 
 #include <bit>
