@@ -45,14 +45,33 @@ void describeModel(const GgufFile& file, std::string& out) {
         if (c.expert_weights_norm) out += ", renormalised";
         out += c.n_ff_shexp ? "; shared expert gated by sigmoid\n" : "\n";
     } else {
-        out += strFormat("  ffn: width %u\n", c.n_ff);
+        out += strFormat("  ffn: width %u, %s%s\n", c.n_ff, c.gelu_ffn ? "geglu" : "swiglu",
+                         c.fused_up ? ", gate and up fused in ffn_up" : "");
     }
+    if (c.fused_qkv) out += "  attention weights: Q, K, V fused in attn_qkv\n";
+    if (c.sliding_window) {
+        out += strFormat("  sliding window %u on layers l %% %u < %u", c.sliding_window, c.swa_pattern,
+                         c.swa_pattern - 1);
+        if (c.rope_freq_base_swa > 0) out += strFormat(" (rope base %g there)", double(c.rope_freq_base_swa));
+        out += "\n";
+    }
+    if (c.scale_embeddings || c.post_norms || c.attn_softcap > 0 || c.final_softcap > 0) {
+        out += strFormat("  embeddings x sqrt(n_embd) %s, post-sublayer norms %s, attention softcap %g, final softcap %g\n",
+                         c.scale_embeddings ? "yes" : "no", c.post_norms ? "yes" : "no", double(c.attn_softcap),
+                         double(c.final_softcap));
+    }
+    out += strFormat("  query scale %g\n", double(c.attn_scale));
     out += strFormat("  rms_norm_eps %g, rope %s over %u dims, base %g, scaling %s",
                      double(c.rms_norm_eps), c.rope_mode == RopeMode::Neox ? "neox" : "normal",
                      c.n_rot, double(c.rope_freq_base), ropeScalingName(c.rope_scaling).data());
     if (c.rope_scaling != RopeScaling::None) {
         out += strFormat(" x%g from %u", double(c.rope_scaling_factor), c.rope_scaling_orig_ctx);
     }
+    if (c.has_rope_long || c.has_rope_short) {
+        out += strFormat(", LongRoPE factors%s%s (original context %u)", c.has_rope_short ? " short" : "",
+                         c.has_rope_long ? " long" : "", c.rope_scaling_orig_ctx);
+    }
+    if (c.rope_attn_factor != 1.0f) out += strFormat(", attention factor %g", double(c.rope_attn_factor));
     out += c.has_rope_freqs ? ", rope_freqs.weight\n" : "\n";
     out += c.tied_output ? "  output: tied to token_embd.weight\n" : "  output: output.weight\n";
 }

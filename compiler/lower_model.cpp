@@ -47,6 +47,28 @@ struct Lowering {
     uint32_t layerWeight(uint32_t layer, const char* name) {
         return weight("blk." + std::to_string(layer) + "." + name);
     }
+    // Rows [row0, row0 + rows) of a fused matrix as a WEIGHT of its own (the rows are contiguous
+    // in every type, so this is a narrower view of the same file bytes).
+    uint32_t layerWeightRows(uint32_t layer, const char* name, uint64_t row0, uint64_t rows) {
+        std::string gname = "blk." + std::to_string(layer) + "." + name;
+        std::string view = gname + strFormat("[%llu:%llu]", (unsigned long long)row0, (unsigned long long)(row0 + rows));
+        if (auto it = ids.find(prefix + view); it != ids.end()) return it->second;
+        const GgufTensor* g = gguf.findTensor(gname);
+        assert(g && "modelConfigFromGguf checked the tensor exists");
+        uint64_t row_bytes = *dtypeRowBytes(g->type, uint64_t(g->ne[0]));
+        TensorDecl t;
+        t.name = prefix + view;
+        t.dtype = g->type;
+        t.cls = BLUE_TC_WEIGHT;
+        t.ndim = 2;
+        t.ne[0] = uint64_t(g->ne[0]);
+        t.ne[1] = rows;
+        t.source = DataSource::EXTERN;
+        t.extern_index = extern_index;
+        t.offset = g->offset + row0 * row_bytes;
+        t.bytes = rows * row_bytes;
+        return add(t);
+    }
     bool hasTensor(const std::string& name) const { return gguf.findTensor(name) != nullptr; }
 
     uint32_t activation(const std::string& name, uint32_t cls, DType type,
@@ -69,6 +91,7 @@ struct Lowering {
     uint32_t forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head = ForwardHead::Sample, uint32_t table = kNone);
     void attention(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a);
     void experts(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
+    void feedForward(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
     void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
 };
 
@@ -92,27 +115,29 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     static const char* kNames[] = {"forward", "draft", "verify", "score"};
     uint32_t block = cb.beginBlock(prefix + kNames[int(head)], head == ForwardHead::Verify ? BLUE_FA_COUNT + 1 : BLUE_FA_COUNT);
     cb.tensor(Op::EMBED, {a["x"], weight("token_embd.weight"), BLUE_FA_TOKENS});
+    if (cfg.scale_embeddings) cb.tensor(Op::TSCALE, {a["x"], a["x"], floatBits(std::sqrt(float(dim)))});
     for (uint32_t l = 0; l < cfg.n_layer; ++l) {
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "attn_norm.weight"), eps, 0});
         attention(cb, l, ctx, a);
         cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "attn_output.weight"), a["att"]});
+        if (cfg.post_norms) {
+            cb.tensor(Op::RMSNORM, {a["xb2"], a["xb2"], layerWeight(l, "post_attention_norm.weight"), eps, 0});
+        }
         cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "ffn_norm.weight"), eps, 0});
         if (cfg.isMoe()) {
             experts(cb, l, a);
-            continue;
+        } else {
+            feedForward(cb, l, a);
         }
-        cb.tensor(Op::MATMUL, {a["hb"], layerWeight(l, "ffn_gate.weight"), a["xb"]});
-        cb.tensor(Op::MATMUL, {a["hb2"], layerWeight(l, "ffn_up.weight"), a["xb"]});
-        cb.tensor(Op::SWIGLU, {a["hb"], a["hb"], a["hb2"]});
-        cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "ffn_down.weight"), a["hb"]});
-        cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
     }
+    const uint32_t cap = cfg.final_softcap > 0 ? floatBits(cfg.final_softcap) : 0;
     uint32_t lm_head = weight(cfg.tied_output ? "token_embd.weight" : "output.weight");
     if (head == ForwardHead::Score) {
         uint32_t row_logits = activation("row_logits", BLUE_TC_ROWS, DType::F32, {cfg.n_vocab});
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], weight("output_norm.weight"), eps, 0});
         cb.tensor(Op::MATMUL, {row_logits, lm_head, a["xb"]});
+        if (cap) cb.tensor(Op::SOFTCAP, {row_logits, row_logits, cap});
         cb.tensor(Op::SCORE, {table, row_logits});
         cb.endBlock();
         return block;
@@ -122,6 +147,7 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
         uint32_t row_logits = activation("row_logits", BLUE_TC_ROWS, DType::F32, {cfg.n_vocab});
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], weight("output_norm.weight"), eps, 0});
         cb.tensor(Op::MATMUL, {row_logits, lm_head, a["xb"]});
+        if (cap) cb.tensor(Op::SOFTCAP, {row_logits, row_logits, cap});
         cb.tensor(Op::SPEC, {table, row_logits, BLUE_FA_SAMPLING, BLUE_FA_SPEC});
         cb.endBlock();
         return block;
@@ -130,6 +156,7 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     uint32_t logits = activation("logits", BLUE_TC_INSTANCE, DType::F32, {cfg.n_vocab});
     cb.tensor(Op::RMSNORM, {xlast, a["x"], weight("output_norm.weight"), eps, 0});
     cb.tensor(Op::MATMUL, {logits, lm_head, xlast});
+    if (cap) cb.tensor(Op::SOFTCAP, {logits, logits, cap});
     if (head == ForwardHead::SampleQ) {
         cb.tensor(Op::SAMPLEQ, {logits, BLUE_FA_SAMPLING, table});
     } else {
@@ -137,6 +164,22 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     }
     cb.endBlock();
     return block;
+}
+
+// A dense FFN on the normed rows xb, added into x: SwiGLU or (gemma) GeGLU of the gate and up
+// projections (phi3's ffn_up holds the gate's rows, then the up rows), the down projection, and
+// (gemma) its post-FFN norm.
+void Lowering::feedForward(CodeBuilder& cb, uint32_t l, const std::map<std::string, uint32_t>& a) {
+    const uint32_t eps = floatBits(cfg.rms_norm_eps), f = cfg.n_ff;
+    const uint32_t hb = a.at("hb"), hb2 = a.at("hb2"), xb = a.at("xb"), xb2 = a.at("xb2"), x = a.at("x");
+    uint32_t gate_w = cfg.fused_up ? layerWeightRows(l, "ffn_up.weight", 0, f) : layerWeight(l, "ffn_gate.weight");
+    uint32_t up_w = cfg.fused_up ? layerWeightRows(l, "ffn_up.weight", f, f) : layerWeight(l, "ffn_up.weight");
+    cb.tensor(Op::MATMUL, {hb, gate_w, xb});
+    cb.tensor(Op::MATMUL, {hb2, up_w, xb});
+    cb.tensor(cfg.gelu_ffn ? Op::GEGLU : Op::SWIGLU, {hb, hb, hb2});
+    cb.tensor(Op::MATMUL, {xb2, layerWeight(l, "ffn_down.weight"), hb});
+    if (cfg.post_norms) cb.tensor(Op::RMSNORM, {xb2, xb2, layerWeight(l, "post_ffw_norm.weight"), eps, 0});
+    cb.tensor(Op::TADD, {x, x, xb2});
 }
 
 // A mixture-of-experts FFN on the normed rows xb, added into x. The router's logits pick each
@@ -184,10 +227,17 @@ void Lowering::experts(CodeBuilder& cb, uint32_t l, const std::map<std::string, 
 void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
                          const std::map<std::string, uint32_t>& a) {
     const uint32_t kv_dim = cfg.n_head_kv * cfg.head_dim;
+    const uint32_t q_dim = cfg.n_head * cfg.head_dim;
     const uint32_t q = a.at("q"), k = a.at("k"), v = a.at("v"), xb = a.at("xb");
-    cb.tensor(Op::MATMUL, {q, layerWeight(l, "attn_q.weight"), xb});
-    cb.tensor(Op::MATMUL, {k, layerWeight(l, "attn_k.weight"), xb});
-    cb.tensor(Op::MATMUL, {v, layerWeight(l, "attn_v.weight"), xb});
+    if (cfg.fused_qkv) {  // phi3: Q, K and V rows of one matrix
+        cb.tensor(Op::MATMUL, {q, layerWeightRows(l, "attn_qkv.weight", 0, q_dim), xb});
+        cb.tensor(Op::MATMUL, {k, layerWeightRows(l, "attn_qkv.weight", q_dim, kv_dim), xb});
+        cb.tensor(Op::MATMUL, {v, layerWeightRows(l, "attn_qkv.weight", q_dim + kv_dim, kv_dim), xb});
+    } else {
+        cb.tensor(Op::MATMUL, {q, layerWeight(l, "attn_q.weight"), xb});
+        cb.tensor(Op::MATMUL, {k, layerWeight(l, "attn_k.weight"), xb});
+        cb.tensor(Op::MATMUL, {v, layerWeight(l, "attn_v.weight"), xb});
+    }
     if (cfg.has_qkv_bias) {
         cb.tensor(Op::TADD, {q, q, layerWeight(l, "attn_q.bias")});
         cb.tensor(Op::TADD, {k, k, layerWeight(l, "attn_k.bias")});
@@ -198,19 +248,40 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
         cb.tensor(Op::RMSNORM, {q, q, layerWeight(l, "attn_q_norm.weight"), eps, cfg.head_dim});
         cb.tensor(Op::RMSNORM, {k, k, layerWeight(l, "attn_k_norm.weight"), eps, cfg.head_dim});
     }
-    uint32_t freqs = cfg.has_rope_freqs ? weight("rope_freqs.weight") : kNone;
+    // Frequency factors: rope_freqs, else (phi3 LongRoPE, as llama.cpp picks them) the long ones
+    // when the context passes the original one, else the short ones.
+    uint32_t freqs = kNone;
+    bool long_ctx = ctx > cfg.rope_scaling_orig_ctx;
+    if (cfg.has_rope_freqs) {
+        freqs = weight("rope_freqs.weight");
+    } else if (long_ctx ? cfg.has_rope_long : cfg.has_rope_short) {
+        freqs = weight(long_ctx ? "rope_factors_long.weight" : "rope_factors_short.weight");
+    }
     uint32_t mode = cfg.rope_mode == RopeMode::Neox ? 2 : 0;
     float scale = cfg.rope_scaling == RopeScaling::Linear ? 1.0f / cfg.rope_scaling_factor : 1.0f;
+    float base = cfg.rope_freq_base;
+    const bool sliding = cfg.isSlidingLayer(l);
+    if (sliding && cfg.rope_freq_base_swa > 0) {  // gemma3's local layers: their own base, unscaled
+        base = cfg.rope_freq_base_swa;
+        scale = 1.0f;
+    }
     for (uint32_t t : {q, k}) {
         cb.tensor(Op::ROPE, {t, t, freqs, BLUE_FA_POS, cfg.head_dim, cfg.n_rot, mode,
-                             floatBits(cfg.rope_freq_base), floatBits(scale)});
+                             floatBits(base), floatBits(scale)});
     }
     std::string ln = std::to_string(l);
     uint32_t kc = activation("kcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
     uint32_t vc = activation("vcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
     cb.tensor(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
-    cb.tensor(Op::ATTN, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS,
-                         floatBits(1.0f / std::sqrt(float(cfg.head_dim)))});
+    // RoPE's attention factor scales the rotated Q and K, so their products by its square.
+    float qscale = (cfg.attn_scale > 0 ? cfg.attn_scale : 1.0f / std::sqrt(float(cfg.head_dim))) *
+                   cfg.rope_attn_factor * cfg.rope_attn_factor;
+    if (sliding || cfg.attn_softcap > 0) {
+        cb.tensor(Op::ATTNX, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS, floatBits(qscale),
+                              sliding ? cfg.sliding_window : 0u, floatBits(cfg.attn_softcap)});
+    } else {
+        cb.tensor(Op::ATTN, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS, floatBits(qscale)});
+    }
 }
 
 // Registers of the generation program.

@@ -1,5 +1,5 @@
-// The model compiler: lowers a GGUF transformer (llama, qwen2, qwen3) to a Blue-IR generation
-// program. The module holds
+// The model compiler: lowers a GGUF transformer (llama, qwen2, qwen3, their MoE forms, gemma2,
+// gemma3, phi3) to a Blue-IR generation program. The module holds
 //   - WEIGHT tensors that point into the GGUF file (extern 0), never copied;
 //   - ROWS activations for the tokens of one step, INSTANCE KV caches and logits;
 //   - one block, `forward`, that runs every layer for a ragged batch of rows (prefill chunks and

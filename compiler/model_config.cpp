@@ -37,7 +37,12 @@ constexpr ArchTraits kArchs[] = {
     {ModelArch::Qwen3, "qwen3", RopeMode::Neox, false, false, true, false, false},
     {ModelArch::Qwen2Moe, "qwen2moe", RopeMode::Neox, true, true, false, true, false},
     {ModelArch::Qwen3Moe, "qwen3moe", RopeMode::Neox, true, false, true, false, true},
+    {ModelArch::Gemma2, "gemma2", RopeMode::Neox, false, false, false, false, false},
+    {ModelArch::Gemma3, "gemma3", RopeMode::Neox, false, false, true, false, false},
+    {ModelArch::Phi3, "phi3", RopeMode::Neox, false, false, false, false, false},
 };
+
+bool isGemma(ModelArch a) { return a == ModelArch::Gemma2 || a == ModelArch::Gemma3; }
 
 std::string shapeText(const int64_t* ne, size_t n) {
     std::string s = "[";
@@ -175,7 +180,8 @@ Status readRope(const GgufFile& file, const ArchKeys& keys, ModelConfig& c) {
     if (!keys.has("rope.scaling.factor"))
         BLUE_ASSIGN(factor, keys.f32Or("rope.scale_linear", 0.0f));
     if (type.empty()) type = factor != 0.0f && factor != 1.0f ? "linear" : "none";
-    if (type == "none") {
+    // phi3's LongRoPE: per-pair factors in tensors (rope_factors_long/short), no position scale.
+    if (type == "none" || (type == "longrope" && c.arch == ModelArch::Phi3)) {
         c.rope_scaling = RopeScaling::None;
         return {};
     }
@@ -242,11 +248,21 @@ Status checkAttentionTensors(TensorChecker& tc, const ArchTraits& arch, uint32_t
     int64_t k = int64_t(c.n_head_kv) * c.head_dim, v = int64_t(c.n_head_kv) * c.head_dim_v;
     int64_t o = int64_t(c.n_head) * c.head_dim_v;
     BLUE_TRY(tc.check(blk(l, "attn_norm.weight"), {e}).status());
-    BLUE_TRY(tc.check(blk(l, "attn_q.weight"), {e, q}).status());
-    BLUE_TRY(tc.check(blk(l, "attn_k.weight"), {e, k}).status());
-    BLUE_TRY(tc.check(blk(l, "attn_v.weight"), {e, v}).status());
+    if (l == 0 && arch.arch == ModelArch::Phi3) {  // phi3: fused Q/K/V in every layer, or in none
+        Result<bool> fused = tc.check(blk(l, "attn_qkv.weight"), {e, q + k + v}, false);
+        if (!fused) return fused.status();
+        c.fused_qkv = *fused;
+    }
+    if (c.fused_qkv) {
+        if (l > 0) BLUE_TRY(tc.check(blk(l, "attn_qkv.weight"), {e, q + k + v}).status());
+    } else {
+        BLUE_TRY(tc.check(blk(l, "attn_q.weight"), {e, q}).status());
+        BLUE_TRY(tc.check(blk(l, "attn_k.weight"), {e, k}).status());
+        BLUE_TRY(tc.check(blk(l, "attn_v.weight"), {e, v}).status());
+    }
     BLUE_TRY(tc.check(blk(l, "attn_output.weight"), {o, e}).status());
-    if (l == 0) {  // layer 0 decides whether optional biases are present in every layer
+    if (c.post_norms) BLUE_TRY(tc.check(blk(l, "post_attention_norm.weight"), {e}).status());
+    if (l == 0 && !c.fused_qkv) {  // layer 0 decides whether optional biases are present in every layer
         Result<bool> has_bias = tc.check(blk(l, "attn_q.bias"), {q}, arch.qkv_bias);
         if (!has_bias) return has_bias.status();
         c.has_qkv_bias = *has_bias;
@@ -267,6 +283,11 @@ Status checkFeedForwardTensors(TensorChecker& tc, const ArchTraits& arch, uint32
                                const ModelConfig& c) {
     int64_t e = c.n_embd;
     BLUE_TRY(tc.check(blk(l, "ffn_norm.weight"), {e}).status());
+    if (c.post_norms) BLUE_TRY(tc.check(blk(l, "post_ffw_norm.weight"), {e}).status());
+    if (c.fused_up) {
+        BLUE_TRY(tc.check(blk(l, "ffn_up.weight"), {e, 2 * int64_t(c.n_ff)}).status());
+        return tc.check(blk(l, "ffn_down.weight"), {c.n_ff, e}).status();
+    }
     if (!c.isMoe()) {
         BLUE_TRY(tc.check(blk(l, "ffn_gate.weight"), {e, c.n_ff}).status());
         BLUE_TRY(tc.check(blk(l, "ffn_up.weight"), {e, c.n_ff}).status());
@@ -306,11 +327,77 @@ Status checkTensors(const GgufFile& file, const ArchTraits& arch, ModelConfig& c
     Result<bool> has_freqs = tc.check("rope_freqs.weight", {c.n_rot / 2}, false);
     if (!has_freqs) return has_freqs.status();
     c.has_rope_freqs = *has_freqs;
+    if (arch.arch == ModelArch::Phi3) {
+        Result<bool> has_long = tc.check("rope_factors_long.weight", {c.n_rot / 2}, false);
+        if (!has_long) return has_long.status();
+        Result<bool> has_short = tc.check("rope_factors_short.weight", {c.n_rot / 2}, false);
+        if (!has_short) return has_short.status();
+        c.has_rope_long = *has_long;
+        c.has_rope_short = *has_short;
+    }
     for (uint32_t l = 0; l < c.n_layer; ++l) {
         BLUE_TRY(checkAttentionTensors(tc, arch, l, c));
         BLUE_TRY(checkFeedForwardTensors(tc, arch, l, c));
     }
     return tc.checkAllUsed(arch.name);
+}
+
+Status readPositive(const GgufFile& file, const ArchKeys& keys, const char* suffix, float fallback, float* out) {
+    BLUE_ASSIGN(*out, keys.f32Or(suffix, fallback));
+    if (!(*out > 0.0f) || !std::isfinite(*out)) {
+        return BLUE_ERROR("%s: key '%s' is %g; it must be positive", file.name().c_str(), keys.key(suffix).c_str(), *out);
+    }
+    return {};
+}
+
+// What gemma2, gemma3 and phi3 add to the llama forward pass, with llama.cpp's defaults: gemma2
+// slides on even layers (window 4096 unless stated) and soft-caps attention (50) and output (30)
+// logits; gemma3 slides on 5 layers of every 6 (window required) with RoPE base 10000 there;
+// both scale embeddings, norm after each sublayer too, use GeGLU and scale queries by
+// 1/sqrt(n_embd / n_head) in their 27B sizes (46 and 62 layers), else 1/sqrt(head_dim). phi3
+// fuses Q/K/V and gate/up; its sliding window is ignored, as llama.cpp now does. Every
+// architecture takes rope.scaling.attn_factor.
+Status readArchExtras(const GgufFile& file, const ArchKeys& keys, ModelConfig& c) {
+    const char* name = file.name().c_str();
+    c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
+    if (isGemma(c.arch)) {
+        c.gelu_ffn = c.scale_embeddings = c.post_norms = true;
+        bool big = c.n_layer == (c.arch == ModelArch::Gemma2 ? 46u : 62u);
+        if (big) c.attn_scale = 1.0f / std::sqrt(float(c.n_embd / c.n_head));
+        if (c.arch == ModelArch::Gemma2) {
+            BLUE_ASSIGN(c.sliding_window, keys.u32Or("attention.sliding_window", 4096));
+        } else {
+            BLUE_ASSIGN(c.sliding_window, file.getU32(keys.key("attention.sliding_window")));
+        }
+        if (c.sliding_window == 0) {
+            return BLUE_ERROR("%s: key '%s' is 0", name, keys.key("attention.sliding_window").c_str());
+        }
+        c.swa_pattern = c.arch == ModelArch::Gemma2 ? 2 : 6;
+    }
+    if (c.arch == ModelArch::Gemma2) {
+        BLUE_TRY(readPositive(file, keys, "attn_logit_softcapping", 50.0f, &c.attn_softcap));
+        BLUE_TRY(readPositive(file, keys, "final_logit_softcapping", 30.0f, &c.final_softcap));
+    }
+    if (c.arch == ModelArch::Gemma3) {
+        c.rope_freq_base_swa = 10000.0f;
+        // Newer llama.cpp reads an optional final soft cap for gemma3 too (no Gemma 3 states one).
+        if (keys.has("final_logit_softcapping")) {
+            BLUE_TRY(readPositive(file, keys, "final_logit_softcapping", 0.0f, &c.final_softcap));
+        }
+    }
+    // llama.cpp reads RoPE's attention factor for every architecture (phi3's converter writes it).
+    BLUE_TRY(readPositive(file, keys, "rope.scaling.attn_factor", 1.0f, &c.rope_attn_factor));
+    if (c.rope_attn_factor != 1.0f && c.n_rot != c.head_dim) {
+        return BLUE_ERROR("%s: key '%s' with partial rotation (rope.dimension_count %u < head width %u) is not supported",
+                          name, keys.key("rope.scaling.attn_factor").c_str(), c.n_rot, c.head_dim);
+    }
+    if (c.arch == ModelArch::Phi3) {
+        c.fused_up = true;
+        if (c.rope_scaling_orig_ctx == 0) {
+            BLUE_ASSIGN(c.rope_scaling_orig_ctx, keys.u32Or("rope.scaling.original_context_length", c.n_ctx_train));
+        }
+    }
+    return {};
 }
 
 // The vocabulary size the metadata states, where it does, must match token_embd's rows.
@@ -371,7 +458,7 @@ Result<ModelConfig> modelConfigFromGguf(const GgufFile& file) {
     if (!arch) {
         return BLUE_ERROR(
             "%s: architecture '%s' is not supported (llama, qwen2, qwen3, qwen2moe, "
-            "qwen3moe)",
+            "qwen3moe, gemma2, gemma3, phi3)",
             file.name().c_str(), ggufPrintable(arch_name).c_str());
     }
     ModelConfig c;
@@ -383,6 +470,7 @@ Result<ModelConfig> modelConfigFromGguf(const GgufFile& file) {
     BLUE_TRY(readAttention(file, keys, c));
     BLUE_TRY(readRope(file, keys, c));
     BLUE_TRY(readFeedForward(file, keys, *arch, c));
+    BLUE_TRY(readArchExtras(file, keys, c));
     BLUE_TRY(checkTensors(file, *arch, c));
     BLUE_TRY(checkVocab(file, keys, c));
     return c;

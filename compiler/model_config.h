@@ -2,7 +2,8 @@
 // forward pass needs, with the right shape and a supported type.
 //
 // Architectures: `llama` (Llama 2/3, Mistral, TinyLlama, SmolLM; Mixtral-style MoE when
-// llama.expert_count > 0), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`. Keys and tensor names follow
+// llama.expert_count > 0), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `gemma2`, `gemma3` (text),
+// `phi3`. Keys and tensor names follow
 // llama.cpp's conventions ("{arch}.embedding_length", "blk.{i}.attn_q.weight", ...). Tensor shapes
 // below are ne order: [row length (innermost), rows, ...].
 #pragma once
@@ -16,7 +17,7 @@
 
 namespace blue {
 
-enum class ModelArch { Llama, Qwen2, Qwen3, Qwen2Moe, Qwen3Moe };
+enum class ModelArch { Llama, Qwen2, Qwen3, Qwen2Moe, Qwen3Moe, Gemma2, Gemma3, Phi3 };
 
 // How RoPE pairs a head's dimensions: Normal rotates adjacent pairs (x[2i], x[2i+1]) (llama);
 // Neox rotates x[i] with x[i + n_rot/2] (qwen*).
@@ -54,7 +55,26 @@ struct ModelConfig {
     bool has_qk_norm = false;     // blk.*.attn_{q,k}_norm.weight, RMSNorm per head (qwen3*)
     bool has_rope_freqs = false;  // rope_freqs.weight [n_rot/2]: per-pair frequency divisors
 
+    // Gemma and Phi (defaults: as llama).
+    bool gelu_ffn = false;        // GeGLU (gelu(gate) * up) instead of SwiGLU (gemma*)
+    bool scale_embeddings = false;  // embeddings times sqrt(n_embd) (gemma*)
+    bool post_norms = false;      // blk.*.post_attention_norm / post_ffw_norm after each sublayer (gemma*)
+    float attn_softcap = 0;       // attention logits s -> cap * tanh(s / cap); 0: none (gemma2)
+    float final_softcap = 0;      // output logits likewise (gemma2)
+    float attn_scale = 0;         // query scale (llama.cpp's f_attention_scale): 1/sqrt(head_dim) for most
+    uint32_t sliding_window = 0;  // attention.sliding_window: positions a sliding layer sees; 0: none
+    uint32_t swa_pattern = 0;     // layer l slides when l % pattern < pattern - 1 (gemma2 2, gemma3 6)
+    float rope_freq_base_swa = 0; // RoPE base of sliding layers (gemma3: 10000, unscaled); 0: rope_freq_base
+    bool fused_qkv = false;       // blk.*.attn_qkv.weight [n_embd, q + 2 kv] (phi3)
+    bool fused_up = false;        // blk.*.ffn_up.weight [n_embd, 2 n_ff]: gate rows, then up rows (phi3)
+    bool has_rope_long = false;   // rope_factors_long.weight [n_rot/2] (phi3 LongRoPE, ctx > original)
+    bool has_rope_short = false;  // rope_factors_short.weight [n_rot/2] (ctx <= original)
+    float rope_attn_factor = 1.0f;  // rope.scaling.attn_factor: RoPE's cos/sin magnitude (any arch; phi3 writes it)
+
     bool isMoe() const { return n_expert > 0; }
+    bool isSlidingLayer(uint32_t l) const {
+        return sliding_window > 0 && swa_pattern > 0 && l % swa_pattern < swa_pattern - 1;
+    }
 };
 
 std::string_view modelArchName(ModelArch arch);

@@ -61,13 +61,14 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
             break;
         }
         case Op::KVSTORE:
-        case Op::ATTN: {
+        case Op::ATTN:
+        case Op::ATTNX: {
             const TensorDecl& kc = m.tensors[a[1]];
             if (kc.dtype == DType::F16 && kc.ne[0] % 2) {
                 return strFormat("an F16 KV cache needs an even row length, not %llu",
                                  (unsigned long long)kc.ne[0]);
             }
-            uint64_t head = ti.op == Op::ATTN ? m.tensors[a[0]].elements() / a[4] : 0;
+            uint64_t head = ti.op != Op::KVSTORE ? m.tensors[a[0]].elements() / a[4] : 0;
             if (head > BLUE_ATTN_MAX_HEAD) {
                 return strFormat("head size %llu is more than the kernel's %u",
                                  (unsigned long long)head, BLUE_ATTN_MAX_HEAD);

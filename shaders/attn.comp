@@ -5,6 +5,8 @@
 // views. No shared memory, no barriers, no cross-lane reductions: the fast shape on CPU-backed
 // drivers, and plenty of parallelism on GPUs once many instances decode together.
 // Head size must be a multiple of 8 (F16 caches) or 4 (F32). CACHE_F16: caches hold halves.
+// ATTNX (built with ATTN_EXT): positions start at the sliding window's first, and the scaled
+// logits are soft-capped.
 // Grid: x = ceil(heads / BLUE_ATTN_WG), y = items.
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
@@ -40,6 +42,10 @@ void main() {
     uint n_head = pc.w[BLUE_PC_OPERANDS + 16u], n_kv = pc.w[BLUE_PC_OPERANDS + 17u];
     uint arg = pc.w[BLUE_PC_OPERANDS + 18u];
     float scale = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 19u]);
+#ifdef ATTN_EXT
+    uint window = pc.w[BLUE_PC_OPERANDS + 20u];
+    float cap = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 21u]);
+#endif
     uint h = gl_GlobalInvocationID.x, item = gl_WorkGroupID.y;
     if (h >= n_head || item >= itemCount()) return;
     uint head = dst.n / n_head, kv_dim = head * n_kv, ctx = kc.n / kv_dim;
@@ -56,9 +62,16 @@ void main() {
     uint kbase = sliceOffset(kc, item) / 16u + kv_off / PER_TEXEL;
     uint vbase = sliceOffset(vc, item) / 16u + kv_off / PER_TEXEL;
     float m = -1.0 / 0.0, l = 0.0;
-    for (uint t = 0u; t <= last; ++t) {
+    uint first = 0u;
+#ifdef ATTN_EXT
+    if (window != 0u && last + 1u > window) first = last + 1u - window;
+#endif
+    for (uint t = first; t <= last; ++t) {
         float s = 0.0;
         for (uint j = 0u; j < quads; ++j) s += dot(qv[j], CACHE4(1, kbase + t * row_texels, j));
+#ifdef ATTN_EXT
+        if (cap > 0.0) s = cap * (1.0 - 2.0 / (exp(2.0 * s / cap) + 1.0));
+#endif
         float m_new = max(m, s);
         float corr = exp(m - m_new), p = exp(s - m_new);
         l = l * corr + p;

@@ -3,6 +3,7 @@
 // in one way to check the message.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -22,6 +23,8 @@ struct Spec {
     int64_t key_length = 0;  // 0: no attention.key_length key (head_dim = n_embd / n_head)
     int64_t n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
     bool bias = false, qk_norm = false, tied = false, moe_tensors = false, shexp = false;
+    bool post_norms = false;  // gemma*: post_attention_norm, post_ffw_norm
+    bool fused = false;       // phi3: attn_qkv and a [n_embd, 2 n_ff] ffn_up, no ffn_gate
     bool ff_key = true;                                   // write feed_forward_length
     std::set<std::string> skip;                           // tensors left out
     std::map<std::string, std::vector<int64_t>> reshape;  // tensors given other dims
@@ -51,10 +54,15 @@ void addLayer(GgufWriter& w, const Spec& s, int64_t l) {
     const int64_t e = s.n_embd, d = s.key_length ? s.key_length : e / s.n_head;
     const int64_t q = s.n_head * d, kv = s.n_head_kv * d;
     addTensor(w, s, blk(l, "attn_norm.weight"), {e});
-    addTensor(w, s, blk(l, "attn_q.weight"), {e, q});
-    addTensor(w, s, blk(l, "attn_k.weight"), {e, kv});
-    addTensor(w, s, blk(l, "attn_v.weight"), {e, kv});
+    if (s.fused) {
+        addTensor(w, s, blk(l, "attn_qkv.weight"), {e, q + 2 * kv});
+    } else {
+        addTensor(w, s, blk(l, "attn_q.weight"), {e, q});
+        addTensor(w, s, blk(l, "attn_k.weight"), {e, kv});
+        addTensor(w, s, blk(l, "attn_v.weight"), {e, kv});
+    }
     addTensor(w, s, blk(l, "attn_output.weight"), {q, e});
+    if (s.post_norms) addTensor(w, s, blk(l, "post_attention_norm.weight"), {e});
     if (s.bias) {
         addTensor(w, s, blk(l, "attn_q.bias"), {q});
         addTensor(w, s, blk(l, "attn_k.bias"), {kv});
@@ -65,6 +73,12 @@ void addLayer(GgufWriter& w, const Spec& s, int64_t l) {
         addTensor(w, s, blk(l, "attn_k_norm.weight"), {d});
     }
     addTensor(w, s, blk(l, "ffn_norm.weight"), {e});
+    if (s.post_norms) addTensor(w, s, blk(l, "post_ffw_norm.weight"), {e});
+    if (s.fused) {
+        addTensor(w, s, blk(l, "ffn_up.weight"), {e, 2 * s.n_ff});
+        addTensor(w, s, blk(l, "ffn_down.weight"), {s.n_ff, e});
+        return;
+    }
     if (!s.moe_tensors) {
         addTensor(w, s, blk(l, "ffn_gate.weight"), {e, s.n_ff});
         addTensor(w, s, blk(l, "ffn_up.weight"), {e, s.n_ff});
@@ -437,7 +451,7 @@ TEST_CASE("model config: errors name the key or tensor") {
         s.arch = "gpt2";
         CHECK(loadError(s) ==
               "syn.gguf: architecture 'gpt2' is not supported (llama, qwen2, qwen3, qwen2moe, "
-              "qwen3moe)");
+              "qwen3moe, gemma2, gemma3, phi3)");
     }
     SUBCASE("missing and mistyped keys") {
         s.keys = [](GgufWriter& w) { w.setString("llama.embedding_length", "32"); };
@@ -568,6 +582,140 @@ TEST_CASE("model config: malformed MoE files name the key or tensor") {
         s = qwen3moeSpec();
         s.arch = "qwen3";  // the same tensors under the dense architecture
         CHECK(loadError(s) == "syn.gguf: qwen3: missing tensor 'blk.0.ffn_gate.weight'");
+    }
+}
+
+namespace {
+
+Spec gemmaSpec(const char* arch) {
+    Spec s;
+    s.arch = arch;
+    s.tied = true;
+    s.post_norms = true;
+    s.qk_norm = std::string(arch) == "gemma3";
+    s.n_layer = 6;
+    return s;
+}
+
+Spec phi3Spec() {
+    Spec s;
+    s.arch = "phi3";
+    s.n_head_kv = 4;
+    s.fused = true;
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("model config: gemma2, gemma3 and phi3 with llama.cpp's defaults") {
+    SUBCASE("gemma2: window 4096, soft caps 50 and 30, even layers slide") {
+        ModelConfig c = load(gemmaSpec("gemma2"));
+        CHECK(c.arch == ModelArch::Gemma2);
+        CHECK((c.gelu_ffn && c.scale_embeddings && c.post_norms && c.tied_output && !c.has_qk_norm));
+        CHECK(c.sliding_window == 4096);
+        CHECK(c.attn_softcap == 50.0f);
+        CHECK(c.final_softcap == 30.0f);
+        CHECK(c.isSlidingLayer(0));
+        CHECK(!c.isSlidingLayer(1));
+        CHECK(c.isSlidingLayer(4));
+        CHECK(c.attn_scale == doctest::Approx(1.0 / std::sqrt(8.0)));
+        CHECK(c.rope_mode == RopeMode::Neox);
+    }
+    SUBCASE("gemma3: stated window, 5 of 6 layers slide with base 10000, no soft caps") {
+        Spec s = gemmaSpec("gemma3");
+        s.keys = [](GgufWriter& w) { w.setU32("gemma3.attention.sliding_window", 512); };
+        ModelConfig c = load(s);
+        CHECK(c.has_qk_norm);
+        CHECK(c.sliding_window == 512);
+        for (uint32_t l = 0; l < 5; ++l) CHECK(c.isSlidingLayer(l));
+        CHECK(!c.isSlidingLayer(5));
+        CHECK(c.rope_freq_base_swa == 10000.0f);
+        CHECK(c.attn_softcap == 0.0f);
+        CHECK(c.final_softcap == 0.0f);
+    }
+    SUBCASE("llama takes rope.scaling.attn_factor too, as llama.cpp reads it for every architecture") {
+        Spec s;
+        CHECK(load(s).rope_attn_factor == 1.0f);
+        s.keys = [](GgufWriter& w) { w.setF32("llama.rope.scaling.attn_factor", 1.5f); };
+        CHECK(load(s).rope_attn_factor == 1.5f);
+    }
+    SUBCASE("phi3: fused or separate Q/K/V, fused gate/up, LongRoPE factors") {
+        Spec s = phi3Spec();
+        s.extra = {};
+        s.keys = [](GgufWriter& w) {
+            w.setU32("phi3.rope.scaling.original_context_length", 64);
+            w.setF32("phi3.rope.scaling.attn_factor", 1.25f);
+        };
+        ModelConfig c = load(s);
+        CHECK((c.fused_qkv && c.fused_up && !c.gelu_ffn && c.sliding_window == 0));
+        CHECK(c.rope_scaling_orig_ctx == 64);
+        CHECK(c.rope_attn_factor == 1.25f);
+        CHECK(!c.has_rope_long);
+        s.fused = false;
+        s.skip = {};
+        // separate Q/K/V still need the fused ffn_up, which this spec only writes when fused
+        s.extra = {};
+        CHECK(loadError(s) == "syn.gguf: phi3: tensor 'blk.0.ffn_up.weight' has shape [32, 48], expected [32, 96]");
+    }
+}
+
+TEST_CASE("model config: describe gemma and phi3 files with what they add") {
+    Spec g = gemmaSpec("gemma3");
+    g.keys = [](GgufWriter& w) { w.setU32("gemma3.attention.sliding_window", 512); };
+    std::string text = ggufDescribe(build(g));
+    CHECK(text.find("  ffn: width 48, geglu\n") != std::string::npos);
+    CHECK(text.find("  sliding window 512 on layers l % 6 < 5 (rope base 10000 there)\n") != std::string::npos);
+    CHECK(text.find("  embeddings x sqrt(n_embd) yes, post-sublayer norms yes, attention softcap 0, final softcap 0\n") !=
+          std::string::npos);
+    Spec p = phi3Spec();
+    p.keys = [](GgufWriter& w) { w.setF32("phi3.rope.scaling.attn_factor", 1.25f); };
+    text = ggufDescribe(build(p));
+    CHECK(text.find("  ffn: width 48, swiglu, gate and up fused in ffn_up\n") != std::string::npos);
+    CHECK(text.find("  attention weights: Q, K, V fused in attn_qkv\n") != std::string::npos);
+    CHECK(text.find("scaling none, attention factor 1.25\n") != std::string::npos);
+}
+
+TEST_CASE("model config: malformed gemma and phi3 files name the key or tensor") {
+    SUBCASE("gemma3 without its sliding window") {
+        CHECK(loadError(gemmaSpec("gemma3")) == "syn.gguf: missing key 'gemma3.attention.sliding_window'");
+    }
+    SUBCASE("gemma2 with a zero window or soft cap") {
+        Spec s = gemmaSpec("gemma2");
+        s.keys = [](GgufWriter& w) { w.setU32("gemma2.attention.sliding_window", 0); };
+        CHECK(loadError(s) == "syn.gguf: key 'gemma2.attention.sliding_window' is 0");
+        s.keys = [](GgufWriter& w) { w.setF32("gemma2.attn_logit_softcapping", 0.0f); };
+        CHECK(loadError(s) == "syn.gguf: key 'gemma2.attn_logit_softcapping' is 0; it must be positive");
+        s.keys = [](GgufWriter& w) { w.setF32("gemma2.final_logit_softcapping", -30.0f); };
+        CHECK(loadError(s) == "syn.gguf: key 'gemma2.final_logit_softcapping' is -30; it must be positive");
+    }
+    SUBCASE("gemma without a post-sublayer norm") {
+        Spec s = gemmaSpec("gemma2");
+        s.skip = {"blk.3.post_ffw_norm.weight"};
+        CHECK(loadError(s) == "syn.gguf: gemma2: missing tensor 'blk.3.post_ffw_norm.weight'");
+        s = gemmaSpec("gemma3");
+        s.keys = [](GgufWriter& w) { w.setU32("gemma3.attention.sliding_window", 512); };
+        s.reshape["blk.1.post_attention_norm.weight"] = {16};
+        CHECK(loadError(s) == "syn.gguf: gemma3: tensor 'blk.1.post_attention_norm.weight' has shape [16], expected [32]");
+    }
+    SUBCASE("phi3 fused tensors of the wrong shape") {
+        Spec s = phi3Spec();
+        s.reshape["blk.1.attn_qkv.weight"] = {32, 64};
+        CHECK(loadError(s) == "syn.gguf: phi3: tensor 'blk.1.attn_qkv.weight' has shape [32, 64], expected [32, 96]");
+        s = phi3Spec();
+        s.reshape["blk.0.ffn_up.weight"] = {32, 48};
+        CHECK(loadError(s) == "syn.gguf: phi3: tensor 'blk.0.ffn_up.weight' has shape [32, 48], expected [32, 96]");
+    }
+    SUBCASE("phi3 LongRoPE factors of the wrong length, attention factor with partial rotation") {
+        Spec s = phi3Spec();
+        s.extra = {"rope_factors_short.weight"};  // [n_embd], not [n_rot / 2]
+        CHECK(loadError(s) == "syn.gguf: phi3: tensor 'rope_factors_short.weight' has shape [32], expected [4]");
+        s = phi3Spec();
+        s.keys = [](GgufWriter& w) {
+            w.setU32("phi3.rope.dimension_count", 4);
+            w.setF32("phi3.rope.scaling.attn_factor", 1.19f);
+        };
+        CHECK(loadError(s) == "syn.gguf: key 'phi3.rope.scaling.attn_factor' with partial rotation "
+                              "(rope.dimension_count 4 < head width 8) is not supported");
     }
 }
 

@@ -111,7 +111,7 @@ std::vector<DType> kernelTypes(const char* op, std::initializer_list<DType> requ
     return types;
 }
 
-// TADD, TMUL, SWIGLU (binary) and TSCALE (times a float): a ROWS destination from two ROWS
+// TADD, TMUL, SWIGLU, GEGLU (binary) and TSCALE, SOFTCAP (with a float): a ROWS destination from two ROWS
 // inputs and from a ROWS input and a broadcast WEIGHT; an INSTANCE destination from a ROWS input
 // (the instance's last row) and a broadcast GLOBAL, and from an INSTANCE input. Variants the
 // op's rules reject (SWIGLU writes only ROWS) are left out.
@@ -132,7 +132,8 @@ void elementwiseCase(Op op, double bound) {
                                      {"instance x global", BLUE_TC_INSTANCE, a, g},
                                      {"instance", BLUE_TC_INSTANCE, bi, a}};
     if (!binary) {
-        variants = {{"rows", BLUE_TC_ROWS, a, std::bit_cast<uint32_t>(-1.75f)},
+        // SOFTCAP's cap must be positive; 1.75 against inputs in [-4, 4] bends most of them.
+        variants = {{"rows", BLUE_TC_ROWS, a, std::bit_cast<uint32_t>(op == Op::SOFTCAP ? 1.75f : -1.75f)},
                     {"instance", BLUE_TC_INSTANCE, bi, std::bit_cast<uint32_t>(0.3f)}};
     }
     std::vector<std::pair<uint32_t, std::string>> outputs;
@@ -307,6 +308,12 @@ void runOpCase(Op op) {
         case Op::SWIGLU:
             elementwiseCase(op, 1e-5);
             return;
+        // GEGLU: exp of up to ~11 in magnitude (|x| <= 4: 25 ULP, 3e-6 relative), a division and
+        // the cubic; SOFTCAP: exp of up to 2|x|/cap < 5 and a division: 1e-5 for both.
+        case Op::GEGLU:
+        case Op::SOFTCAP:
+            elementwiseCase(op, 1e-5);
+            return;
         case Op::MATMUL:
             for (DType t : kernelTypes("matmul", kWeightTypes)) matmulCase(t);
             return;
@@ -327,6 +334,9 @@ void runOpCase(Op op) {
             return;
         case Op::ATTN:
             for (DType t : kernelTypes("attn", kCacheTypes)) attnCase(t);
+            return;
+        case Op::ATTNX:
+            for (DType t : kernelTypes("attnx", kCacheTypes)) attnxCase(t);
             return;
         case Op::SAMPLE:
             sampleCase();

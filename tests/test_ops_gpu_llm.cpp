@@ -2,7 +2,8 @@
 // ROPE in both pair layouts, with and without frequency factors, in place; KVSTORE into F32 and
 // F16 caches, up to and past the end of the context; ATTN over several hundred cached positions
 // (so the kernel's 256-position chunks of online softmax are crossed), head sizes 8 and 64,
-// grouped-query ratios 2 and 4.
+// grouped-query ratios 2 and 4; ATTNX the same with sliding windows shorter and longer than the
+// positions and soft caps that bend the scores.
 #include <doctest/doctest.h>
 
 #include <bit>
@@ -81,6 +82,9 @@ namespace {
 
 struct AttnShape {
     uint32_t head, n_head, n_kv;
+    uint32_t window = 0;  // ATTNX: sliding window (0: all positions)
+    float cap = 0;        // ATTNX: logit soft cap (0: none)
+    bool ext = false;     // ATTNX rather than ATTN
 };
 
 // Each instance first stores `prefill` positions (the fill block), then runs rows at the
@@ -98,7 +102,11 @@ void attnShapeCase(DType cache, AttnShape s) {
     const float scale = 1.0f / std::sqrt(float(s.head));
     om.fill(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
     om.step(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
-    om.step(Op::ATTN, {out, kc, vc, q, s.n_head, s.n_kv, BLUE_FA_POS, bits(scale)});
+    if (s.ext) {
+        om.step(Op::ATTNX, {out, kc, vc, q, s.n_head, s.n_kv, BLUE_FA_POS, bits(scale), s.window, bits(s.cap)});
+    } else {
+        om.step(Op::ATTN, {out, kc, vc, q, s.n_head, s.n_kv, BLUE_FA_POS, bits(scale)});
+    }
     std::vector<InstancePlan> plans(prefill.size());
     uint32_t token = 0, step_token = 900;
     for (size_t i = 0; i < plans.size(); ++i) {
@@ -118,8 +126,8 @@ void attnShapeCase(DType cache, AttnShape s) {
     // ~1e-5 relative at worst; 1e-4. F16 caches may also differ by one half ULP where the
     // conversion rounds differently (2^-10 relative in K and V): 2e-3.
     const double bound = cache == DType::F32 ? 1e-4 : 2e-3;
-    const std::string name = strFormat("ATTN %s head %u, %u/%u heads", lowerName(cache).c_str(),
-                                       s.head, s.n_head, s.n_kv);
+    const std::string name = strFormat("%s %s head %u, %u/%u heads, window %u, cap %g", s.ext ? "ATTNX" : "ATTN",
+                                       lowerName(cache).c_str(), s.head, s.n_head, s.n_kv, s.window, double(s.cap));
     expectClose(*both, out, totalRows(plans), bound, name);
     expectClose(*both, kc, 0, cache == DType::F32 ? 0.0 : 1e-3, name + " K cache");
     expectClose(*both, vc, 0, cache == DType::F32 ? 0.0 : 1e-3, name + " V cache");
@@ -131,6 +139,14 @@ void attnShapeCase(DType cache, AttnShape s) {
 void attnCase(DType cache) {
     attnShapeCase(cache, {8, 4, 2});
     attnShapeCase(cache, {64, 8, 2});
+}
+
+// ATTNX: a window shorter than every instance's positions (37), one longer than some (400), and
+// none; soft caps that bend the logits (0.75: scores of a few units) or leave them (0).
+void attnxCase(DType cache) {
+    attnShapeCase(cache, {8, 4, 2, 37, 0.75f, true});
+    attnShapeCase(cache, {64, 8, 2, 400, 0.0f, true});
+    attnShapeCase(cache, {64, 8, 2, 0, 2.5f, true});
 }
 
 }  // namespace blue::test

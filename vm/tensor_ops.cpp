@@ -2,6 +2,7 @@
 // and type rules, run by the verifier) and a reference implementation; both are short and plain.
 #include "vm/tensor_ops.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "vm/abi.h"
@@ -156,6 +157,11 @@ Status checkTensorOp(const Module& m, const TensorInstr& ti) {
         case Op::TADD:
         case Op::TMUL: return checkElementwise(c, 2);
         case Op::TSCALE: return checkElementwise(c, 1);
+        case Op::SOFTCAP: {
+            float cap = bitsToFloat(ti.args[2]);
+            if (!(cap > 0.0f) || !std::isfinite(cap)) return BLUE_ERROR("soft cap %g must be positive", cap);
+            return checkElementwise(c, 1);
+        }
         case Op::MATMUL: return checkMatmul(c);
         case Op::TSUM:
             BLUE_TRY(c.dst(0));
@@ -179,6 +185,11 @@ void runTensorOpRef(const TensorOpEnv& env, const TensorInstr& ti) {
         case Op::TSCALE: {
             float s = bitsToFloat(ti.args[2]);
             elementwise(it, ti, false, [s](float a, float) { return a * s; });
+            return;
+        }
+        case Op::SOFTCAP: {
+            double cap = bitsToFloat(ti.args[2]);
+            elementwise(it, ti, false, [cap](float a, float) { return float(cap * std::tanh(a / cap)); });
             return;
         }
         case Op::MATMUL: refMatmul(it, ti); return;

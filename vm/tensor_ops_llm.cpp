@@ -1,5 +1,5 @@
-// Reference semantics of the LLM tensor ops: RMSNORM, EMBED, ROPE, KVSTORE, ATTN, SWIGLU and
-// SAMPLE. Written for clarity, accumulating in double; the GPU kernels match them within the
+// Reference semantics of the LLM tensor ops: RMSNORM, EMBED, ROPE, KVSTORE, ATTN (and ATTNX, its
+// sliding-window, soft-capped form), SWIGLU, GEGLU and SAMPLE. Written for clarity, accumulating in double; the GPU kernels match them within the
 // tolerances tests/test_ops_gpu.cpp states.
 #include <algorithm>
 #include <cstring>
@@ -110,7 +110,20 @@ Status checkAttn(const Checker& c) {
     BLUE_TRY(cacheTensor(c, 1, n / n_head * n_kv));
     BLUE_TRY(cacheTensor(c, 2, n / n_head * n_kv));
     BLUE_TRY(sameCaches(c, 1, 2));
+    if (c.ti.op == Op::ATTNX) {
+        float cap = bitsToFloat(c.ti.args[9]);
+        if (!(cap >= 0.0f) || !std::isfinite(cap)) return BLUE_ERROR("soft cap %g must be 0 (none) or positive", cap);
+    }
     return argSlot(c.ti.args[6]);
+}
+
+Status checkGated(const Checker& c) {
+    BLUE_TRY(rowsDst(c, 0));
+    for (size_t i = 1; i <= 2; ++i) {
+        BLUE_TRY(c.dtype(i, DType::F32));
+        BLUE_TRY(c.elements(i, c.t(0).elements()));
+    }
+    return Status::ok();
 }
 
 Status checkSample(const Checker& c) {
@@ -212,9 +225,13 @@ void refAttn(const Items& it, const TensorInstr& ti) {
     const TensorDecl& vc = it.decl(a[2]);
     uint32_t n_head = a[4], n_kv = a[5];
     float scale = bitsToFloat(a[7]);
+    const bool ext = ti.op == Op::ATTNX;
+    const uint64_t window = ext ? a[8] : 0;
+    const double cap = ext ? bitsToFloat(a[9]) : 0.0;
     uint64_t n = it.decl(a[0]).elements(), head = n / n_head, kv_dim = kc.ne[0], ctx = kc.ne[1];
     for (uint32_t item = 0; item < it.count(); ++item) {
         uint64_t last = std::min<uint64_t>(uint64_t(it.arg(item, a[6])) + it.rowLocal(item), ctx - 1);
+        uint64_t first = window && last + 1 > window ? last + 1 - window : 0;
         const float* q = it.f32(a[3], item);
         const uint8_t* k = it.slice(a[1], item);
         const uint8_t* v = it.slice(a[2], item);
@@ -223,16 +240,17 @@ void refAttn(const Items& it, const TensorInstr& ti) {
         for (uint32_t h = 0; h < n_head; ++h) {
             uint64_t kv_off = uint64_t(h / (n_head / n_kv)) * head;
             double m = -INFINITY, z = 0;
-            for (uint64_t t = 0; t <= last; ++t) {
+            for (uint64_t t = first; t <= last; ++t) {
                 double dot = 0;
                 for (uint64_t i = 0; i < head; ++i) dot += double(q[h * head + i]) * cacheRead(kc, k, t * kv_dim + kv_off + i);
                 score[t] = dot * scale;
+                if (cap > 0) score[t] = cap * std::tanh(score[t] / cap);
                 m = std::max(m, score[t]);
             }
-            for (double& s : score) z += (s = std::exp(s - m));
+            for (uint64_t t = first; t <= last; ++t) z += (score[t] = std::exp(score[t] - m));
             for (uint64_t i = 0; i < head; ++i) {
                 double acc = 0;
-                for (uint64_t t = 0; t <= last; ++t) acc += score[t] * cacheRead(vc, v, t * kv_dim + kv_off + i);
+                for (uint64_t t = first; t <= last; ++t) acc += score[t] * cacheRead(vc, v, t * kv_dim + kv_off + i);
                 dst[h * head + i] = float(acc / z);
             }
         }
@@ -246,6 +264,22 @@ void refSwiglu(const Items& it, const TensorInstr& ti) {
         const float* u = it.f32(ti.args[2], item);
         float* dst = it.f32(ti.args[0], item);
         for (uint64_t i = 0; i < n; ++i) dst[i] = float(g[i] / (1.0 + std::exp(-double(g[i]))) * u[i]);
+    }
+}
+
+// gelu(x) with tanh: 0.5x(1 + tanh(y)) = x / (1 + exp(-2y)), y = sqrt(2/pi)(x + 0.044715x^3),
+// the form the kernel computes too (no tanh overflow for large |x|).
+void refGeglu(const Items& it, const TensorInstr& ti) {
+    uint64_t n = it.decl(ti.args[0]).elements();
+    const double k = std::sqrt(2.0 / M_PI);
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        const float* g = it.f32(ti.args[1], item);
+        const float* u = it.f32(ti.args[2], item);
+        float* dst = it.f32(ti.args[0], item);
+        for (uint64_t i = 0; i < n; ++i) {
+            double x = g[i], y = k * (x + 0.044715 * x * x * x);
+            dst[i] = float(x / (1.0 + std::exp(-2.0 * y)) * u[i]);
+        }
     }
 }
 
@@ -419,14 +453,10 @@ Status checkLlmOp(const Checker& c) {
         case Op::EMBED: return checkEmbed(c);
         case Op::ROPE: return checkRope(c, c.m);
         case Op::KVSTORE: return checkKvstore(c);
-        case Op::ATTN: return checkAttn(c);
+        case Op::ATTN:
+        case Op::ATTNX: return checkAttn(c);
         case Op::SWIGLU:
-            BLUE_TRY(rowsDst(c, 0));
-            for (size_t i = 1; i <= 2; ++i) {
-                BLUE_TRY(c.dtype(i, DType::F32));
-                BLUE_TRY(c.elements(i, c.t(0).elements()));
-            }
-            return Status::ok();
+        case Op::GEGLU: return checkGated(c);
         case Op::SAMPLE: return checkSample(c);
         case Op::SAMPLEQ:
         case Op::SCORE:
@@ -442,8 +472,10 @@ bool runLlmOpRef(const Items& it, const TensorInstr& ti) {
         case Op::EMBED: refEmbed(it, ti); return true;
         case Op::ROPE: refRope(it, ti); return true;
         case Op::KVSTORE: refKvstore(it, ti); return true;
-        case Op::ATTN: refAttn(it, ti); return true;
+        case Op::ATTN:
+        case Op::ATTNX: refAttn(it, ti); return true;
         case Op::SWIGLU: refSwiglu(it, ti); return true;
+        case Op::GEGLU: refGeglu(it, ti); return true;
         case Op::SAMPLE: refSample(it, ti, false); return true;
         case Op::SAMPLEQ: refSample(it, ti, true); return true;
         case Op::SPEC: refSpec(it, ti); return true;

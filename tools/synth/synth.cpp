@@ -78,10 +78,38 @@ std::vector<SynthConfig> presets() {
     qwen3moe.rope_base = 1000000.0f;
     qwen3moe.norm_eps = 1e-6f;
     p.push_back(qwen3moe);
+    // Gemma 2 2B scaled down (256000 tokens, window 4096 -> 512 and 8; soft caps 50 and 30);
+    // the window is small enough that test prompts slide past it. Like the 2B, its heads are not
+    // dim / heads wide (key_length 48: Q is 192 wide, the residual 256).
+    SynthConfig gemma2 = llama("gemma2-tiny", 256, 4, 4, 2, 512, 8192, true);
+    gemma2.arch = "gemma2";
+    gemma2.n_vocab = 512;
+    gemma2.norm_eps = 1e-6f;
+    gemma2.sliding_window = 8;
+    gemma2.head_dim = 48;
+    p.push_back(gemma2);
+    // Gemma 3 1B scaled down: 6 layers, so one global layer after five sliding ones.
+    SynthConfig gemma3 = llama("gemma3-tiny", 256, 6, 4, 1, 512, 32768, true);
+    gemma3.arch = "gemma3";
+    gemma3.n_vocab = 512;
+    gemma3.norm_eps = 1e-6f;
+    gemma3.rope_base = 1000000.0f;
+    gemma3.sliding_window = 8;
+    p.push_back(gemma3);
+    // Phi-3-mini-128k scaled down: fused Q/K/V and gate/up, LongRoPE factors for contexts past
+    // 4096 and the attention factor its converter computes (sqrt(1 + ln 32 / ln 4096)).
+    SynthConfig phi3 = llama("phi3-tiny", 192, 3, 6, 6, 512, 131072, false);
+    phi3.arch = "phi3";
+    phi3.n_vocab = 512;
+    phi3.orig_ctx = 4096;
+    phi3.attn_factor = 1.1902380714f;
+    p.push_back(phi3);
     return p;
 }
 
-enum class Init { Random, Ones };
+// Ones: norm weights. FactorsShort / FactorsLong: LongRoPE frequency divisors 1, 1.25, 1.5,
+// 1.75 / 1, 1.5, 2, 2.5 (repeating).
+enum class Init { Random, Ones, FactorsShort, FactorsLong };
 
 bool isQwenMoe(const SynthConfig& c) {
     return c.arch == "qwen2moe" || c.arch == "qwen3moe";
@@ -100,10 +128,15 @@ std::string blk(uint32_t layer, const char* suffix) {
 void addLayer(const SynthConfig& c, uint32_t l, std::vector<TensorSpec>& out) {
     const int64_t e = c.dim, q = int64_t(c.n_head) * c.headDim();
     const int64_t kv = int64_t(c.n_head_kv) * c.headDim(), f = c.n_ff, x = c.n_expert;
+    const bool phi3 = c.arch == "phi3";
     out.push_back({blk(l, "attn_norm.weight"), {e}, Init::Ones});
-    out.push_back({blk(l, "attn_q.weight"), {e, q}, Init::Random});
-    out.push_back({blk(l, "attn_k.weight"), {e, kv}, Init::Random});
-    out.push_back({blk(l, "attn_v.weight"), {e, kv}, Init::Random});
+    if (phi3) {
+        out.push_back({blk(l, "attn_qkv.weight"), {e, q + 2 * kv}, Init::Random});
+    } else {
+        out.push_back({blk(l, "attn_q.weight"), {e, q}, Init::Random});
+        out.push_back({blk(l, "attn_k.weight"), {e, kv}, Init::Random});
+        out.push_back({blk(l, "attn_v.weight"), {e, kv}, Init::Random});
+    }
     if (c.qkv_bias) {
         out.push_back({blk(l, "attn_q.bias"), {q}, Init::Random});
         out.push_back({blk(l, "attn_k.bias"), {kv}, Init::Random});
@@ -114,7 +147,14 @@ void addLayer(const SynthConfig& c, uint32_t l, std::vector<TensorSpec>& out) {
         out.push_back({blk(l, "attn_k_norm.weight"), {c.headDim()}, Init::Ones});
     }
     out.push_back({blk(l, "attn_output.weight"), {q, e}, Init::Random});
+    if (c.isGemma()) out.push_back({blk(l, "post_attention_norm.weight"), {e}, Init::Ones});
     out.push_back({blk(l, "ffn_norm.weight"), {e}, Init::Ones});
+    if (c.isGemma()) out.push_back({blk(l, "post_ffw_norm.weight"), {e}, Init::Ones});
+    if (phi3) {  // gate rows, then up rows
+        out.push_back({blk(l, "ffn_down.weight"), {f, e}, Init::Random});
+        out.push_back({blk(l, "ffn_up.weight"), {e, 2 * f}, Init::Random});
+        return;
+    }
     if (c.n_expert == 0) {
         out.push_back({blk(l, "ffn_gate.weight"), {e, f}, Init::Random});
         out.push_back({blk(l, "ffn_down.weight"), {f, e}, Init::Random});
@@ -139,6 +179,10 @@ std::vector<TensorSpec> tensorSpecs(const SynthConfig& c) {
     specs.push_back({"token_embd.weight", {c.dim, c.n_vocab}, Init::Random});
     specs.push_back({"output_norm.weight", {c.dim}, Init::Ones});
     if (!c.tied_output) specs.push_back({"output.weight", {c.dim, c.n_vocab}, Init::Random});
+    if (c.arch == "phi3" && c.orig_ctx) {
+        specs.push_back({"rope_factors_long.weight", {c.headDim() / 2}, Init::FactorsLong});
+        specs.push_back({"rope_factors_short.weight", {c.headDim() / 2}, Init::FactorsShort});
+    }
     for (uint32_t l = 0; l < c.n_layer; ++l) addLayer(c, l, specs);
     return specs;
 }
@@ -161,6 +205,11 @@ uint64_t tensorKey(uint64_t seed, std::string_view name) {
 void generate(uint64_t key, Init init, uint64_t first_elem, float* out, int64_t n) {
     if (init == Init::Ones) {
         for (int64_t i = 0; i < n; ++i) out[i] = 1.0f;
+        return;
+    }
+    if (init != Init::Random) {
+        float step = init == Init::FactorsShort ? 0.25f : 0.5f;
+        for (int64_t i = 0; i < n; ++i) out[i] = 1.0f + step * float((first_elem + uint64_t(i)) % 4);
         return;
     }
     constexpr float kScale = 1.7320508f / 65536.0f * kWeightStd;
@@ -222,13 +271,28 @@ void setMetadata(const SynthConfig& c, const SynthOptions& o, GgufWriter* w) {
     w->setF32(a + ".attention.layer_norm_rms_epsilon", c.norm_eps);
     w->setF32(a + ".rope.freq_base", c.rope_base);
     w->setU32(a + ".rope.dimension_count", c.headDim());
+    if (c.head_dim) {
+        w->setU32(a + ".attention.key_length", c.head_dim);
+        w->setU32(a + ".attention.value_length", c.head_dim);
+    }
     if (c.n_expert > 0) {
         w->setU32(a + ".expert_count", c.n_expert);
         w->setU32(a + ".expert_used_count", c.n_expert_used);
     }
     if (isQwenMoe(c)) w->setU32(a + ".expert_feed_forward_length", c.n_ff);
     if (c.n_ff_shexp) w->setU32(a + ".expert_shared_feed_forward_length", c.n_ff_shexp);
-    if (c.arch != "llama") {
+    if (c.isGemma()) {
+        w->setU32(a + ".attention.sliding_window", c.sliding_window);
+        if (c.arch == "gemma2") {
+            w->setF32(a + ".attn_logit_softcapping", 50.0f);
+            w->setF32(a + ".final_logit_softcapping", 30.0f);
+        }
+    }
+    if (c.arch == "phi3" && c.orig_ctx) {
+        w->setU32(a + ".rope.scaling.original_context_length", c.orig_ctx);
+        w->setF32(a + ".rope.scaling.attn_factor", c.attn_factor);
+    }
+    if (c.arch == "qwen2" || isQwenMoe(c)) {
         synthAddGpt2Vocab(w, c.n_vocab);
     } else {
         synthAddLlamaVocab(w, c.n_vocab);
@@ -252,11 +316,13 @@ std::vector<std::string_view> synthPresetNames() {
 }
 
 Status synthValidate(const SynthConfig& c) {
-    if (c.arch != "llama" && c.arch != "qwen2" && !isQwenMoe(c)) {
+    if (c.arch != "llama" && c.arch != "qwen2" && !isQwenMoe(c) && !c.isGemma() && c.arch != "phi3") {
         return BLUE_ERROR(
-            "architecture '%s' is not one blue-synth makes (llama, qwen2, qwen2moe, qwen3moe)",
+            "architecture '%s' is not one blue-synth makes (llama, qwen2, qwen2moe, qwen3moe, gemma2, "
+            "gemma3, phi3)",
             c.arch.c_str());
     }
+    if (c.isGemma() && c.sliding_window == 0) return BLUE_ERROR("%s needs a sliding window > 0", c.arch.c_str());
     const std::pair<const char*, uint32_t> sizes[] = {
         {"dim", c.dim}, {"layers", c.n_layer}, {"heads", c.n_head}, {"kv-heads", c.n_head_kv},
         {"ff", c.n_ff}, {"vocab", c.n_vocab},  {"ctx", c.n_ctx}};
@@ -264,7 +330,8 @@ Status synthValidate(const SynthConfig& c) {
         if (value == 0 || value >= kMaxDim)
             return BLUE_ERROR("%s must be in 1..%u (got %u)", field, kMaxDim - 1, value);
     }
-    if (c.dim % c.n_head != 0 || c.headDim() % 2 != 0) {
+    if (c.head_dim % 2 != 0) return BLUE_ERROR("head width %u must be even", c.head_dim);
+    if (!c.head_dim && (c.dim % c.n_head != 0 || c.headDim() % 2 != 0)) {
         return BLUE_ERROR("dim %u must be a multiple of heads %u with an even quotient", c.dim,
                           c.n_head);
     }
@@ -303,8 +370,9 @@ uint64_t synthParamCount(const SynthConfig& c) {
     attn += c.qkNorm() ? 2 * uint64_t(c.headDim()) : 0;
     uint64_t ffn = c.n_expert ? c.n_expert * 3 * e * f + e * c.n_expert : 3 * e * f;
     ffn += c.n_ff_shexp ? 3 * e * c.n_ff_shexp + e : 0;
-    uint64_t layer = attn + ffn + 2 * e;
-    return uint64_t(c.n_vocab) * e * (c.tied_output ? 1 : 2) + e + c.n_layer * layer;
+    uint64_t layer = attn + ffn + (c.isGemma() ? 4 : 2) * e;
+    uint64_t factors = c.arch == "phi3" && c.orig_ctx ? c.headDim() : 0;
+    return uint64_t(c.n_vocab) * e * (c.tied_output ? 1 : 2) + e + c.n_layer * layer + factors;
 }
 
 Status synthBuild(const SynthConfig& config, const SynthOptions& options, GgufWriter* writer) {

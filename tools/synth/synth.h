@@ -26,7 +26,10 @@ namespace blue {
 struct SynthConfig {
     std::string name;  // general.name
     // "llama" (dense or Mixtral-style MoE), "qwen2", "qwen2moe" (routed experts, a shared expert
-    // gated by a sigmoid, Q/K/V biases) or "qwen3moe" (routed experts, per-head Q/K RMSNorm)
+    // gated by a sigmoid, Q/K/V biases), "qwen3moe" (routed experts, per-head Q/K RMSNorm),
+    // "gemma2" (post-sublayer norms, soft-capped logits, sliding window on even layers),
+    // "gemma3" (post-sublayer norms, Q/K RMSNorm, sliding window on 5 layers of 6) or "phi3"
+    // (fused attn_qkv and gate/up, LongRoPE factors)
     std::string arch = "llama";
     uint32_t dim = 0;  // embedding width
     uint32_t n_layer = 0;
@@ -42,13 +45,19 @@ struct SynthConfig {
     bool tied_output = false;    // no output.weight: logits use token_embd.weight
     float rope_base = 10000.0f;
     float norm_eps = 1e-5f;
+    uint32_t sliding_window = 0;  // gemma*: attention.sliding_window (> 0)
+    uint32_t orig_ctx = 0;        // phi3: rope.scaling.original_context_length; 0: no LongRoPE factors
+    float attn_factor = 1.0f;     // phi3: rope.scaling.attn_factor
 
-    uint32_t headDim() const { return n_head ? dim / n_head : 0; }
-    bool qkNorm() const { return arch == "qwen3moe"; }  // attn_{q,k}_norm.weight [head_dim]
+    uint32_t head_dim = 0;        // attention.key_length/value_length; 0: dim / n_head (no keys written)
+
+    uint32_t headDim() const { return head_dim ? head_dim : n_head ? dim / n_head : 0; }
+    bool qkNorm() const { return arch == "qwen3moe" || arch == "gemma3"; }  // attn_{q,k}_norm.weight [head_dim]
+    bool isGemma() const { return arch == "gemma2" || arch == "gemma3"; }
 };
 
 // The presets: stories15M, stories110M, tinyllama-1.1b, qwen2-0.5b, peer-dim256, peer-moe,
-// peer-dim1024, mixtral-tiny, qwen2moe-tiny, qwen3moe-tiny. nullopt for other names.
+// peer-dim1024, mixtral-tiny, qwen2moe-tiny, qwen3moe-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny. nullopt for other names.
 std::optional<SynthConfig> synthPreset(std::string_view name);
 std::vector<std::string_view> synthPresetNames();
 

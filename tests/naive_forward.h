@@ -1,0 +1,20 @@
+// A plain C++ forward pass of gemma2, gemma3 and phi3 over an F32 GGUF file, written from
+// llama.cpp's graphs (build_gemma2, build_gemma3, build_phi3) and independent of Blue-IR: no KV
+// cache, every position recomputed, doubles for the sums. tests/test_archs.cpp checks the lowered
+// programs against it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "compiler/gguf.h"
+#include "compiler/model_config.h"
+
+namespace blue::test {
+
+// Log-softmax of the logits at every position of `tokens` (positions 0..n-1), for a context of
+// `ctx` positions (phi3 picks its LongRoPE factors by it). The file's matrices must be F32.
+std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const ModelConfig& cfg,
+                                               uint32_t ctx, const std::vector<uint32_t>& tokens);
+
+}  // namespace blue::test
