@@ -12,6 +12,7 @@
 #include "compiler/gguf.h"
 #include "compiler/lower_model.h"
 #include "compiler/model_config.h"
+#include "tests/generation_runs.h"
 #include "tests/gpu_fixture.h"
 #include "tests/naive_forward.h"
 #include "tests/temp_dir.h"
@@ -68,26 +69,6 @@ std::vector<GenerationRequest> requests() {
     return out;
 }
 
-// Per request tag: the tokens, and each token's log-probability (which the soft caps and RoPE
-// factors move even where the greedy tokens stay).
-struct Generated {
-    std::map<uint32_t, std::vector<uint32_t>> tokens;
-    std::map<uint32_t, std::vector<float>> logprobs;
-};
-using TokensByTag = Generated;
-
-Generated tokensByTag(const RunReport& r) {
-    Generated out;
-    std::map<uint32_t, uint32_t> tag_of;  // instance -> tag of the response it is writing
-    for (const OutputRecord& rec : r.output) {
-        if (rec.kind == BLUE_OUT_BEGIN) tag_of[rec.inst] = rec.value;
-        if (rec.kind == BLUE_OUT_TOKEN) out.tokens[tag_of[rec.inst]].push_back(rec.value);
-        if (rec.kind == BLUE_OUT_FLOAT)
-            out.logprobs[tag_of[rec.inst]].push_back(std::bit_cast<float>(rec.value));
-    }
-    return out;
-}
-
 // The largest difference between two runs' log-probabilities (infinite when the shapes differ).
 double maxLogprobDiff(const Generated& a, const Generated& b) {
     double worst = 0;
@@ -100,32 +81,14 @@ double maxLogprobDiff(const Generated& a, const Generated& b) {
     return worst;
 }
 
-TokensByTag runRef(const Module& m, const std::vector<GenerationRequest>& reqs = requests()) {
-    auto w = WeightSource::open(m, "");
-    REQUIRE_MESSAGE(w.isOk(), w.message());
-    RefMachine machine(m, w.value(), MachineOptions{3, 1000000});
-    for (const GenerationRequest& r : reqs) machine.pushInput(encodeRequest(r));
-    machine.closeInput();
-    RunReport r = machine.run();
-    REQUIRE_MESSAGE(r.status.isOk(), r.status.message());
-    return tokensByTag(r);
+// Three instances; the log-probabilities are what the soft caps and RoPE factors move even where
+// the greedy tokens stay.
+Generated runRef(const Module& m, const std::vector<GenerationRequest>& reqs = requests()) {
+    return runOnRef(m, 3, reqs);
 }
 
-TokensByTag runGpu(const Module& m) {
-    auto w = WeightSource::open(m, "");
-    REQUIRE_MESSAGE(w.isOk(), w.message());
-    GpuOptions opt;
-    opt.instances = 3;
-    auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, m, w.value(), opt);
-    REQUIRE_MESSAGE(machine.isOk(), machine.message());
-    for (const GenerationRequest& r : requests())
-        REQUIRE(machine.value()->pushInput(encodeRequest(r)).isOk());
-    machine.value()->closeInput();
-    auto r = machine.value()->run();
-    REQUIRE_MESSAGE(r.isOk(), r.message());
-    CHECK_MESSAGE(r.value().status.isOk(), r.value().status.message());
-    CHECK(machine.value()->stats().round_trips == 0);
-    return tokensByTag(r.value());
+Generated runGpu(const Module& m) {
+    return runOnGpu(m, 3, requests()).out;
 }
 
 // The GPU gives the reference machine's 6 tokens for every request, and their log-probabilities
@@ -243,7 +206,7 @@ TEST_CASE(
         }
         REQUIRE(rope);
         CHECK(m.tensors[rope->args[2]].name == "rope_factors_short.weight");  // ctx 96 <= 4096
-        TokensByTag short_tokens = checkGpuMatchesRef(m);
+        Generated short_tokens = checkGpuMatchesRef(m);
         if (type != DType::F32) continue;
         CHECK(views == 15);
         // A context past the original one takes the long factors (the file says 4096; pretend 64).

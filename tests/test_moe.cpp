@@ -10,6 +10,7 @@
 #include "compiler/model_config.h"
 #include "compiler/upcycle.h"
 #include "host/weight_layout.h"
+#include "tests/generation_runs.h"
 #include "tests/gpu_fixture.h"
 #include "tests/temp_dir.h"
 #include "tests/test_paths.h"
@@ -72,46 +73,18 @@ std::vector<GenerationRequest> requests(uint32_t n, uint32_t max_new) {
 
 using TokensByTag = std::map<uint32_t, std::vector<uint32_t>>;
 
-TokensByTag tokensByTag(const RunReport& r) {
-    TokensByTag out;
-    std::map<uint32_t, uint32_t> tag_of;  // instance -> tag of the response it is writing
-    for (const OutputRecord& rec : r.output) {
-        if (rec.kind == BLUE_OUT_BEGIN) tag_of[rec.inst] = rec.value;
-        if (rec.kind == BLUE_OUT_TOKEN) out[tag_of[rec.inst]].push_back(rec.value);
-        if (rec.kind == BLUE_OUT_END) out[rec.value];
-    }
-    return out;
-}
-
 struct GpuRun {
     TokensByTag tokens;
     GpuStats stats;
 };
 
 GpuRun runGpu(const Module& m, uint32_t instances, const std::vector<GenerationRequest>& reqs) {
-    auto w = WeightSource::open(m, "");
-    REQUIRE_MESSAGE(w.isOk(), w.message());
-    GpuOptions opt;
-    opt.instances = instances;
-    auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, m, w.value(), opt);
-    REQUIRE_MESSAGE(machine.isOk(), machine.message());
-    for (const GenerationRequest& r : reqs) REQUIRE(machine.value()->pushInput(encodeRequest(r)).isOk());
-    machine.value()->closeInput();
-    auto r = machine.value()->run();
-    REQUIRE_MESSAGE(r.isOk(), r.message());
-    CHECK_MESSAGE(r.value().status.isOk(), r.value().status.message());
-    return {tokensByTag(r.value()), machine.value()->stats()};
+    GpuGenerated g = runOnGpu(m, instances, reqs);
+    return {g.out.tokens, g.stats};
 }
 
 TokensByTag runRef(const Module& m, uint32_t instances, const std::vector<GenerationRequest>& reqs) {
-    auto w = WeightSource::open(m, "");
-    REQUIRE_MESSAGE(w.isOk(), w.message());
-    RefMachine machine(m, w.value(), MachineOptions{instances, 1000000});
-    for (const GenerationRequest& r : reqs) machine.pushInput(encodeRequest(r));
-    machine.closeInput();
-    RunReport r = machine.run();
-    REQUIRE_MESSAGE(r.status.isOk(), r.status.message());
-    return tokensByTag(r);
+    return runOnRef(m, instances, reqs).tokens;
 }
 
 // Five greedy requests of 6 tokens on 3 instances: the GPU gives the reference machine's tokens.

@@ -240,21 +240,19 @@ void wGroup(uint base, uint bpr, uint row, uint g, uint s, WHead h, out vec4 q[8
     }
     sc = vec2(d);
     mn = vec2(m);
-#elif defined(WL_IQ4)
+#elif defined(WL_IQ4) || defined(WTYPE_MXFP4)
+    // A table of 16 levels indexed by nibbles in Q4_0's order, one scale per group.
+#ifdef WL_IQ4
     float d = iq4Scale(h.t0, s);
-    uvec4 t = wTexel(base, bpr, row, g, 1u + s);
-    for (uint j = 0u; j < 4u; ++j) {
-        q[j] = iq4Nib4(t[j], 0u);
-        q[j + 4u] = iq4Nib4(t[j], 4u);
-    }
-    sc = vec2(d);
-    mn = vec2(0.0);
-#elif defined(WTYPE_MXFP4)
+#define WL_LEVELS4 iq4Nib4
+#else
     float d = mxfp4Scale(byteOf(h.t0, s));
+#define WL_LEVELS4 mxfp4Nib4
+#endif
     uvec4 t = wTexel(base, bpr, row, g, 1u + s);
     for (uint j = 0u; j < 4u; ++j) {
-        q[j] = mxfp4Nib4(t[j], 0u);
-        q[j + 4u] = mxfp4Nib4(t[j], 4u);
+        q[j] = WL_LEVELS4(t[j], 0u);
+        q[j + 4u] = WL_LEVELS4(t[j], 4u);
     }
     sc = vec2(d);
     mn = vec2(0.0);
