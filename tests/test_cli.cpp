@@ -202,6 +202,20 @@ TEST_CASE(
     }
 }
 
+// `bluevm bench --temp T` measures sampled decode (the draw with the default filters) instead of
+// greedy; the JSON says which, and a negative temperature is refused.
+TEST_CASE("cli: bluevm bench --temp measures sampled generation") {
+    Child c({binary("host/bluevm"), "bench", "-m", stories(), "-p", "8", "-n", "8", "--reps", "1",
+             "--no-ceilings", "--json", "--temp", "0.8"});
+    REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    json j = json::parse(c.out_text);
+    CHECK(j["temperature"].get<double>() == doctest::Approx(0.8));
+    CHECK(j["tg"]["tok_per_s"].get<double>() > 0);
+    Child bad({binary("host/bluevm"), "bench", "-m", stories(), "--temp", "-1"});
+    CHECK(bad.wait() != 0);
+    CHECK(bad.err_text.find("--temp") != std::string::npos);
+}
+
 TEST_CASE("cli: the C API example serves its prompts") {
     Child c({binary("tools/blue-capi-example"), stories(), "Once upon a time", "The dog"});
     REQUIRE(c.wait() == 0);

@@ -21,6 +21,7 @@ namespace {
 struct BenchArgs {
     std::string model, device, instances = "1";
     uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0, chain_cycles = 64;
+    float temp = 0;  // 0: greedy; else sampled with the default top-k, top-p and min-p
     uint64_t vram_budget = 0;
     GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     bool json = false, no_bandwidth = false;
@@ -45,7 +46,8 @@ struct Measure {
 };
 
 // Runs `n_req` requests (prompt `p` tokens, `g` generated) `reps` times; best speed wins.
-Result<Measure> measure(Engine& e, uint32_t n_req, uint32_t p, uint32_t g, uint32_t reps, bool count_prompt) {
+Result<Measure> measure(Engine& e, uint32_t n_req, uint32_t p, uint32_t g, uint32_t reps, bool count_prompt,
+                        float temp) {
     Measure best;
     for (uint32_t r = 0; r < reps; ++r) {
         std::vector<GenerationRequest> reqs(n_req);
@@ -54,7 +56,8 @@ Result<Measure> measure(Engine& e, uint32_t n_req, uint32_t p, uint32_t g, uint3
             reqs[i].max_new = g;
             reqs[i].ignore_eog = true;
             reqs[i].prefix_reuse = false;  // measure every prompt token (random prompts share BOS)
-            reqs[i].sampling.temperature = 0;
+            reqs[i].sampling.temperature = temp;
+            reqs[i].sampling.seed = 1234 + i;
         }
         auto res = e.run(reqs);
         if (!res) return res.status();
@@ -80,6 +83,10 @@ Command addBenchCommand(CLI::App& app) {
     sub->add_option("-p,--prompt-tokens", a->prompt, "prompt tokens (pp test)")->check(CLI::Range(2u, 8192u));
     sub->add_option("-n,--gen-tokens", a->gen, "generated tokens (tg test)")->check(CLI::Range(1u, 8192u));
     sub->add_option("--reps", a->reps, "repetitions (best is reported)")->check(CLI::Range(1u, 100u));
+    sub->add_option("--temp", a->temp,
+                    "sample at this temperature with the default top-k 40, top-p 0.95, min-p 0.05 "
+                    "(default 0: greedy, the cheapest draw)")
+        ->check(CLI::Range(0.0f, 100.0f));
     sub->add_option("--instances", a->instances, "comma-separated instance counts for the batched test, e.g. 1,4,16,64");
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
@@ -113,9 +120,10 @@ Command addBenchCommand(CLI::App& app) {
         j["model"] = a->model;
         j["device"] = e.device().info().name;
         j["lavapipe_threads"] = std::getenv("LP_NUM_THREADS") ? std::getenv("LP_NUM_THREADS") : "default";
-        auto pp = measure(e, 1, a->prompt, 1, a->reps, true);
+        j["temperature"] = a->temp;
+        auto pp = measure(e, 1, a->prompt, 1, a->reps, true, a->temp);
         if (!pp) return fail(pp.message());
-        auto tg = measure(e, 1, 1, a->gen, a->reps, false);
+        auto tg = measure(e, 1, 1, a->gen, a->reps, false, a->temp);
         if (!tg) return fail(tg.message());
         uint64_t wbytes = e.matmulWeightBytes();
         // FLOPs per token: two per matrix element (a multiply and an add). Prompt processing is
@@ -177,7 +185,7 @@ Command addBenchCommand(CLI::App& app) {
         double base = 0;
         for (uint32_t n : counts) {
             e.setInstances(n);
-            auto m = measure(e, n, std::min(a->prompt, 32u), a->gen, 1, false);
+            auto m = measure(e, n, std::min(a->prompt, 32u), a->gen, 1, false, a->temp);
             if (!m) return fail(m.message());
             if (n == counts.front()) base = m->tok_per_s;
             const double gflops = flops_per_token * m->tok_per_s / 1e9;
@@ -196,6 +204,7 @@ Command addBenchCommand(CLI::App& app) {
         }
         std::printf("model   %s\ndevice  %s (LP_NUM_THREADS=%s)\n", a->model.c_str(),
                     e.device().info().name.c_str(), j["lavapipe_threads"].get<std::string>().c_str());
+        if (a->temp > 0) std::printf("sampling: temperature %g, top-k 40, top-p 0.95, min-p 0.05\n", double(a->temp));
         const bool ceilings = j.contains("ceilings");
         if (ceilings) {
             const auto& c = j["ceilings"];
