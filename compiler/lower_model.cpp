@@ -119,11 +119,13 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     for (uint32_t l = 0; l < cfg.n_layer; ++l) {
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "attn_norm.weight"), eps, 0});
         attention(cb, l, ctx, a);
-        cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "attn_output.weight"), a["att"]});
         if (cfg.post_norms) {
+            cb.tensor(Op::MATMUL, {a["xb2"], layerWeight(l, "attn_output.weight"), a["att"]});
             cb.tensor(Op::RMSNORM, {a["xb2"], a["xb2"], layerWeight(l, "post_attention_norm.weight"), eps, 0});
+            cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
+        } else {  // the residual added by the matmul itself: one dispatch fewer
+            cb.tensor(Op::MATMULADD, {a["x"], layerWeight(l, "attn_output.weight"), a["att"]});
         }
-        cb.tensor(Op::TADD, {a["x"], a["x"], a["xb2"]});
         cb.tensor(Op::RMSNORM, {a["xb"], a["x"], layerWeight(l, "ffn_norm.weight"), eps, 0});
         if (cfg.isMoe()) {
             experts(cb, l, a);
@@ -177,9 +179,13 @@ void Lowering::feedForward(CodeBuilder& cb, uint32_t l, const std::map<std::stri
     cb.tensor(Op::MATMUL, {hb, gate_w, xb});
     cb.tensor(Op::MATMUL, {hb2, up_w, xb});
     cb.tensor(cfg.gelu_ffn ? Op::GEGLU : Op::SWIGLU, {hb, hb, hb2});
-    cb.tensor(Op::MATMUL, {xb2, layerWeight(l, "ffn_down.weight"), hb});
-    if (cfg.post_norms) cb.tensor(Op::RMSNORM, {xb2, xb2, layerWeight(l, "post_ffw_norm.weight"), eps, 0});
-    cb.tensor(Op::TADD, {x, x, xb2});
+    if (cfg.post_norms) {
+        cb.tensor(Op::MATMUL, {xb2, layerWeight(l, "ffn_down.weight"), hb});
+        cb.tensor(Op::RMSNORM, {xb2, xb2, layerWeight(l, "post_ffw_norm.weight"), eps, 0});
+        cb.tensor(Op::TADD, {x, x, xb2});
+    } else {
+        cb.tensor(Op::MATMULADD, {x, layerWeight(l, "ffn_down.weight"), hb});
+    }
 }
 
 // A mixture-of-experts FFN on the normed rows xb, added into x. The router's logits pick each

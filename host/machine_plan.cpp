@@ -28,6 +28,10 @@ std::string lower(std::string_view s) {
     return r;
 }
 
+bool isMatmul(Op op) {
+    return op == Op::MATMUL || op == Op::MATMULADD;
+}
+
 // Why an op's kernel cannot run an instruction that the op's rules (and the reference machine)
 // accept; empty when it can. MATMUL reads its matrix repacked (host/weight_layout.h); ROPE
 // rotates pairs of dims; F16 caches pack two halves per word, so
@@ -41,6 +45,7 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
             }
             break;
         case Op::MATMUL:
+        case Op::MATMULADD:
             if (m.tensors[a[1]].cls != BLUE_TC_WEIGHT) {
                 return strFormat(
                     "the matrix '%s' is not a WEIGHT tensor; the kernels read "
@@ -304,7 +309,7 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 const char letter = info.format[k];
                 if ((letter != 't' && letter != 'o') || ti.args[k] >= m.tensors.size()) continue;
                 if (!(ti.op == Op::EMBED && k == 1)) dense[ti.args[k]] = 1;
-                if (!((ti.op == Op::MATMUL || ti.op == Op::EMBED || ti.op == Op::MOEMM) && k == 1)) {
+                if (!((isMatmul(ti.op) || ti.op == Op::EMBED || ti.op == Op::MOEMM) && k == 1)) {
                     streamable[ti.args[k]] = 0;
                 }
             }
@@ -422,7 +427,8 @@ uint32_t matmulRowsPerInvocation(DType type) {
 
 std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>& args) {
     const OpInfo& info = *opInfo(op);
-    std::string base = lower(info.name);
+    // MATMULADD runs MATMUL's kernels, told by a push constant to add into dst.
+    std::string base = op == uint32_t(Op::MATMULADD) ? std::string("matmul") : lower(info.name);
     if (info.format.size() > 1 && info.format[1] == 't' && args[1] < m.tensors.size()) {
         std::string typed = base + "_" + lower(dtypeName(m.tensors[args[1]].dtype));
         if (Pipelines::exists(typed)) return typed;
@@ -476,7 +482,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 const TensorDecl& t = m.tensors[ti.args[i]];
                 const TensorPlace& p = pages.places[ti.args[i]];
                 if (i == 1 && p.repacked &&
-                    (ti.op == Op::MATMUL || ti.op == Op::EMBED || ti.op == Op::MOEMM)) {
+                    (isMatmul(ti.op) || ti.op == Op::EMBED || ti.op == Op::MOEMM)) {
                     base.weight_page = p.page;
                     base.weight_offset = p.offset;
                     base.weight_bytes = p.bytes;
@@ -490,6 +496,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 base.push[BLUE_PC_EMBED_BASE] = 0;
                 base.push[BLUE_PC_EMBED_LAST] = 1;
             }
+            if (ti.op == Op::MATMULADD) base.push[BLUE_PC_MM_ACCUMULATE] = 1;
             // The rest of the plan for one dispatch over `n` destination elements.
             auto emit = [&](DispatchDesc d, uint64_t n) -> Status {
                 switch (info.grid) {
@@ -587,7 +594,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 char letter = info.format[i];
                 if ((letter != 't' && letter != 'o') || ti.args[i] == 0xFFFFFFFFu) continue;
                 const TensorPlace& p = pages.places[ti.args[i]];
-                if (p.pieces.empty() || ((ti.op == Op::MATMUL || ti.op == Op::EMBED) && i == 1))
+                if (p.pieces.empty() || ((isMatmul(ti.op) || ti.op == Op::EMBED) && i == 1))
                     continue;
                 return BLUE_ERROR(
                     "block '%s': %s reads tensor '%s', which is split by rows over %zu pages (it "
@@ -597,7 +604,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     m.tensors[ti.args[i]].name.c_str(), p.pieces.size());
             }
             const TensorPlace& wp = pages.places[ti.args.size() > 1 ? ti.args[1] : 0];
-            if ((ti.op == Op::MATMUL || ti.op == Op::EMBED) && !wp.pieces.empty()) {
+            if ((isMatmul(ti.op) || ti.op == Op::EMBED) && !wp.pieces.empty()) {
                 const TensorDecl& w = m.tensors[ti.args[1]];
                 for (size_t k = 0; k < wp.pieces.size(); ++k) {
                     const TensorPiece& piece = wp.pieces[k];
@@ -612,7 +619,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     part.weight_offset = piece.offset;
                     part.weight_bytes = piece.bytes;
                     uint64_t n = dst.elements();
-                    if (ti.op == Op::MATMUL) {  // rows [row_begin, +rows) of every item's output
+                    if (isMatmul(ti.op)) {  // rows [row_begin, +rows) of every item's output
                         part.push[BLUE_PC_OPERANDS + 1] += piece.row_begin * 4;
                         part.push[BLUE_PC_OPERANDS + 3] = piece.rows;
                         n = piece.rows;

@@ -62,6 +62,8 @@
 // writes the zeros of out-of-range tokens). Unsplit tables: 0 and 1.
 #define BLUE_PC_EMBED_BASE 20
 #define BLUE_PC_EMBED_LAST 21
+// MATMUL: 1 when the instruction is MATMULADD (the kernels add their result to dst).
+#define BLUE_PC_MM_ACCUMULATE 20
 
 // ---- control buffer: header words ----------------------------------------------------------
 #define BLUE_H_NINST 0

@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// MATMUL: dst[n] = sum_k w[n][k] * x[k] for every item, weights in the GPU weight layout
+// MATMUL: dst[n] = sum_k w[n][k] * x[k] for every item (MATMULADD: dst[n] += it), weights in the GPU weight layout
 // (common/wlayout.glsl), any type (WTYPE_*). Lanes over output rows: each invocation owns MM_R
 // rows (n = base + r * WG) and MM_BT items, so the x it reads is the same for the whole workgroup
 // (one vectorized load) and every weight texel serves MM_BT items. Built twice: MM_BT = 1 for one
@@ -268,9 +268,18 @@ void main() {
         }
     }
 #endif
+#ifdef MM_MOE
+    const bool accumulate = false;
+#else
+    const bool accumulate = pc.w[BLUE_PC_MM_ACCUMULATE] != 0u;  // MATMULADD: dst += the product
+#endif
     for (uint r = 0u; r < MM_R; ++r) {
         uint row = row0 + r * BLUE_MATMUL_WG;
         if (row >= N) continue;
-        for (uint c = 0u; c < count; ++c) page_f[dst.page].d[out_at[c] + row] = acc[r][c];
+        for (uint c = 0u; c < count; ++c) {
+            float v = acc[r][c];
+            if (accumulate) v = page_f[dst.page].d[out_at[c] + row] + v;
+            page_f[dst.page].d[out_at[c] + row] = v;
+        }
     }
 }

@@ -175,8 +175,12 @@ void matmulCase(DType t) {
         uint32_t w = om.data("w", BLUE_TC_WEIGHT, t, {k, n}, wv);
         uint32_t y = om.tensor("y", BLUE_TC_ROWS, DType::F32, {n});
         uint32_t yi = om.tensor("y_inst", BLUE_TC_INSTANCE, DType::F32, {n});
+        uint32_t acc = om.tensor("y_acc", BLUE_TC_ROWS, DType::F32, {n});
         om.step(Op::MATMUL, {y, w, x});
         om.step(Op::MATMUL, {yi, w, x});
+        // MATMULADD (the same kernels, adding into dst): y_acc = y + W x = 2 W x.
+        om.step(Op::TSCALE, {acc, y, std::bit_cast<uint32_t>(1.0f)});
+        om.step(Op::MATMULADD, {acc, w, x});
         std::vector<InstancePlan> plans = raggedPlans(om, run.rows, run.starts);
         Module m = om.build(plans);
         auto both = runOnBoth(m, uint32_t(plans.size()));
@@ -194,6 +198,7 @@ void matmulCase(DType t) {
             "MATMUL " + lowerName(t) + (single ? " single item" : tiled ? " GEMM tile" : "");
         expectClose(*both, y, items, bound, name + " rows");
         expectClose(*both, yi, 0, bound, name + " instance");
+        expectClose(*both, acc, items, 2 * bound, name + " accumulated (MATMULADD)");
     }
 }
 
@@ -356,6 +361,8 @@ void runOpCase(Op op) {
         case Op::MOEMM:
             for (DType t : kernelTypes("moemm", kWeightTypes)) moemmCase(t);
             return;
+        case Op::MATMULADD:
+            return;  // in every MATMUL case (matmulCase), through every kernel variant
         case Op::MOEMIX:
             moemixCase();
             return;

@@ -875,6 +875,27 @@ namespace blue::test {
 // The Gemma ops' own rules: ATTNX's soft cap is 0 or positive, SOFTCAP's positive, GEGLU writes
 // ROWS. The assembler takes all three; the disassembly assembles back to the same module; a
 // negative cap patched into the module is refused by the verifier too.
+TEST_CASE("verify: MATMULADD adds into a destination that is not its input") {
+    const char* src = R"(.layout regs=4 max_rows=2
+.tensor x rows f32 [8]
+.tensor h rows f32 [8]
+.tensor w weight f32 [8, 8] data f32 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3
+.block b args=2
+    matmuladd x, w, h
+.end
+halt
+)";
+    Result<Module> good = assemble(src, "res");
+    REQUIRE_MESSAGE(good.isOk(), good.message());
+    CHECK(verifyModule(good.value()).isOk());
+    std::string bad = src;
+    bad.replace(bad.find("matmuladd x, w, h"), 17, "matmuladd x, w, x");
+    Result<Module> m = assemble(bad, "res");
+    REQUIRE(!m.isOk());
+    CHECK(m.message() == "res: block 0 'b': MATMULADD at TCODE word 0: operand 2 (tensor 'x'): x must not be the "
+                         "destination it is added into");
+}
+
 TEST_CASE("verify: ATTNX, SOFTCAP and GEGLU operand rules") {
     const char* src = R"(.layout regs=4 max_rows=2
 .tensor x rows f32 [8]

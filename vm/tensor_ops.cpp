@@ -65,7 +65,9 @@ void elementwise(const Items& it, const TensorInstr& ti, bool binary, F f) {
     }
 }
 
-void refMatmul(const Items& it, const TensorInstr& ti) {
+// MATMUL, or (accumulate) MATMULADD: the product rounded to float, then added to dst in float, as
+// a MATMUL into a temporary and a TADD would.
+void refMatmul(const Items& it, const TensorInstr& ti, bool accumulate) {
     const TensorDecl& w = it.env.module->tensors[ti.args[1]];
     uint64_t k_len = w.ne[0], n_len = w.ne[1];
     uint64_t row_bytes = *dtypeRowBytes(w.dtype, k_len);
@@ -74,7 +76,8 @@ void refMatmul(const Items& it, const TensorInstr& ti) {
         float* dst = it.f32(ti.args[0], item);
         const float* x = it.f32(ti.args[2], item);
         for (uint64_t n = 0; n < n_len; ++n) {
-            dst[n] = dotRow(w.dtype, wd + n * row_bytes, x, int64_t(k_len));
+            const float v = dotRow(w.dtype, wd + n * row_bytes, x, int64_t(k_len));
+            dst[n] = accumulate ? dst[n] + v : v;
         }
     }
 }
@@ -163,6 +166,9 @@ Status checkTensorOp(const Module& m, const TensorInstr& ti) {
             return checkElementwise(c, 1);
         }
         case Op::MATMUL: return checkMatmul(c);
+        case Op::MATMULADD:
+            if (c.ti.args[0] == c.ti.args[2]) return c.fail(2, "x must not be the destination it is added into");
+            return checkMatmul(c);
         case Op::TSUM:
             BLUE_TRY(c.dst(0));
             BLUE_TRY(c.dtype(0, DType::F32));
@@ -192,7 +198,8 @@ void runTensorOpRef(const TensorOpEnv& env, const TensorInstr& ti) {
             elementwise(it, ti, false, [cap](float a, float) { return float(cap * std::tanh(a / cap)); });
             return;
         }
-        case Op::MATMUL: refMatmul(it, ti); return;
+        case Op::MATMUL: refMatmul(it, ti, false); return;
+        case Op::MATMULADD: refMatmul(it, ti, true); return;
         case Op::TSUM: refSum(it, ti); return;
         case Op::KERNEL: assert(false && "refCanRun() refuses modules with custom kernels"); return;
         default:
