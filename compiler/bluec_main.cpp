@@ -3,7 +3,7 @@
 //   bluec dis prog.bir                  print bytecode as text
 //   bluec check prog.bir                parse and verify only
 //   bluec lower --model M.gguf -o M.bir [--ctx N] [--max-rows N] [--chunk N] [--kv f16|f32]
-//                                       compile a GGUF model into a generation program
+//               [--grammar-words N]     compile a GGUF model into a generation program
 //   bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...]
 //                                       compile a cascade (compiler/cascade/cascade.h)
 #include <cstdio>
@@ -26,7 +26,9 @@ constexpr const char* kUsage =
     "       bluec dis FILE.bir [-o OUT.blue] disassemble\n"
     "       bluec check FILE.bir             parse and verify a module\n"
     "       bluec lower --model M.gguf -o OUT.bir [--ctx N] [--max-rows N] [--chunk N]\n"
-    "                   [--kv f16|f32]       compile a GGUF model into a generation program\n"
+    "                   [--kv f16|f32] [--grammar-words N (structured output: automaton words per\n"
+    "                   instance, default 65536; 0: none)]\n"
+    "                                        compile a GGUF model into a generation program\n"
     "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32] [--forks N (fork stages in flight at once, default 16)]\n"
     "                                        compile a cascade of models\n";
@@ -76,6 +78,7 @@ int lower(int argc, char** argv) {
         else if (a == "--ctx") ok = parseU32(v, &opt.ctx);
         else if (a == "--max-rows") ok = parseU32(v, &opt.max_rows);
         else if (a == "--chunk") ok = parseU32(v, &opt.chunk);
+        else if (a == "--grammar-words") ok = parseU32(v, &opt.grammar_words);
         else if (a == "--kv" && (v == "f16" || v == "f32")) opt.kv_type = v == "f16" ? blue::DType::F16 : blue::DType::F32;
         else return fail("lower: unknown or incomplete option '" + a + "'\n" + kUsage);
         if (!ok) return fail("lower: " + a + " needs a number, got '" + v + "'");

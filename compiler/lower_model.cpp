@@ -2,10 +2,12 @@
 #include "compiler/lower_model.h"
 
 #include <bit>
+#include <cstring>
 #include <cmath>
 #include <map>
 
 #include "compiler/code_builder.h"
+#include "compiler/tokenizer.h"
 #include "vm/abi.h"
 #include "vm/llm_abi.h"
 #include "vm/verify.h"
@@ -26,6 +28,7 @@ struct Lowering {
     std::string prefix;         // before every tensor and block name (several models in one module)
     uint32_t extern_index = 0;  // the model's file among the module's externs
     std::map<std::string, uint32_t> ids;
+    uint32_t grammar = kNone, token_bytes = kNone;  // SAMPLEG's operands (structured output)
 
     // A WEIGHT tensor read from the GGUF file, by its GGUF name.
     uint32_t weight(const std::string& name) {
@@ -161,6 +164,8 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     if (cap) cb.tensor(Op::SOFTCAP, {logits, logits, cap});
     if (head == ForwardHead::SampleQ) {
         cb.tensor(Op::SAMPLEQ, {logits, BLUE_FA_SAMPLING, table});
+    } else if (grammar != kNone) {
+        cb.tensor(Op::SAMPLEG, {logits, BLUE_FA_SAMPLING, grammar, token_bytes});
     } else {
         cb.tensor(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
     }
@@ -369,13 +374,26 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.li(kTmp, BLUE_REQ_START);
     cb.op(Op::INLD, {kStart, kSlot, kTmp});
     cb.jump(Op::BGEU, {kStart, kCtx}, reject);
+    // The grammar section (its length, then the automaton) goes into the instance's grammar
+    // tensor, which starts empty (no grammar); kTmp2 = where the prompt starts. A program
+    // lowered without grammars skips the (empty) section.
+    cb.li(kTmp2, BLUE_REQ_HEADER);
+    if (grammar != kNone) {
+        cb.li(kWord, 0);
+        cb.li(kTmp, BLUE_GR_STATES);
+        cb.op(Op::TST, {kWord, kTmp}, grammar);
+        cb.op(Op::INTCPY, {kTmp2, kSlot}, grammar);
+    } else {
+        cb.op(Op::INLD, {kWord, kSlot, kTmp2});
+        cb.jump(Op::BNEZ, {kWord}, reject);
+        cb.op(Op::ADDI, {kTmp2, kTmp2}, 1);
+    }
     cb.op(Op::INLEN, {kTmp, kSlot});
-    cb.op(Op::ADDI, {kTmp, kTmp}, uint32_t(-int32_t(BLUE_REQ_HEADER)));
+    cb.op(Op::SUB, {kTmp, kTmp, kTmp2});
     cb.jump(Op::BGEU, {kTmp, kCtx}, reject);
     cb.op(Op::ADD, {kTmp, kTmp, kStart});
     cb.jump(Op::BGEU, {kTmp, kCtx}, reject);
     cb.li(kHist, BLUE_LM_HISTORY);
-    cb.li(kTmp2, BLUE_REQ_HEADER);
     // Prefix reuse: the KV rows of the positions the instance processed last stay valid for the
     // leading prompt tokens that equal its history there, so prefill starts after them (at most
     // at the last prompt token, whose logits give the first sample). Not for a restored
@@ -536,6 +554,26 @@ uint32_t addForwardBlock(Module& m, CodeBuilder& cb, const GgufFile& gguf, const
     return lw.forwardBlock(cb, ctx, head, table);
 }
 
+std::vector<uint32_t> tokenBytesTable(const Tokenizer& tok, uint32_t vocab) {
+    std::vector<uint32_t> info(vocab, BLUE_TB_NONE << 8);
+    std::string bytes;
+    for (uint32_t t = 0; t < vocab && int32_t(t) < tok.vocabSize(); ++t) {
+        if (tok.isEog(int32_t(t))) {
+            info[t] = BLUE_TB_END << 8;
+            continue;
+        }
+        if (tok.isControl(int32_t(t))) continue;
+        std::string_view p = tok.piece(int32_t(t));
+        if (p.empty() || p.size() > 255 || bytes.size() + p.size() >= (1u << 22)) continue;
+        info[t] = uint32_t(bytes.size()) << 10 | BLUE_TB_TEXT << 8 | uint32_t(p.size());
+        bytes += p;
+    }
+    std::vector<uint32_t> out(info);
+    out.resize(vocab + (bytes.size() + 3) / 4, 0);
+    std::memcpy(out.data() + vocab, bytes.data(), bytes.size());
+    return out;
+}
+
 std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelConfig& cfg) {
     std::vector<uint32_t> eog;
     for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
@@ -560,9 +598,29 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     m.layout.regs = 32;
     m.layout.local_words = kvValidAddr(ctx) + 1;
     m.layout.in_slots = opt.in_slots;
-    m.layout.in_slot_words = BLUE_REQ_HEADER + ctx + 1;
+    m.layout.in_slot_words = BLUE_REQ_HEADER + 1 + opt.grammar_words + ctx + 1;
     m.layout.max_rows = max_rows;
     m.layout.max_steps = 4096;
+    if (opt.grammar_words) {
+        if (opt.grammar_words < BLUE_GR_HEADER_WORDS + 2) {
+            return BLUE_ERROR("grammar words %u: at least %u, or 0 for none", opt.grammar_words, BLUE_GR_HEADER_WORDS + 2);
+        }
+        Result<Tokenizer> tok = Tokenizer::fromGguf(gguf);
+        if (!tok) return Status::error(gguf.name() + ": " + tok.status().message());
+        std::vector<uint32_t> table = tokenBytesTable(tok.value(), cfg.n_vocab);
+        TensorDecl t;
+        t.name = "token_bytes";
+        t.dtype = DType::I32;
+        t.cls = BLUE_TC_WEIGHT;
+        t.ne[0] = table.size();
+        t.source = DataSource::DATA;
+        t.offset = m.data.size();
+        t.bytes = table.size() * 4;
+        m.data.resize(m.data.size() + t.bytes);
+        std::memcpy(m.data.data() + t.offset, table.data(), t.bytes);
+        lw.token_bytes = lw.add(t);
+        lw.grammar = lw.activation("grammar", BLUE_TC_INSTANCE, DType::I32, {opt.grammar_words});
+    }
     CodeBuilder cb(&m);
     uint32_t block = lw.forwardBlock(cb, ctx);
     lw.generationProgram(cb, block, ctx, chunk);
@@ -570,7 +628,8 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     m.meta = {{kMetaKind, "llm-generate"},
               {kMetaArch, std::string(modelArchName(cfg.arch))},
               {kMetaCtx, std::to_string(ctx)},
-              {kMetaRequest, std::to_string(BLUE_REQ_LAYOUT)}};
+              {kMetaRequest, std::to_string(BLUE_REQ_LAYOUT)},
+              {kMetaGrammarWords, std::to_string(opt.grammar_words)}};
     Status s = verifyModule(m);
     if (!s) return s.prefix("lowered module fails verification (compiler bug)");
     return m;

@@ -19,11 +19,20 @@
 
 namespace blue {
 
+inline constexpr uint32_t kDefaultGrammarWords = 1u << 16;  // 256 KiB per instance
+// Engines (host/llm/engine.h): kDefaultGrammarWords, or fewer when 16 instances' automata would
+// not fit one page of the device (Mali-class texel limits: 1 MiB pages, 16384 words).
+inline constexpr uint32_t kGrammarWordsAuto = 0xFFFFFFFFu;
+
 struct LowerOptions {
     uint32_t ctx = 0;        // context length per instance (0: min(trained context, 2048))
     uint32_t max_rows = 0;   // rows one forward step takes over all instances (0: 512)
     uint32_t chunk = 0;      // prompt tokens one instance prefills per step (0: 128)
     uint32_t in_slots = 64;  // requests waiting in the input ring
+    // Words of a request's grammar automaton an instance holds (structured output, SAMPLEG;
+    // vm/llm_abi.h BLUE_GR_*): 0 lowers plain SAMPLE and refuses grammars. The input slots grow
+    // by as much.
+    uint32_t grammar_words = kDefaultGrammarWords;
     DType kv_type = DType::F16;
     // The GGUF path as the module records it (relative to the module's folder, or absolute).
     std::string model_path;
@@ -63,6 +72,12 @@ inline constexpr const char* kMetaKind = "blue.kind";          // "llm-generate"
 inline constexpr const char* kMetaCtx = "llm.context";         // decimal
 inline constexpr const char* kMetaArch = "llm.architecture";
 inline constexpr const char* kMetaRequest = "llm.request";     // BLUE_REQ_LAYOUT, decimal
+inline constexpr const char* kMetaGrammarWords = "llm.grammar_words";  // LowerOptions::grammar_words
+
+// The model's token bytes as SAMPLEG reads them (vm/llm_abi.h BLUE_TB_*): one info word per
+// token, then the bytes of the text tokens as decoding writes them.
+class Tokenizer;
+std::vector<uint32_t> tokenBytesTable(const Tokenizer& tokenizer, uint32_t vocab);
 
 // Checks that `m` (read from `path`, untrusted) is a generation program this build runs: its kind,
 // the model file it names, its request layout (BLUE_REQ_LAYOUT) and its context length, which it

@@ -42,7 +42,8 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 7
+#define BLUEVM_API_VERSION 8
+#define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
     BLUEVM_OK = 0,
@@ -82,6 +83,10 @@ typedef struct bluevm_model_options {
                              memory; 0: no limit (API version 6) */
     int host_weights;     /* with vram_budget: 1 the GPU reads them in host memory, 2 it streams
                              them into device memory ahead of use, 0 the device decides */
+    uint32_t grammar_words; /* API 8: structured output, automaton words each instance holds
+                               (bluevm_request.grammar...); default BLUEVM_GRAMMAR_WORDS_AUTO:
+                               65536, or fewer where 16 instances' would not fit one device page
+                               (1 MiB pages: 16384); 0: no grammars */
 } bluevm_model_options;
 
 void bluevm_model_options_init(bluevm_model_options* o);
@@ -171,6 +176,14 @@ typedef struct bluevm_request {
      * tokens whose KV rows it still holds from its last request (a shared system prompt, an earlier
      * turn of the conversation); the output is the same either way. */
     int no_prefix_reuse;
+    /* API 8: structured output, at most one of: `grammar`, GBNF text (llama.cpp's grammar
+     * language) whose rule `root` the text follows; `json_schema`, a JSON schema (as JSON text)
+     * the text is valid against; `json_object` nonzero: the text is one JSON object. Compiled on
+     * the host into an automaton the sampler applies on the GPU each step; a malformed grammar
+     * or schema fails bluevm_submit with BLUEVM_ERR_INVALID_ARGUMENT naming what is wrong. */
+    const char* grammar;
+    const char* json_schema;
+    int json_object;
 } bluevm_request;
 
 void bluevm_request_init(bluevm_request* r);

@@ -11,6 +11,7 @@
 #include "host/bluevm.h"
 #include "host/llm/engine.h"
 #include "host/llm/serving.h"
+#include "host/llm/structured_output.h"
 #include "host/vk_check.h"
 
 struct bluevm_model {
@@ -35,6 +36,33 @@ inline void setRequestParams(const bluevm_request& in, GenerationRequest* r) {
     r->logprobs = in.logprobs != 0;
     r->top_logprobs = in.top_logprobs;
     r->prefix_reuse = in.no_prefix_reuse == 0;
+}
+
+// The request's structured-output constraint (API 8), compiled into r->grammar; the message
+// names the field and what is wrong.
+inline Status setRequestConstraint(const bluevm_request& in, const Engine& e, GenerationRequest* r) {
+    OutputConstraint c;
+    int given = (in.grammar ? 1 : 0) + (in.json_schema ? 1 : 0) + (in.json_object ? 1 : 0);
+    if (given > 1) return Status::error("at most one of grammar, json_schema and json_object");
+    const char* field = "grammar";
+    if (in.grammar) {
+        c = {ConstraintKind::Grammar, in.grammar};
+    } else if (in.json_schema) {
+        c = {ConstraintKind::JsonSchema, in.json_schema};
+        field = "json_schema";
+    } else if (in.json_object) {
+        c.kind = ConstraintKind::JsonObject;
+        field = "json_object";
+    }
+    if (c.kind == ConstraintKind::None) return Status::ok();
+    if (e.grammarWords() == 0) {
+        return Status::error(std::string(field) + ": this program was lowered without grammar support "
+                             "(lower the model again without --grammar-words 0)");
+    }
+    Result<PackedGrammar> g = compileConstraint(c, e.grammarWords());
+    if (!g) return Status::error(std::string(field) + ": " + g.status().message());
+    r->grammar = g.value();
+    return Status::ok();
 }
 
 inline thread_local std::string t_last_error;

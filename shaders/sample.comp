@@ -6,6 +6,9 @@
 // T <= 0; else top-k, top-p and min-p thresholds, temperature, and one Philox draw walking the
 // kept tokens in id order (common/sampling.glsl). Writes token, entropy and log-probability into
 // the parameter block and advances its counter; with TOP_N, the most likely tokens too.
+// SAMPLEG (GRAMMAR): first, tokens the instance's grammar automaton cannot take get -1e30 (the
+// rules of vm/grammar_walk.cpp, every read bounds-checked); after the draw, the token's bytes
+// advance the automaton's state.
 // SAMPLEQ (WRITE_PROBS): also writes the distribution it drew from (greedy: one-hot) into row
 // local[sp + BLUE_SP_ROW] of a table, for speculative decoding's draft model.
 #include "common/tensor.glsl"
@@ -16,6 +19,112 @@
 #include "common/sampling.glsl"
 
 layout(local_size_x = SAMPLE_WG) in;
+
+#ifdef GRAMMAR
+// ---- the grammar (vm/llm_abi.h BLUE_GR_*, BLUE_TB_*) ----------------------------------------
+// Both tables are read through the operands' texel views (lavapipe vectorizes image loads; its
+// storage-buffer loads go one lane at a time). Most tokens are decided by their first byte, so
+// the byte classes and the current state's row of next states are staged in shared memory:
+// a token that dies at its first byte costs two texel loads and two shared reads.
+#define GR_OP 2
+#define TB_OP 3
+uint gr_texel, gr_words;  // the instance's automaton: first texel, words
+uint tb_texel, tb_words;  // the model's token bytes
+uint gr_states, gr_classes, gr_table;
+shared uint s_allowed;
+shared uint s_class[64];   // the byte classes, 4 per word
+shared uint s_row[256];    // the current state's next state per class
+
+uint grWord(uint i) { return i < gr_words ? TEXEL(GR_OP, gr_texel + i / 4u)[i % 4u] : 0u; }
+uint tbWord(uint i) { return i < tb_words ? TEXEL(TB_OP, tb_texel + i / 4u)[i % 4u] : 0u; }
+uint tbByte(uint at) { return (tbWord(g_n + at / 4u) >> (8u * (at % 4u))) & 0xFFu; }
+uint grClass(uint b) { return (s_class[b / 4u] >> (8u * (b % 4u))) & 0xFFu; }
+
+bool grammarActive() {
+    if (gr_words < BLUE_GR_HEADER_WORDS || tb_words < g_n) return false;
+    gr_states = grWord(BLUE_GR_STATES);
+    gr_classes = grWord(BLUE_GR_CLASSES);
+    if (gr_states == 0u || gr_states >= BLUE_GR_DEAD || gr_classes == 0u || gr_classes > 256u) return false;
+    if (grWord(BLUE_GR_STATE) >= gr_states) return false;
+    gr_table = BLUE_GR_ACCEPT + (gr_states + 31u) / 32u;
+    return gr_table + (gr_states * gr_classes + 1u) / 2u <= gr_words;
+}
+
+bool grAccepting(uint state) { return ((grWord(BLUE_GR_ACCEPT + state / 32u) >> (state % 32u)) & 1u) != 0u; }
+uint tbKind(uint t) { return (tbWord(t) >> 8) & 3u; }
+
+uint grStep(uint state, uint c) {
+    if (c >= gr_classes) return BLUE_GR_DEAD;
+    uint e = state * gr_classes + c;
+    uint next = (grWord(gr_table + e / 2u) >> (16u * (e % 2u))) & 0xFFFFu;
+    return next != BLUE_GR_DEAD && next >= gr_states ? BLUE_GR_DEAD : next;
+}
+
+// The state after token t's bytes from `state`, BLUE_GR_DEAD when one is not allowed; byte-less
+// kinds keep it.
+uint grNext(uint state, uint t) {
+    uint info = tbWord(t), len = info & 0xFFu, off = info >> 10;
+    if (((info >> 8) & 3u) != BLUE_TB_TEXT) return state;
+    for (uint j = 0u; j < len && state != BLUE_GR_DEAD; ++j) state = grStep(state, grClass(tbByte(off + j)));
+    return state;
+}
+
+// Whether a token with info word `info` may be drawn in the staged state.
+bool grAllowsInfo(uint state, uint info) {
+    uint kind = (info >> 8) & 3u, len = info & 0xFFu, off = info >> 10;
+    if (kind != BLUE_TB_TEXT) return kind == BLUE_TB_END && grAccepting(state);
+    if (len == 0u) return false;
+    uint c = grClass(tbByte(off));
+    uint s = c < gr_classes ? s_row[c] : BLUE_GR_DEAD;
+    for (uint j = 1u; j < len && s != BLUE_GR_DEAD; ++j) s = grStep(s, grClass(tbByte(off + j)));
+    return s != BLUE_GR_DEAD;
+}
+
+void maskGrammar() {
+    uint lid = gl_LocalInvocationID.x, state = grWord(BLUE_GR_STATE);
+    if (lid == 0u) s_allowed = 0u;
+    if (lid < 64u) s_class[lid] = grWord(BLUE_GR_CLASS_MAP + lid);
+    for (uint c = lid; c < gr_classes; c += SAMPLE_WG) s_row[c] = grStep(state, c);
+    barrier();
+    // Four tokens per invocation: one texel of info words, one vec4 of logits when aligned.
+    uint allowed = 0u;
+    bool vec = (g_logits % 4u) == 0u;
+    for (uint q = lid; 4u * q < g_n; q += SAMPLE_WG) {
+        uvec4 info = 4u * q + 3u < tb_words ? TEXEL(TB_OP, tb_texel + q) : uvec4(tbWord(4u * q), tbWord(4u * q + 1u),
+                                                                               tbWord(4u * q + 2u), tbWord(4u * q + 3u));
+        bvec4 ok = bvec4(grAllowsInfo(state, info.x), grAllowsInfo(state, info.y),
+                         grAllowsInfo(state, info.z), grAllowsInfo(state, info.w));
+        uint n = min(4u, g_n - 4u * q);
+        for (uint k = 0u; k < 4u; ++k) {
+            if (k < n && ok[k]) ++allowed;
+        }
+        if (vec && n == 4u) {
+            if (!all(ok)) {
+                vec4 v = page_v4[g_page].d[g_logits / 4u + q];
+                page_v4[g_page].d[g_logits / 4u + q] = mix(vec4(BLUE_GR_MASKED), v, ok);
+            }
+        } else {
+            for (uint k = 0u; k < n; ++k) {
+                if (!ok[k]) page_f[g_page].d[g_logits + 4u * q + k] = BLUE_GR_MASKED;
+            }
+        }
+    }
+    if (allowed > 0u) atomicAdd(s_allowed, allowed);
+    barrier();
+    memoryBarrierBuffer();
+    barrier();
+    if (s_allowed != 0u) return;
+    // Nothing can continue the text: end it (end-of-generation tokens, else token 0).
+    bool any_end = false;
+    for (uint i = 0u; i < g_n; ++i) any_end = any_end || tbKind(i) == BLUE_TB_END;
+    for (uint i = lid; i < g_n; i += SAMPLE_WG) {
+        if (any_end ? tbKind(i) == BLUE_TB_END : i == 0u) page_f[g_page].d[g_logits + i] = 0.0;
+    }
+    barrier();
+    memoryBarrierBuffer();
+    barrier();
+}
+#endif
 
 void applyPenalties(uint inst, uint sp) {
     float rep = uintBitsToFloat(localWord(inst, sp + BLUE_SP_REPEAT_PENALTY));
@@ -89,6 +198,15 @@ void main() {
     g_page = lt.page;
     g_logits = sliceOffset(lt, item) / 4u;
     g_n = lt.n;
+#ifdef GRAMMAR
+    TRef gt = tref(BLUE_PC_OPERANDS + 5u), bt = tref(BLUE_PC_OPERANDS + 9u);
+    gr_texel = sliceOffset(gt, item) / 16u;
+    gr_words = gt.n;
+    tb_texel = sliceOffset(bt, item) / 16u;
+    tb_words = bt.n;
+    bool grammar = grammarActive();
+    if (grammar) maskGrammar();
+#endif
     applyPenalties(inst, sp);
 
     RowStats s = rowStats();
@@ -123,5 +241,11 @@ void main() {
         ctl[base + BLUE_SP_OUT_ENTROPY] = floatBitsToUint(s.entropy);
         ctl[base + BLUE_SP_OUT_LOGPROB] = floatBitsToUint(logit(tok) - s.m - log(s.z));
         ctl[base + BLUE_SP_COUNTER] += 1u;
+#ifdef GRAMMAR
+        if (grammar) {
+            uint next = grNext(grWord(BLUE_GR_STATE), tok);
+            if (next != BLUE_GR_DEAD) page_u[gt.page].d[sliceOffset(gt, item) / 4u + BLUE_GR_STATE] = next;
+        }
+#endif
     }
 }

@@ -255,6 +255,26 @@ uint execTensorWord(uint op, uint a, uint b, uint t) {
     return CONTINUE;
 }
 
+// INTCPY: a length-prefixed section of input slot R(b) at word R(a) into tensor t's slice.
+uint execTensorCopy(uint a, uint b, uint t) {
+    uint s = R(b);
+    if (!slotValid(s)) return fault(BLUE_FAULT_INPUT_OOB);
+    uint msg = ctl[BLUE_H_IO_SLOTS] + s * ctl[BLUE_H_IN_SLOT_WORDS];
+    uint len = io[msg], at = R(a);
+    if (at >= len) return fault(BLUE_FAULT_INPUT_OOB);
+    uint n = io[msg + 1u + at];
+    if (n > len - at - 1u) return fault(BLUE_FAULT_INPUT_OOB);
+    uint ref = ctl[BLUE_O_TENSORS] + t * BLUE_TREF_WORDS;
+    if (n > ctl[ref + 3u]) return fault(BLUE_FAULT_TENSOR_OOB);
+    uint page = ctl[ref] & 0xFFFFu;
+    uint cls = ctl[ref] >> 16;
+    uint w = (ctl[ref + 1u] + (cls == BLUE_TC_INSTANCE ? g_id * ctl[ref + 2u] : 0u)) / 4u;
+    for (uint i = 0u; i < n; ++i) pageStore(page, w + i, io[msg + 2u + at + i]);
+    R(a) = at + 1u + n;
+    g_pc += 1u;
+    return CONTINUE;
+}
+
 uint execMemory(uint op, uint a, uint b, uint imm) {
     uint addr = R(b) + imm;
     if (op == OP_LD || op == OP_ST) {
@@ -432,6 +452,7 @@ uint slowStep(uint op, uint a, uint b, uint c, uint imm) {
             break;
         case OP_ALLOC: result = execAlloc(a, b); break;
         case OP_TLD: case OP_TST: result = execTensorWord(op, a, b, imm); break;
+        case OP_INTCPY: result = execTensorCopy(a, b, imm); break;
         case OP_SEND: case OP_RECV: result = execMailbox(op, a, b); break;
         case OP_INRECV: case OP_INPOLL: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INCMP: case OP_INFREE: case OP_INFLAG:
             result = execInput(op, a, b, c);

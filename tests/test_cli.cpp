@@ -458,5 +458,44 @@ TEST_CASE("cli: generate --kv-load refuses a snapshot of another model, a damage
     CHECK(many.wait() == 1);
     CHECK(many.err_text == "bluevm: --kv-save and --kv-load take one --prompt, not --prompts\n");
 }
+
+TEST_CASE("cli: generate --json-schema, --grammar and --json constrain the text; a bad file is one line naming it") {
+    TempDir dir;
+    const std::string schema = dir.path + "/pet.json", grammar = dir.path + "/g.gbnf";
+    std::ofstream(schema) << R"({"type": "object", "properties": {"pet": {"enum": ["cat", "dog"]},
+        "legs": {"type": "integer", "minimum": 0, "maximum": 8}}, "required": ["pet", "legs"]})";
+    std::ofstream(grammar) << "# a yes or a no, then a period\nroot ::= (\"yes\" | \"no\") \".\"\n";
+    Child a({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", "Lily", "-n", "40", "--temp", "0.9",
+             "--seed", "3", "--no-echo", "--json-schema", schema});
+    REQUIRE_MESSAGE(a.wait() == 0, a.err_text);
+    json j = json::parse(a.out_text, nullptr, false);
+    REQUIRE_MESSAGE(!j.is_discarded(), a.out_text);
+    CHECK((j["pet"] == "cat" || j["pet"] == "dog"));
+    CHECK(j["legs"].get<int>() >= 0);
+    CHECK(j["legs"].get<int>() <= 8);
+    Child b({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", "Lily", "-n", "10", "--temp", "0",
+             "--no-echo", "--grammar", grammar});
+    REQUIRE_MESSAGE(b.wait() == 0, b.err_text);
+    CHECK((b.out_text == "yes.\n" || b.out_text == "no.\n"));
+    Child c({binary("host/bluevm"), "generate", "--model", stories(), "-n", "30", "--temp", "0", "--no-echo", "--json"});
+    REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+    CHECK(c.out_text.rfind("{", 0) == 0);
+    // Errors: one line naming the option, the file and the place.
+    std::ofstream(grammar) << "root ::= \"a\"\nb ::= (\"c\"\n";
+    Child bad({binary("host/bluevm"), "generate", "--model", stories(), "-n", "4", "--grammar", grammar});
+    CHECK(bad.wait(60) == 1);
+    CHECK(bad.err_text == "bluevm: --grammar " + grammar +
+                              ": grammar line 3, column 1: expected ')' to close the '(' on line 2, found end of text\n");
+    CHECK(std::count(bad.err_text.begin(), bad.err_text.end(), '\n') == 1);
+    std::ofstream(schema) << R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}})";
+    Child bad_schema({binary("host/bluevm"), "generate", "--model", stories(), "-n", "4", "--json-schema", schema});
+    CHECK(bad_schema.wait(60) == 1);
+    CHECK(bad_schema.err_text.find("/properties/a") != std::string::npos);
+    CHECK(bad_schema.err_text.find("pattern") != std::string::npos);
+    Child both({binary("host/bluevm"), "generate", "--model", stories(), "-n", "4", "--json", "--grammar", grammar});
+    CHECK(both.wait(60) == 1);
+    CHECK(both.err_text == "bluevm: --grammar, --json-schema and --json: at most one\n");
+}
+
 }  // namespace
 }  // namespace blue::test

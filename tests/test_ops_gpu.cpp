@@ -349,6 +349,9 @@ void runOpCase(Op op) {
         case Op::SAMPLEQ:
             sampleqCase();
             return;
+        case Op::SAMPLEG:
+            samplegCase();
+            return;
         case Op::SPEC:
             specCase();
             return;

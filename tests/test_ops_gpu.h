@@ -34,6 +34,7 @@ void attnCase(DType cache);     // test_ops_gpu_llm.cpp
 void attnxCase(DType cache);    // test_ops_gpu_llm.cpp
 void sampleCase();              // test_ops_gpu_sample.cpp (runs sampleTopCase too)
 void sampleTopCase();           // test_ops_gpu_sample.cpp
+void samplegCase();             // test_ops_gpu_sampleg.cpp
 void sampleqCase();             // test_ops_gpu_spec.cpp
 void specCase();                // test_ops_gpu_spec.cpp
 void scoreCase();               // test_ops_gpu_spec.cpp

@@ -834,5 +834,82 @@ TEST_CASE("server: connections over the per-address limit get 503, and the count
     CHECK(metricLine(res->body, "bluevm_http_connections_dropped_total{reason=\"limit\"}") >= 1);
 }
 
+TEST_CASE("server: response_format and grammar constrain the text on the GPU; a bad schema or grammar is a 400 naming the field") {
+    TestServer s(2, 256, 0);
+    const json person = json::parse(R"({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 1, "maximum": 99},
+        "happy": {"type": "boolean"}}, "required": ["name", "age", "happy"]})");
+    for (uint32_t seed = 1; seed <= 3; ++seed) {
+        CAPTURE(seed);
+        json body = {{"messages", {{{"role", "user"}, {"content", "Tell me about Lily."}}}},
+                     {"max_tokens", 120}, {"temperature", 0.9}, {"seed", seed},
+                     {"response_format", {{"type", "json_schema"},
+                                          {"json_schema", {{"name", "person"}, {"schema", person}, {"strict", true}}}}}};
+        auto res = post(s, "/v1/chat/completions", body);
+        REQUIRE(res);
+        REQUIRE(res->status == 200);
+        json j = json::parse(res->body);
+        const std::string content = j["choices"][0]["message"]["content"];
+        CAPTURE(content);
+        REQUIRE(j["choices"][0]["finish_reason"] == "stop");
+        json value = json::parse(content, nullptr, false);
+        REQUIRE(!value.is_discarded());
+        CHECK(value["name"].is_string());
+        CHECK(value["name"].get<std::string>().size() <= 10 * 4);
+        CHECK(value["age"].get<int>() >= 1);
+        CHECK(value["age"].get<int>() <= 99);
+        CHECK(value["happy"].is_boolean());
+        CHECK(value.size() == 3);
+    }
+    // A GBNF grammar (llama.cpp's `grammar` field), streamed: the text is a sentence of it.
+    json body = {{"prompt", "Once"}, {"max_tokens", 60}, {"temperature", 0.8}, {"seed", 4}, {"stream", true},
+                 {"grammar", R"(root ::= " upon a time, " ("a" | "the") " " [a-z]+ ("." | "!"))"}};
+    auto res = post(s, "/v1/completions", body);
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    Streamed st = parseStream(res->body, false);
+    CAPTURE(st.text);
+    REQUIRE(st.finish == "stop");
+    CHECK((st.text.rfind(" upon a time, a ", 0) == 0 || st.text.rfind(" upon a time, the ", 0) == 0));
+    CHECK((st.text.back() == '.' || st.text.back() == '!'));
+    // json_object: one JSON object.
+    res = post(s, "/v1/completions", {{"prompt", "{"}, {"max_tokens", 60}, {"temperature", 0}, {"response_format", {{"type", "json_object"}}}});
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    const std::string text = json::parse(res->body)["choices"][0]["text"];
+    CHECK(text.front() == '{');
+    // Malformed: each a 400 naming the field; the server still serves.
+    struct Bad {
+        json extra;
+        const char* message;
+        const char* param;
+    };
+    const Bad bad[] = {
+        {{{"response_format", {{"type", "xml"}}}}, "'response_format.type' must be", "response_format"},
+        {{{"response_format", {{"type", "json_schema"}}}}, "'response_format.json_schema' must be an object", "response_format"},
+        {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"pattern", "^a"}}}}}}}}, "pattern", "response_format"},
+        {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", 5}}}}}}}}, "schema at", "response_format"},
+        {{{"grammar", "root ::= (\"a\""}}, "grammar line 1", "grammar"},
+        {{{"grammar", "root ::= value"}}, "value", "grammar"},
+        {{{"grammar", 7}}, "'grammar' must be a string", "grammar"},
+        {{{"grammar", "root ::= \"a\""}, {"response_format", {{"type", "json_object"}}}}, "at most one", "grammar"},
+    };
+    for (const Bad& b : bad) {
+        json req = {{"prompt", "x"}, {"max_tokens", 4}};
+        req.update(b.extra);
+        CAPTURE(req.dump());
+        auto r = post(s, "/v1/completions", req);
+        REQUIRE(r);
+        CHECK(r->status == 400);
+        json e = json::parse(r->body);
+        CHECK(e["error"]["message"].get<std::string>().find(b.message) != std::string::npos);
+        CHECK(e["error"]["param"] == b.param);
+    }
+    auto ok = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 4}});
+    REQUIRE(ok);
+    CHECK(ok->status == 200);
+}
+
 }  // namespace
 }  // namespace blue::test

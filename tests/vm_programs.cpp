@@ -45,6 +45,7 @@ constexpr const char* kTensorPool =
 .tensor h44 weight f16 [4, 4] data hex 003c0040004200440045004600470048003c0040004200440045004600470048
 .tensor e444 weight f32 [4, 4, 4] data f32 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1 1 -2 0 2 -1
 .tensor map41 global i32 [41]
+.tensor gr80 instance i32 [80]
 .tensor r4 rows f32 [4]
 .tensor q324 weight q8_0 [32, 4] data hex 003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101
 )";
@@ -313,7 +314,7 @@ Result<std::string> everyOpSource() {
 }
 
 std::vector<std::vector<uint32_t>> everyOpInput() {
-    return {{5, 6, 7}};
+    return {{1, 6, 7}};  // INTCPY at word 0: a one-word section
 }
 
 std::vector<uint8_t> opcodesUsed(const Module& m) {

@@ -246,7 +246,6 @@ RefMachine::Next RefMachine::execRun(uint32_t id, Inst& in, uint32_t block, uint
 
 RefMachine::Next RefMachine::execInput(uint32_t id, Inst& in, uint8_t op, uint32_t a, uint32_t b,
                                        uint32_t c) {
-    (void)id;
     uint32_t* r = in.regs.data();
     const Layout& l = m_.layout;
     auto slotOk = [&](uint32_t s) { return s < slots_.size() && slot_busy_[s]; };
@@ -278,6 +277,19 @@ RefMachine::Next RefMachine::execInput(uint32_t id, Inst& in, uint8_t op, uint32
             if (r[a] > l.local_words || n > l.local_words - r[a]) return fault(in, BLUE_FAULT_LOCAL_OOB);
             for (uint64_t i = 0; i < n; ++i) in.local[r[a] + i] = msg[r[c] + i];
             r[a] = uint32_t(n);
+            break;
+        }
+        case Op::INTCPY: {  // c: the tensor
+            if (!slotOk(r[b]) || r[a] >= slots_[r[b]].size()) return fault(in, BLUE_FAULT_INPUT_OOB);
+            const std::vector<uint32_t>& msg = slots_[r[b]];
+            uint64_t n = msg[r[a]];
+            if (n > msg.size() - r[a] - 1) return fault(in, BLUE_FAULT_INPUT_OOB);
+            const TensorDecl& t = m_.tensors[c];
+            if (n > t.elements()) return fault(in, BLUE_FAULT_TENSOR_OOB);
+            uint32_t* words = reinterpret_cast<uint32_t*>(tensors_.data[c].data()) +
+                              (t.cls == BLUE_TC_INSTANCE ? uint64_t(id) * t.elements() : 0);
+            std::copy(msg.begin() + r[a] + 1, msg.begin() + r[a] + 1 + n, words);
+            r[a] += uint32_t(1 + n);
             break;
         }
         case Op::INCMP: {
@@ -436,6 +448,7 @@ RefMachine::Next RefMachine::step(uint32_t id, Inst& in, BlockRun* runs, RunRepo
         case Op::INCMP:
         case Op::INFREE:
         case Op::INFLAG: return execInput(id, in, ins.op, a, b, c);
+        case Op::INTCPY: return execInput(id, in, ins.op, a, b, imm);
         default: return fault(in, BLUE_FAULT_BAD_OPCODE);
     }
     ++in.pc;

@@ -28,13 +28,37 @@
 #define BLUE_REQ_LOGPROBS 23    // 0: none; 1 + N: after each token, its log-probability and the N
                                 // most likely tokens' (N <= BLUE_MAX_TOP_LOGPROBS), output records
                                 // ahead of its OUTT: OUTF lp, then N x (OUT id, OUTF lp)
-#define BLUE_REQ_HEADER 24      // prompt tokens follow
-#define BLUE_REQ_LAYOUT 3       // this layout's version (module metadata llm.request)
+#define BLUE_REQ_HEADER 24      // then the grammar section: G, then G words (G = 0: none; else a
+                                // packed automaton, BLUE_GR_* below); then the prompt tokens
+#define BLUE_REQ_LAYOUT 4       // this layout's version (module metadata llm.request)
 #define BLUE_MAX_TOP_LOGPROBS 20
 
 #define BLUE_REQ_FLAG_IGNORE_EOG 1u  // do not stop at the model's end-of-generation tokens (benchmarks)
 #define BLUE_REQ_FLAG_NO_PREFIX 2u   // recompute the whole prompt: do not reuse the KV rows of the
                                      // tokens it shares with what the instance processed last
+
+// ---- structured output: a request's grammar automaton (SAMPLEG), u32 words -------------------
+// A deterministic automaton over UTF-8 bytes (compiler/grammar/dfa.h builds it): a token is
+// allowed when its bytes lead from the current state to a live state; end-of-generation tokens
+// only in an accepting state. The instance's copy lives in an INSTANCE tensor (the program copies
+// the request's section there with INTCPY); SAMPLEG advances BLUE_GR_STATE by the drawn token.
+#define BLUE_GR_STATES 0        // states (0: no grammar)
+#define BLUE_GR_CLASSES 1       // byte classes
+#define BLUE_GR_STATE 2         // the current state
+#define BLUE_GR_CLASS_MAP 4     // [64]: the 256 bytes' classes, 4 per word (byte b: bits 8 * (b % 4))
+#define BLUE_GR_ACCEPT (BLUE_GR_CLASS_MAP + 64)  // [ceil(states / 32)] accepting bits, then
+                                // [ceil(states * classes / 2)] next states, 2 per word (entry
+                                // s * classes + c: bits 16 * (e % 2)); 0xFFFF: the byte is not allowed
+#define BLUE_GR_DEAD 0xFFFFu
+#define BLUE_GR_MASKED (-1e30)    // the logit of a token the grammar does not allow (finite: sums stay numbers)
+#define BLUE_GR_HEADER_WORDS BLUE_GR_ACCEPT
+
+// The model's token bytes (a constant I32 tensor the compiler writes from the vocabulary):
+// word t < vocab = offset << 10 | kind << 8 | length; the bytes follow, 4 per word, little end
+// first, at byte offset (vocab * 4 + offset) of the tensor.
+#define BLUE_TB_TEXT 0u         // text: its bytes (as decoding writes them, spaces restored)
+#define BLUE_TB_END 1u          // end of generation (no bytes)
+#define BLUE_TB_NONE 2u         // control, unused or longer than 255 bytes: never under a grammar
 
 // ---- sampling parameters and results: a block in the instance's local memory ---------------
 #define BLUE_SP_TEMP 0

@@ -30,6 +30,9 @@ std::vector<uint32_t> encodeRequest(const GenerationRequest& r) {
     w[BLUE_REQ_FLAGS] = (r.ignore_eog ? BLUE_REQ_FLAG_IGNORE_EOG : 0u) | (r.prefix_reuse ? 0u : BLUE_REQ_FLAG_NO_PREFIX);
     w[BLUE_REQ_START] = r.start;
     w[BLUE_REQ_LOGPROBS] = r.logprobs || r.top_logprobs ? 1 + std::min<uint32_t>(r.top_logprobs, BLUE_MAX_TOP_LOGPROBS) : 0;
+    const size_t g = r.grammar ? r.grammar->size() : 0;
+    w.push_back(uint32_t(g));
+    if (g) w.insert(w.end(), r.grammar->begin(), r.grammar->end());
     w.insert(w.end(), r.prompt.begin(), r.prompt.end());
     return w;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace blue {
@@ -29,6 +30,9 @@ struct GenerationRequest {
                                         // before it (a restored KV snapshot)
     bool logprobs = false;              // each token's log-probability (output records)
     uint32_t top_logprobs = 0;          // and the most likely alternatives' (<= BLUE_MAX_TOP_LOGPROBS)
+    // Structured output: a packed grammar automaton (vm/llm_abi.h BLUE_GR_*, made by
+    // compiler/grammar/dfa.h packDfa); null or empty: none.
+    std::shared_ptr<const std::vector<uint32_t>> grammar;
     bool prefix_reuse = true;           // the instance may skip the leading prompt tokens whose KV
                                         // rows it still holds (same output either way)
 };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "vm/half.h"
+#include "vm/grammar_walk.h"
 #include "vm/llm_abi.h"
 #include "vm/philox.h"
 #include "vm/quant.h"
@@ -129,6 +130,20 @@ Status checkGated(const Checker& c) {
 Status checkSample(const Checker& c) {
     if (c.t(0).cls != BLUE_TC_INSTANCE) return c.fail(0, "logits must be an INSTANCE tensor");
     BLUE_TRY(c.dtype(0, DType::F32));
+    if (c.ti.op == Op::SAMPLEG) {
+        if (c.t(2).cls != BLUE_TC_INSTANCE) return c.fail(2, "the grammar must be an INSTANCE tensor");
+        BLUE_TRY(c.dtype(2, DType::I32));
+        if (c.t(2).elements() < BLUE_GR_HEADER_WORDS) {
+            return c.fail(2, strFormat("the grammar needs at least %u words", BLUE_GR_HEADER_WORDS));
+        }
+        if (c.t(3).cls == BLUE_TC_ROWS || c.t(3).cls == BLUE_TC_INSTANCE) {
+            return c.fail(3, "the token bytes must be a WEIGHT or GLOBAL tensor");
+        }
+        BLUE_TRY(c.dtype(3, DType::I32));
+        if (c.t(3).elements() < c.t(0).elements()) {
+            return c.fail(3, "the token bytes need a word per token of the logits");
+        }
+    }
     return argSlot(c.ti.args[1]);
 }
 
@@ -410,8 +425,35 @@ void writeTopLogprobs(const std::vector<float>& l, uint32_t count, uint32_t* out
     }
 }
 
-// SAMPLE, and SAMPLEQ (which also writes the distribution it drew from into a table row).
-void refSample(const Items& it, const TensorInstr& ti, bool with_table) {
+// SAMPLEG's grammar of one item: the instance's automaton and the model's token bytes.
+GrammarWalk grammarOf(const Items& it, const TensorInstr& ti, uint32_t item, uint64_t vocab) {
+    const TensorDecl& g = it.decl(ti.args[2]);
+    const TensorDecl& tb = it.decl(ti.args[3]);
+    GrammarWalk w;
+    w.g = {reinterpret_cast<const uint32_t*>(it.slice(ti.args[2], item)), g.elements()};
+    w.tb = {reinterpret_cast<const uint32_t*>(it.slice(ti.args[3], item)), tb.elements()};
+    w.vocab = uint32_t(vocab);
+    return w;
+}
+
+// Tokens the grammar does not allow get kGrammarMasked. When it allows none (the vocabulary
+// cannot continue the text), the end-of-generation tokens are made likely, or else token 0.
+void maskGrammar(const GrammarWalk& w, std::vector<float>& l) {
+    const uint32_t state = w.state();
+    bool any = false;
+    for (uint32_t t = 0; t < l.size(); ++t) {
+        if (w.allows(state, t)) any = true; else l[t] = kGrammarMasked;
+    }
+    if (any) return;
+    for (uint32_t t = 0; t < l.size(); ++t) {
+        if (w.kind(t) == BLUE_TB_END) l[t] = 0, any = true;
+    }
+    if (!any && !l.empty()) l[0] = 0;
+}
+
+// SAMPLE, and SAMPLEQ (which also writes the distribution it drew from into a table row), and
+// SAMPLEG (constrained by the instance's grammar).
+void refSample(const Items& it, const TensorInstr& ti, bool with_table, bool with_grammar = false) {
     uint64_t n = it.decl(ti.args[0]).elements();
     for (uint32_t item = 0; item < it.count(); ++item) {
         uint32_t base = it.arg(item, ti.args[1]);
@@ -420,6 +462,11 @@ void refSample(const Items& it, const TensorInstr& ti, bool with_table) {
         SampleParams p = sampleParams(sp);
         float* logits = it.f32(ti.args[0], item);
         std::vector<float> l(logits, logits + n);
+        GrammarWalk grammar;
+        if (with_grammar) {
+            grammar = grammarOf(it, ti, item, n);
+            if (grammar.active()) maskGrammar(grammar, l); else grammar.g = {};
+        }
         uint32_t hist_addr = sp[BLUE_SP_HIST_ADDR], hist_len = sp[BLUE_SP_HIST_LEN];
         const uint32_t* hist = it.local(item, uint64_t(hist_addr) + hist_len - 1) && hist_len ? it.local(item, hist_addr) : nullptr;
         if (hist) applyPenalties(l, p, hist, hist_len);
@@ -427,6 +474,10 @@ void refSample(const Items& it, const TensorInstr& ti, bool with_table) {
         float entropy = 0, logprob = 0;
         Distribution d;
         sp[BLUE_SP_OUT_TOKEN] = sampleToken(l, p, &entropy, &logprob, with_table ? &d : nullptr);
+        if (!grammar.g.empty()) {
+            uint32_t next = grammar.next(grammar.state(), sp[BLUE_SP_OUT_TOKEN]);
+            if (next != BLUE_GR_DEAD) const_cast<uint32_t&>(grammar.g[BLUE_GR_STATE]) = next;
+        }
         std::memcpy(&sp[BLUE_SP_OUT_ENTROPY], &entropy, 4);
         std::memcpy(&sp[BLUE_SP_OUT_LOGPROB], &logprob, 4);
         sp[BLUE_SP_COUNTER] += 1;
@@ -457,7 +508,8 @@ Status checkLlmOp(const Checker& c) {
         case Op::ATTNX: return checkAttn(c);
         case Op::SWIGLU:
         case Op::GEGLU: return checkGated(c);
-        case Op::SAMPLE: return checkSample(c);
+        case Op::SAMPLE:
+        case Op::SAMPLEG: return checkSample(c);
         case Op::SAMPLEQ:
         case Op::SCORE:
         case Op::SPEC: return checkSpecOp(c);
@@ -478,6 +530,7 @@ bool runLlmOpRef(const Items& it, const TensorInstr& ti) {
         case Op::GEGLU: refGeglu(it, ti); return true;
         case Op::SAMPLE: refSample(it, ti, false); return true;
         case Op::SAMPLEQ: refSample(it, ti, true); return true;
+        case Op::SAMPLEG: refSample(it, ti, false, true); return true;
         case Op::SPEC: refSpec(it, ti); return true;
         case Op::SCORE: refScore(it, ti); return true;
         default: return false;

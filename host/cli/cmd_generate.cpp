@@ -17,6 +17,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/progress.h"
 #include "host/llm/engine.h"
+#include "host/llm/structured_output.h"
 #include "vm/llm_abi.h"
 
 namespace blue::cli {
@@ -35,6 +36,11 @@ struct GenerateArgs {
     int32_t logprobs = -1;  // --logprobs N: alternatives per token (-1: no log-probabilities)
     bool logprobs_given = false;
     std::string logprobs_format = "text";
+    // Structured output: --grammar FILE (GBNF), --json-schema FILE, --json (any object).
+    std::string grammar_file, json_schema_file;
+    bool json = false;
+    uint32_t grammar_words = kGrammarWordsAuto;
+    PackedGrammar grammar;  // compiled from the above before the model loads
 };
 
 using json = nlohmann::json;
@@ -43,6 +49,32 @@ using json = nlohmann::json;
 void askLogprobs(const GenerateArgs& a, GenerationRequest* r) {
     r->logprobs = a.logprobs >= 0;
     r->top_logprobs = a.logprobs > 0 ? uint32_t(a.logprobs) : 0;
+    r->grammar = a.grammar;
+}
+
+// Compiles --grammar, --json-schema or --json; the message names the option and the file.
+Status compileOutputOption(GenerateArgs* a, uint32_t grammar_words) {
+    const int given = (a->grammar_file.empty() ? 0 : 1) + (a->json_schema_file.empty() ? 0 : 1) + (a->json ? 1 : 0);
+    if (given > 1) return Status::error("--grammar, --json-schema and --json: at most one");
+    if (given == 0) return Status::ok();
+    OutputConstraint c;
+    std::string what = "--json";
+    if (a->json) {
+        c.kind = ConstraintKind::JsonObject;
+    } else {
+        const bool gbnf = !a->grammar_file.empty();
+        const std::string& path = gbnf ? a->grammar_file : a->json_schema_file;
+        what = (gbnf ? "--grammar " : "--json-schema ") + path;
+        std::ifstream in(path, std::ios::binary);
+        if (!in) return Status::error(what + ": cannot open the file");
+        c.kind = gbnf ? ConstraintKind::Grammar : ConstraintKind::JsonSchema;
+        c.text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    if (grammar_words == 0) return Status::error(what + ": the program has no grammar support (--grammar-words 0)");
+    Result<PackedGrammar> g = compileConstraint(c, grammar_words);
+    if (!g) return Status::error(what + ": " + g.message());
+    a->grammar = g.value();
+    return Status::ok();
 }
 
 // The text a token contributes (control tokens' own text included, so EOS among the
@@ -301,6 +333,14 @@ Command addGenerateCommand(CLI::App& app) {
         ->each([a](const std::string&) { a->logprobs_given = true; });
     sub->add_option("--logprobs-format", a->logprobs_format,
                     "--logprobs as a 'text' table or 'json' lines");
+    sub->add_option("--grammar", a->grammar_file,
+                    "structured output: the text follows this GBNF grammar file (rule 'root')");
+    sub->add_option("--json-schema", a->json_schema_file,
+                    "structured output: the text is JSON valid against this JSON schema file");
+    sub->add_flag("--json", a->json, "structured output: the text is one JSON object");
+    sub->add_option("--grammar-words", a->grammar_words,
+                    "words of grammar automaton an instance holds (default: 65536, or what 16 "
+                    "instances fit in one device page; 0: no grammar support)");
     return [a] {
         if (!a->seed_given) a->sampling.seed = uint32_t(std::time(nullptr));
         if (a->logprobs_given &&
@@ -323,10 +363,12 @@ Command addGenerateCommand(CLI::App& app) {
         eo.profile = a->profile;
         eo.vram_budget = a->vram_budget;
         eo.host_weights = a->host_weights;
+        eo.grammar_words = a->grammar_words;
         ProgressBar bar("loading weights");
         setLoading(&eo, &bar, a.get());
         auto engine = Engine::open(a->model, eo);
         if (!engine) return fail(engine.message());
+        if (Status s = compileOutputOption(a.get(), engine.value()->grammarWords()); !s) return fail(s.message());
         int code = a->prompts_file.empty() ? runOne(*engine.value(), *a) : runMany(*engine.value(), *a);
         if (a->profile && code == 0) std::fputs(formatProfile(engine.value()->stats()).c_str(), stderr);
         return code;

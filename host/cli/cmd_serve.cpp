@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "compiler/cascade/cascade.h"
+#include "compiler/lower_model.h"
 #include "host/bluevm.h"
 #include "host/cli/commands.h"
 #include "host/cli/progress.h"
@@ -35,6 +36,7 @@ struct ServeArgs {
     std::string api_key_file;
     double header_timeout = 10, body_timeout = 30;
     uint32_t max_connections = 1024, max_per_address = 256;
+    uint32_t grammar_words = kGrammarWordsAuto;
 };
 
 // Adds the keys of BLUEVM_API_KEY and of --api-key-file (one a line; blank lines and lines
@@ -161,6 +163,7 @@ int serve(const ServeArgs& a) {
     mo.ctx = a.ctx;
     mo.vram_budget = a.vram_budget;
     mo.host_weights = int(a.host_weights);
+    mo.grammar_words = a.grammar_words;
     bluevm_model* model = nullptr;
     if (bluevm_model_open(model_path.c_str(), &mo, &model) != BLUEVM_OK) return fail(bluevm_last_error());
     bluevm_engine_options eo;
@@ -214,6 +217,9 @@ Command addServeCommand(CLI::App& app) {
     sub->add_option("--host", a->host, "address to listen on");
     sub->add_option("--port", a->port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
     sub->add_option("--ctx", a->ctx, "context length per instance (default: the model's, at most 2048)");
+    sub->add_option("--grammar-words", a->grammar_words,
+                    "structured output: grammar automaton words per instance (default: 65536, or "
+                    "what 16 instances fit in one device page; 0: no grammars)");
     sub->add_option("--queue", a->queue, "requests that may wait for an instance before 429 (default 8 per instance)");
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per submitted chain (fewer: tokens stream sooner)")->check(CLI::Range(2u, 4096u));
     sub->add_option("--threads", a->threads, "HTTP worker threads (default: enough for every instance and queued request)");

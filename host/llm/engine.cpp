@@ -64,11 +64,23 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     auto tok = Tokenizer::fromGguf(e->gguf_);
     if (!tok) return tok.status();
     e->tokenizer_ = std::move(tok.value());
+    uint64_t weights = 0;
+    for (const GgufTensor& t : e->gguf_.tensors()) weights += t.n_bytes;
+    chooseLavapipeThreads(weights);
+    if (Status s = e->resetDevice(); !s) {
+        if (device_failed) *device_failed = true;
+        return s;
+    }
     if (e->module_.code.empty()) {
         LowerOptions lo;
         lo.ctx = options.ctx;
         lo.max_rows = options.max_rows;
         lo.kv_type = options.kv_type;
+        lo.grammar_words = options.grammar_words;
+        if (lo.grammar_words == kGrammarWordsAuto) {
+            // 16 instances' automata in one page of the device (1 MiB pages: 16384 words each).
+            lo.grammar_words = uint32_t(std::min<uint64_t>(kDefaultGrammarWords, e->device_->maxPageBytes() / 4 / 16) & ~3u);
+        }
         lo.model_path = std::filesystem::absolute(gguf_path).string();
         auto m = lowerModel(e->gguf_, e->config_, lo);
         if (!m) return m.status();
@@ -77,16 +89,12 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         e->ctx_ = ctx.value();
         e->module_ = std::move(m.value());
     }
+    if (const std::string* words = e->module_.metaValue(kMetaGrammarWords)) {
+        e->grammar_words_ = uint32_t(std::strtoul(words->c_str(), nullptr, 10));
+    }
     auto w = WeightSource::open(e->module_, module_dir);
     if (!w) return w.status();
     e->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
-    uint64_t weights = 0;
-    for (const GgufTensor& t : e->gguf_.tensors()) weights += t.n_bytes;
-    chooseLavapipeThreads(weights);
-    if (Status s = e->resetDevice(); !s) {
-        if (device_failed) *device_failed = true;
-        return s;
-    }
     return e;
 }
 
@@ -191,6 +199,18 @@ Status Engine::validate(const GenerationRequest& r) const {
     }
     if (r.top_logprobs > BLUE_MAX_TOP_LOGPROBS) {
         return BLUE_ERROR("top_logprobs %u is above %u", r.top_logprobs, BLUE_MAX_TOP_LOGPROBS);
+    }
+    if (r.grammar && !r.grammar->empty()) {
+        if (grammar_words_ == 0) {
+            return Status::error("this program was lowered without grammar support (lower the model again, "
+                                 "without --grammar-words 0)");
+        }
+        if (r.grammar->size() > grammar_words_) {
+            return BLUE_ERROR("the grammar's automaton needs %zu words (%u states x %u byte classes); an instance "
+                              "holds %u (--grammar-words)",
+                              r.grammar->size(), (*r.grammar)[0], r.grammar->size() > 1 ? (*r.grammar)[1] : 0,
+                              grammar_words_);
+        }
     }
     const SamplingParams& s = r.sampling;
     if (!(s.temperature >= 0) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1) ||

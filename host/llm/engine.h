@@ -14,6 +14,7 @@
 
 #include "compiler/chat_template.h"
 #include "compiler/gguf.h"
+#include "compiler/lower_model.h"
 #include "compiler/model_config.h"
 #include "compiler/tokenizer.h"
 #include "host/device.h"
@@ -38,6 +39,7 @@ struct EngineOptions {
     uint32_t ctx = 0;           // context per instance (0: the module's, or min(trained, 2048))
     uint32_t chain_cycles = 64;
     uint32_t max_rows = 0;      // forward rows per step (0: the compiler's default)
+    uint32_t grammar_words = kGrammarWordsAuto;  // structured output: automaton words per instance (0: none)
     DType kv_type = DType::F16;
     bool profile = false;
     bool validation = false;
@@ -111,6 +113,8 @@ public:
     const Tokenizer& tokenizer() const { return tokenizer_; }
     const Module& module() const { return module_; }
     uint32_t contextLength() const { return ctx_; }
+    // Words of a grammar automaton an instance holds (0: the program has no grammar support).
+    uint32_t grammarWords() const { return grammar_words_; }
     // The device; only while hasDevice() (after open, and after a resetDevice that succeeded).
     Device& device() { return *device_; }
     const Device& device() const { return *device_; }
@@ -199,6 +203,7 @@ private:
     mutable std::mutex device_mutex_;         // guards replacing device_ against validationErrors()
     uint32_t retired_validation_errors_ = 0;  // of devices resetDevice() destroyed
     uint32_t ctx_ = 0;
+    uint32_t grammar_words_ = 0;
     uint64_t model_hash_ = 0;  // kvModelHash of the GGUF
     GpuStats stats_;
 };

@@ -140,7 +140,9 @@ ApiError finishError(bluevm_status error, const std::string& message) {
 }
 
 // The answer to a submit the engine or cascade refused.
-void refuseSubmit(httplib::Response& res, bluevm_status st, const char* prompt_param) {
+// invalid_param: the field an invalid-argument failure is about ("" when unknown).
+void refuseSubmit(httplib::Response& res, bluevm_status st, const char* prompt_param,
+                  const char* invalid_param = "") {
     switch (st) {
         case BLUEVM_ERR_QUEUE_FULL:
             res.set_header("Retry-After", "1");
@@ -149,7 +151,7 @@ void refuseSubmit(httplib::Response& res, bluevm_status st, const char* prompt_p
             return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error",
                                            prompt_param, "context_length_exceeded"));
         case BLUEVM_ERR_INVALID_ARGUMENT:
-            return sendError(res, apiError(400, bluevm_last_error()));
+            return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", invalid_param));
         case BLUEVM_ERR_SHUTDOWN:
             return sendError(res, apiError(503, bluevm_last_error(), "server_error"));
         case BLUEVM_ERR_DEVICE_LOST:
@@ -522,6 +524,9 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     r.no_prefix_reuse = ar.cache_prompt ? 0 : 1;
     r.logprobs = ar.logprobs;
     r.top_logprobs = ar.top_logprobs;
+    r.grammar = ar.grammar.empty() ? nullptr : ar.grammar.c_str();
+    r.json_schema = ar.json_schema.empty() ? nullptr : ar.json_schema.c_str();
+    r.json_object = ar.json_object ? 1 : 0;
     g.logprobs = ar.logprobs;
     g.model_handle = model;
     std::vector<const char*> stops;
@@ -531,7 +536,7 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
 
     bluevm_status st = bluevm_submit(engine, &r, &g.id);
     if (st != BLUEVM_OK) {
-        refuseSubmit(res, st, ar.endpoint == Endpoint::Chat ? "messages" : "prompt");
+        refuseSubmit(res, st, ar.endpoint == Endpoint::Chat ? "messages" : "prompt", ar.format_param.c_str());
         return false;
     }
     g.engine = engine;
@@ -544,6 +549,11 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
 bool HttpServer::Impl::submitCascade(const ApiRequest& ar, Generation& g, httplib::Response& res) {
     std::string task;
     const char* param = ar.endpoint == Endpoint::Chat ? "messages" : "prompt";
+    if (ar.json_object || !ar.json_schema.empty() || !ar.grammar.empty()) {
+        sendError(res, apiError(400, "'" + ar.format_param + "': structured output is not supported by a cascade "
+                                "(its stages decide their own text)", "invalid_request_error", ar.format_param));
+        return false;
+    }
     if (ar.endpoint == Endpoint::Chat) {
         bool found = false;
         for (const auto& [role, content] : ar.messages) {

@@ -115,6 +115,56 @@ std::optional<ApiError> contentText(const json& c, size_t index, std::string* ou
     return std::nullopt;
 }
 
+// response_format, grammar and json_schema (structured output): their shape only; the grammar
+// or schema itself is checked when it is compiled.
+std::optional<ApiError> parseOutputFormat(const json& j, ApiRequest* r) {
+    int given = 0;
+    if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
+        const json& f = *it;
+        if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
+            return bad("response_format", "'response_format' must be an object with a string 'type'");
+        }
+        const std::string type = f["type"].get<std::string>();
+        if (type == "json_object") {
+            r->json_object = true;
+            ++given;
+        } else if (type == "json_schema") {
+            auto js = f.find("json_schema");
+            if (js == f.end() || !js->is_object()) {
+                return bad("response_format", "'response_format.json_schema' must be an object with a 'schema'");
+            }
+            auto schema = js->find("schema");
+            if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
+                return bad("response_format", "'response_format.json_schema.schema' must be a JSON schema object");
+            }
+            r->json_schema = schema->dump();
+            ++given;
+        } else if (type != "text") {
+            return bad("response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema', not '" +
+                                              type + "'");
+        }
+        r->format_param = "response_format";
+    }
+    if (auto it = j.find("json_schema"); it != j.end() && !it->is_null()) {
+        if (!it->is_object()) return bad("json_schema", "'json_schema' must be a JSON schema object");
+        r->json_schema = it->dump();
+        r->format_param = "json_schema";
+        ++given;
+    }
+    if (auto it = j.find("grammar"); it != j.end() && !it->is_null()) {
+        if (!it->is_string()) return bad("grammar", "'grammar' must be a string (GBNF)");
+        r->grammar = it->get<std::string>();
+        if (!r->grammar.empty()) {
+            r->format_param = "grammar";
+            ++given;
+        }
+    }
+    if (given > 1) {
+        return bad(r->format_param, "at most one of 'response_format' (json_object, json_schema), 'json_schema' and 'grammar'");
+    }
+    return std::nullopt;
+}
+
 std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max_context,
                                   ApiRequest* r) {
     if (!j.is_object()) return bad("", "the request body must be a JSON object");
@@ -210,8 +260,9 @@ std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max
         }
     }
     if (auto e = parseLogprobs(endpoint, j, r)) return e;
+    if (auto e = parseOutputFormat(j, r)) return e;
     for (const char* unsupported : {"tools", "functions", "logit_bias",
-                                    "best_of", "suffix", "response_format"}) {
+                                    "best_of", "suffix"}) {
         auto it = j.find(unsupported);
         if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
         return bad(unsupported, strFormat("'%s' is not supported by this server", unsupported));
@@ -233,7 +284,20 @@ std::optional<ApiError> parseRequest(Endpoint endpoint, const std::string& body,
         }
         return bad("", "invalid JSON");
     }
-    return parseBody(endpoint, j, max_context, out);
+    if (auto e = parseBody(endpoint, j, max_context, out)) return e;
+    if (!out->json_schema.empty()) {
+        // The schema again with its keys in the order the client wrote them (json sorts them):
+        // properties are generated in the schema's order.
+        nlohmann::ordered_json o = nlohmann::ordered_json::parse(body, nullptr, false);
+        const nlohmann::ordered_json* schema = nullptr;
+        if (out->format_param == "json_schema") {
+            schema = &o["json_schema"];
+        } else {
+            schema = &o["response_format"]["json_schema"]["schema"];
+        }
+        out->json_schema = schema->dump();
+    }
+    return std::nullopt;
 }
 
 std::string errorBody(const ApiError& e) {

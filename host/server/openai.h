@@ -41,6 +41,13 @@ struct ApiRequest {
     // Completions `logprobs: N`, chat `logprobs: true` with `top_logprobs: N` (N <= 20).
     bool logprobs = false;
     uint32_t top_logprobs = 0;
+    // Structured output, at most one: `response_format` {"type": "json_object"} or
+    // {"type": "json_schema", "json_schema": {"schema": ...}}; the extensions `grammar` (GBNF
+    // text) and `json_schema` (a schema), as llama.cpp's server names them.
+    bool json_object = false;
+    std::string json_schema;  // the schema as JSON text ("" when none)
+    std::string grammar;      // GBNF ("" when none)
+    std::string format_param; // the field it came from, for errors found when it is compiled
 };
 
 // A client error: the HTTP status and the OpenAI error body's fields.

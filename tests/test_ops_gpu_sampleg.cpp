@@ -1,0 +1,162 @@
+// The per-op GPU-vs-reference case of SAMPLEG (see test_ops_gpu.cpp): SAMPLE constrained by a
+// grammar automaton over token bytes. A hand-made vocabulary of 2000 tokens (one to three of
+// the bytes a, b, c, x; token 2 an end-of-generation token; token 5 a control token; token 9 a
+// text token with no bytes) and the automaton of (ab|c)*x: state 0 takes a (to 1), c (to 0) and
+// x (to 2); state 1 takes only b (to 0); state 2 is accepting and takes nothing. 40 instances
+// start in each of the three states under greedy, temperature, all filters and top-k 5 over
+// random logits (four run with no automaton: plain SAMPLE) and draw 6 tokens each; the state
+// advances with every draw. Checked:
+//   - every drawn token is allowed where it was drawn (replayed on the host with GrammarWalk),
+//     and in the accepting state only the end token is drawn;
+//   - both machines draw the same tokens (greedy always; sampled at least 98%) and, when every
+//     draw agreed, leave the same automaton words (the final states) and the same logits
+//     (masked ones at -1e30).
+#include <doctest/doctest.h>
+
+#include <bit>
+#include <cstring>
+
+#include "tests/gpu_fixture.h"
+#include "tests/test_ops_gpu.h"
+#include "tests/vm_programs.h"
+#include "vm/abi.h"
+#include "vm/grammar_walk.h"
+#include "vm/llm_abi.h"
+
+namespace blue::test {
+
+namespace {
+
+constexpr uint32_t kVocab = 2000, kDists = 3, kInstances = 40, kDraws = 6, kEnd = 2, kControl = 5, kEmpty = 9;
+constexpr uint32_t kGrammarWords = BLUE_GR_ACCEPT + 1 + 8;
+
+// The token table (vm/llm_abi.h BLUE_TB_*).
+std::vector<uint32_t> tokenTable() {
+    std::vector<uint32_t> info(kVocab);
+    std::string bytes;
+    const char letters[] = "abcx";
+    for (uint32_t t = 0; t < kVocab; ++t) {
+        if (t == kEnd) {
+            info[t] = BLUE_TB_END << 8;
+            continue;
+        }
+        if (t == kControl) {
+            info[t] = BLUE_TB_NONE << 8;
+            continue;
+        }
+        uint32_t len = t == kEmpty ? 0 : 1 + t % 3;
+        info[t] = uint32_t(bytes.size()) << 10 | BLUE_TB_TEXT << 8 | len;
+        for (uint32_t k = 0; k < len; ++k) bytes += letters[(t * 7 + k * 3 + t / 3) % 4];
+    }
+    std::vector<uint32_t> out = info;
+    out.resize(kVocab + (bytes.size() + 3) / 4, 0);
+    std::memcpy(out.data() + kVocab, bytes.data(), bytes.size());
+    return out;
+}
+
+// The packed automaton of (ab|c)*x starting in `state` (classes: a 0, b 1, c 2, x 3, others 4).
+std::vector<uint32_t> automaton(uint32_t state) {
+    std::vector<uint32_t> w(kGrammarWords, 0);
+    w[BLUE_GR_STATES] = 3;
+    w[BLUE_GR_CLASSES] = 5;
+    w[BLUE_GR_STATE] = state;
+    for (uint32_t b = 0; b < 256; ++b) {
+        uint32_t c = b == 'a' ? 0 : b == 'b' ? 1 : b == 'c' ? 2 : b == 'x' ? 3 : 4;
+        w[BLUE_GR_CLASS_MAP + b / 4] |= c << (8 * (b % 4));
+    }
+    w[BLUE_GR_ACCEPT] = 1u << 2;
+    const uint32_t D = BLUE_GR_DEAD;
+    const uint32_t next[3][5] = {{1, D, 0, 2, D}, {D, 0, D, D, D}, {D, D, D, D, D}};
+    for (uint32_t e = 0; e < 15; ++e) w[BLUE_GR_ACCEPT + 1 + e / 2] |= next[e / 5][e % 5] << (16 * (e % 2));
+    return w;
+}
+
+struct Config {
+    float temp;
+    uint32_t top_k;
+    float top_p, min_p;
+};
+const Config kConfigs[] = {{0, 0, 1, 0}, {1.0f, 0, 1, 0}, {0.8f, 40, 0.9f, 0.02f}, {1.5f, 5, 1, 0}};
+
+std::vector<std::pair<uint32_t, uint32_t>> samplingWords(const Config& c, uint32_t seed) {
+    const uint32_t sp = BLUE_LM_SAMPLING;
+    auto f = [](float v) { return std::bit_cast<uint32_t>(v); };
+    return {{sp + BLUE_SP_TEMP, f(c.temp)},     {sp + BLUE_SP_TOP_K, c.top_k},
+            {sp + BLUE_SP_TOP_P, f(c.top_p)},   {sp + BLUE_SP_MIN_P, f(c.min_p)},
+            {sp + BLUE_SP_REPEAT_PENALTY, f(1)}, {sp + BLUE_SP_SEED, seed},
+            {sp + BLUE_SP_COUNTER, seed % 5}};
+}
+
+std::vector<uint32_t> tokensOf(const std::vector<OutputRecord>& all, uint32_t inst) {
+    std::vector<OutputRecord> recs = recordsOf(all, inst);
+    REQUIRE(recs.size() == 3 * kDraws);
+    std::vector<uint32_t> out;
+    for (uint32_t k = 0; k < kDraws; ++k) out.push_back(recs[3 * k].value);
+    return out;
+}
+
+}  // namespace
+
+void samplegCase() {
+    OpModule om(kDists, kInstances, 256, 0x6A7);
+    std::vector<float> dists = om.random(size_t(kDists) * kVocab, -3, 3);
+    dists[kVocab + 2] = 8.0f;  // the end token leads distribution 1
+    uint32_t rows = om.rowsInput("logit_rows", kVocab, dists);
+    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kVocab});
+    uint32_t grammar = om.tensor("grammar", BLUE_TC_INSTANCE, DType::I32, {kGrammarWords});
+    const std::vector<uint32_t> table = tokenTable();
+    uint32_t bytes = om.data("token_bytes", BLUE_TC_WEIGHT, DType::I32, {table.size()},
+                             std::vector<float>(table.size(), 0.0f));
+    om.step(Op::TSCALE, {logits, rows, std::bit_cast<uint32_t>(1.0f)});
+    om.step(Op::SAMPLEG, {logits, BLUE_FA_SAMPLING, grammar, bytes});
+    om.outputsAfterRun();
+    std::vector<InstancePlan> plans(kInstances);
+    std::vector<std::vector<uint32_t>> starts(kInstances);
+    for (uint32_t i = 0; i < kInstances; ++i) {
+        InstancePlan& p = plans[i];
+        p.tokens = {i % kDists};
+        p.runs = kDraws;
+        p.local_words = samplingWords(kConfigs[(i / 3) % 4], 900 + 11 * i);
+        starts[i] = i >= kInstances - 4 ? std::vector<uint32_t>(kGrammarWords, 0) : automaton(i % 3);
+        std::vector<float> words;
+        for (uint32_t w : starts[i]) words.push_back(std::bit_cast<float>(w));
+        p.tensor_words.push_back({grammar, words});
+    }
+    Module m = om.build(plans);
+    std::memcpy(m.data.data() + m.tensors[bytes].offset, table.data(), table.size() * 4);
+    auto both = runOnBoth(m, kInstances);
+    if (!both) return;  // refused under a device profile (runOnBoth said why)
+    uint32_t stochastic = 0, agree = 0, end_draws = 0;
+    for (uint32_t i = 0; i < kInstances; ++i) {
+        CAPTURE(i);
+        std::vector<uint32_t> g = tokensOf(both->gpu_report.output, i), r = tokensOf(both->ref_report.output, i);
+        const bool greedy = kConfigs[(i / 3) % 4].temp == 0;
+        if (greedy) CHECK(g == r);
+        for (uint32_t k = 0; k < kDraws; ++k) {
+            if (!greedy) ++stochastic, agree += g[k] == r[k];
+        }
+        if (i >= kInstances - 4) continue;  // no automaton: plain SAMPLE
+        GrammarWalk w{starts[i], table, kVocab};
+        REQUIRE(w.active());
+        uint32_t state = w.state();
+        for (uint32_t tok : g) {
+            CAPTURE(state);
+            CAPTURE(tok);
+            CHECK(w.allows(state, tok));
+            if (state == 2) CHECK(tok == kEnd);
+            end_draws += tok == kEnd;
+            uint32_t next = w.next(state, tok);
+            if (next != BLUE_GR_DEAD) state = next;
+        }
+    }
+    MESSAGE("SAMPLEG: " << agree << " of " << stochastic << " stochastic draws agree; " << end_draws
+                        << " end tokens drawn");
+    CHECK(agree * 100 >= stochastic * 98);
+    CHECK(end_draws > 0);
+    if (agree == stochastic) {  // the same draws: the same final states and masked logits
+        CHECK(both->gpuBytes(grammar) == both->refBytes(grammar));
+        expectClose(*both, logits, 0, 1e-6, "SAMPLEG logits (masked in place)");
+    }
+}
+
+}  // namespace blue::test
