@@ -480,6 +480,11 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.jump(Op::JMP, {}, emit_top);
     cb.bind(emit_token);
     cb.op(Op::OUTT, {kTok});
+    if (grammar != kNone) {  // the automaton takes the emitted token at the next sample
+        cb.op(Op::ADDI, {kWord, kTok}, 1);
+        cb.li(kTmp, BLUE_GR_PENDING);
+        cb.op(Op::TST, {kWord, kTmp}, grammar);
+    }
     cb.op(Op::ADDI, {kGenerated, kGenerated}, 1);
     cb.op(Op::INFLAG, {kFlagWord, kIid});
     cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, finish);

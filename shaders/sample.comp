@@ -6,9 +6,9 @@
 // T <= 0; else top-k, top-p and min-p thresholds, temperature, and one Philox draw walking the
 // kept tokens in id order (common/sampling.glsl). Writes token, entropy and log-probability into
 // the parameter block and advances its counter; with TOP_N, the most likely tokens too.
-// SAMPLEG (GRAMMAR): first, tokens the instance's grammar automaton cannot take get -1e30 (the
-// rules of vm/grammar_walk.cpp, every read bounds-checked); after the draw, the token's bytes
-// advance the automaton's state.
+// SAMPLEG (GRAMMAR): first, the token the program emitted since the last sample (if any)
+// advances the instance's grammar automaton; then tokens the automaton cannot take get -1e30
+// (the rules of vm/grammar_walk.cpp, every read bounds-checked).
 // SAMPLEQ (WRITE_PROBS): also writes the distribution it drew from (greedy: one-hot) into row
 // local[sp + BLUE_SP_ROW] of a table, for speculative decoding's draft model.
 #include "common/tensor.glsl"
@@ -80,10 +80,16 @@ bool grAllowsInfo(uint state, uint info) {
     return s != BLUE_GR_DEAD;
 }
 
-void maskGrammar() {
-    uint lid = gl_LocalInvocationID.x, state = grWord(BLUE_GR_STATE);
-    if (lid == 0u) s_allowed = 0u;
+// The byte classes into shared memory (grClass reads them): before any walk.
+void stageClasses() {
+    uint lid = gl_LocalInvocationID.x;
     if (lid < 64u) s_class[lid] = grWord(BLUE_GR_CLASS_MAP + lid);
+    barrier();
+}
+
+void maskGrammar(uint state) {
+    uint lid = gl_LocalInvocationID.x;
+    if (lid == 0u) s_allowed = 0u;
     for (uint c = lid; c < gr_classes; c += SAMPLE_WG) s_row[c] = grStep(state, c);
     barrier();
     // Four tokens per invocation: one texel of info words, one vec4 of logits when aligned.
@@ -205,7 +211,18 @@ void main() {
     tb_texel = sliceOffset(bt, item) / 16u;
     tb_words = bt.n;
     bool grammar = grammarActive();
-    if (grammar) maskGrammar();
+    uint gr_state = 0u, gr_pending = 0u;
+    if (grammar) {
+        // The token the program emitted since the last sample advances the state first.
+        stageClasses();
+        gr_state = grWord(BLUE_GR_STATE);
+        gr_pending = grWord(BLUE_GR_PENDING);
+        if (gr_pending != 0u) {
+            uint next = grNext(gr_state, gr_pending - 1u);
+            if (next != BLUE_GR_DEAD) gr_state = next;
+        }
+        maskGrammar(gr_state);
+    }
 #endif
     applyPenalties(inst, sp);
 
@@ -242,9 +259,9 @@ void main() {
         ctl[base + BLUE_SP_OUT_LOGPROB] = floatBitsToUint(logit(tok) - s.m - log(s.z));
         ctl[base + BLUE_SP_COUNTER] += 1u;
 #ifdef GRAMMAR
-        if (grammar) {
-            uint next = grNext(grWord(BLUE_GR_STATE), tok);
-            if (next != BLUE_GR_DEAD) page_u[gt.page].d[sliceOffset(gt, item) / 4u + BLUE_GR_STATE] = next;
+        if (grammar && gr_pending != 0u) {
+            page_u[gt.page].d[sliceOffset(gt, item) / 4u + BLUE_GR_STATE] = gr_state;
+            page_u[gt.page].d[sliceOffset(gt, item) / 4u + BLUE_GR_PENDING] = 0u;
         }
 #endif
     }

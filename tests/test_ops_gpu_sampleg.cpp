@@ -4,10 +4,11 @@
 // text token with no bytes) and the automaton of (ab|c)*x: state 0 takes a (to 1), c (to 0) and
 // x (to 2); state 1 takes only b (to 0); state 2 is accepting and takes nothing. 40 instances
 // start in each of the three states under greedy, temperature, all filters and top-k 5 over
-// random logits (four run with no automaton: plain SAMPLE) and draw 6 tokens each; the state
-// advances with every draw. Checked:
-//   - every drawn token is allowed where it was drawn (replayed on the host with GrammarWalk),
-//     and in the accepting state only the end token is drawn;
+// random logits (four run with no automaton: plain SAMPLE) and draw 6 tokens each. Half of them
+// have a pending emitted token (BLUE_GR_PENDING), which the first sample takes before it masks;
+// nothing else moves the state (the program sets the pending token as it emits). Checked:
+//   - every drawn token is allowed in the state after the pending token (replayed on the host
+//     with GrammarWalk), and in the accepting state only the end token is drawn;
 //   - both machines draw the same tokens (greedy always; sampled at least 98%) and, when every
 //     draw agreed, leave the same automaton words (the final states) and the same logits
 //     (masked ones at -1e30).
@@ -118,6 +119,18 @@ void samplegCase() {
         p.runs = kDraws;
         p.local_words = samplingWords(kConfigs[(i / 3) % 4], 900 + 11 * i);
         starts[i] = i >= kInstances - 4 ? std::vector<uint32_t>(kGrammarWords, 0) : automaton(i % 3);
+        if (i % 2 && i < kInstances - 4) {  // a pending token that moves the state where one can
+            GrammarWalk w{starts[i], table, kVocab};
+            uint32_t t = 10 + i;
+            for (uint32_t u = 10 + i; u < kVocab; ++u) {
+                uint32_t next = w.next(i % 3, u);
+                if (next != BLUE_GR_DEAD && next != i % 3) {
+                    t = u;
+                    break;
+                }
+            }
+            starts[i][BLUE_GR_PENDING] = 1 + t;
+        }
         std::vector<float> words;
         for (uint32_t w : starts[i]) words.push_back(std::bit_cast<float>(w));
         p.tensor_words.push_back({grammar, words});
@@ -126,7 +139,7 @@ void samplegCase() {
     std::memcpy(m.data.data() + m.tensors[bytes].offset, table.data(), table.size() * 4);
     auto both = runOnBoth(m, kInstances);
     if (!both) return;  // refused under a device profile (runOnBoth said why)
-    uint32_t stochastic = 0, agree = 0, end_draws = 0;
+    uint32_t stochastic = 0, agree = 0, end_draws = 0, moved = 0;
     for (uint32_t i = 0; i < kInstances; ++i) {
         CAPTURE(i);
         std::vector<uint32_t> g = tokensOf(both->gpu_report.output, i), r = tokensOf(both->ref_report.output, i);
@@ -139,20 +152,24 @@ void samplegCase() {
         GrammarWalk w{starts[i], table, kVocab};
         REQUIRE(w.active());
         uint32_t state = w.state();
+        if (uint32_t pending = starts[i][BLUE_GR_PENDING]; pending != 0) {
+            uint32_t next = w.next(state, pending - 1);
+            if (next != BLUE_GR_DEAD) state = next;
+            moved += next != BLUE_GR_DEAD && next != w.state();
+        }
         for (uint32_t tok : g) {
             CAPTURE(state);
             CAPTURE(tok);
             CHECK(w.allows(state, tok));
             if (state == 2) CHECK(tok == kEnd);
             end_draws += tok == kEnd;
-            uint32_t next = w.next(state, tok);
-            if (next != BLUE_GR_DEAD) state = next;
         }
     }
     MESSAGE("SAMPLEG: " << agree << " of " << stochastic << " stochastic draws agree; " << end_draws
                         << " end tokens drawn");
     CHECK(agree * 100 >= stochastic * 98);
     CHECK(end_draws > 0);
+    CHECK(moved > 0);  // some pending tokens changed the state
     if (agree == stochastic) {  // the same draws: the same final states and masked logits
         CHECK(both->gpuBytes(grammar) == both->refBytes(grammar));
         expectClose(*both, logits, 0, 1e-6, "SAMPLEG logits (masked in place)");

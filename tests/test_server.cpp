@@ -911,5 +911,112 @@ TEST_CASE("server: response_format and grammar constrain the text on the GPU; a 
     CHECK(ok->status == 200);
 }
 
+TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid against the tool's parameters") {
+    TestServer s(2, 1024, 0);
+    const json weather = {{"type", "function"},
+                          {"function", {{"name", "get_weather"}, {"description", "The weather in a city"},
+                                        {"parameters", {{"type", "object"},
+                                                        {"properties", {{"city", {{"type", "string"}, {"maxLength", 12}}},
+                                                                        {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}}}},
+                                                        {"required", {"city", "days"}}}}}}};
+    const json add = {{"type", "function"},
+                      {"function", {{"name", "add"},
+                                    {"parameters", {{"type", "object"},
+                                                    {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}},
+                                                                    {"b", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}},
+                                                    {"required", {"a", "b"}}}}}}};
+    const json messages = {{{"role", "user"}, {"content", "What is the weather in Paris?"}}};
+    for (const json& choice : {json("required"), json({{"type", "function"}, {"function", {{"name", "add"}}}})}) {
+        for (bool stream : {false, true}) {
+            CAPTURE(choice.dump());
+            CAPTURE(stream);
+            json body = {{"messages", messages}, {"tools", {weather, add}}, {"tool_choice", choice},
+                         {"max_tokens", 100}, {"temperature", 0.7}, {"seed", 3}, {"stream", stream}};
+            auto res = post(s, "/v1/chat/completions", body);
+            REQUIRE(res);
+            REQUIRE(res->status == 200);
+            json call;
+            std::string finish;
+            if (!stream) {
+                json j = json::parse(res->body);
+                const json& c = j["choices"][0];
+                finish = c["finish_reason"];
+                CHECK(c["message"]["content"].is_null());
+                REQUIRE(c["message"]["tool_calls"].size() == 1);
+                call = c["message"]["tool_calls"][0];
+            } else {
+                for (size_t at = 0; (at = res->body.find("data: {", at)) != std::string::npos; ++at) {
+                    json j = json::parse(res->body.substr(at + 6, res->body.find("\n\n", at) - at - 6));
+                    const json& c = j["choices"][0];
+                    if (c["delta"].contains("tool_calls")) call = c["delta"]["tool_calls"][0];
+                    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+                }
+            }
+            CHECK(finish == "tool_calls");
+            REQUIRE(call.is_object());
+            CHECK(call["type"] == "function");
+            CHECK(call["id"].get<std::string>().rfind("call_", 0) == 0);
+            const std::string name = call["function"]["name"];
+            json args = json::parse(call["function"]["arguments"].get<std::string>());
+            if (choice.is_object()) CHECK(name == "add");
+            if (name == "add") {
+                CHECK(args["a"].get<int>() <= 99);
+                CHECK(args["b"].get<int>() >= 0);
+            } else {
+                REQUIRE(name == "get_weather");
+                CHECK(args["city"].is_string());
+                CHECK(args["days"].get<int>() >= 1);
+                CHECK(args["days"].get<int>() <= 7);
+            }
+        }
+    }
+    // A conversation that carries a call and its result; "auto" may call or answer in text.
+    json history = {{{"role", "user"}, {"content", "Add 2 and 3."}},
+                    {{"role", "assistant"}, {"content", nullptr},
+                     {"tool_calls", {{{"id", "call_1"}, {"type", "function"},
+                                      {"function", {{"name", "add"}, {"arguments", "{\"a\": 2, \"b\": 3}"}}}}}}},
+                    {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "5"}}};
+    auto res = post(s, "/v1/chat/completions", {{"messages", history}, {"tools", {add}}, {"max_tokens", 40}, {"temperature", 0}});
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    const json c = json::parse(res->body)["choices"][0];
+    if (c["finish_reason"] == "tool_calls") {
+        CHECK(c["message"]["tool_calls"][0]["function"]["name"] == "add");
+    } else {
+        const std::string text = c["message"]["content"];
+        CHECK((text.empty() || text[0] != '{'));
+    }
+    // "none": plain text.
+    res = post(s, "/v1/chat/completions", {{"messages", messages}, {"tools", {add}}, {"tool_choice", "none"}, {"max_tokens", 8}, {"temperature", 0}});
+    REQUIRE(res);
+    CHECK(json::parse(res->body)["choices"][0]["message"]["content"].is_string());
+    // Malformed tools: 400 naming the field.
+    struct Bad {
+        json extra;
+        const char* message;
+        const char* param;
+    };
+    const Bad bad[] = {
+        {{{"tools", {{{"type", "function"}, {"function", {{"name", "bad name"}}}}}}}, "letters, digits", "tools"},
+        {{{"tools", {{{"type", "retrieval"}}}}}, "must be {\"type\": \"function\"", "tools"},
+        {{{"tools", {add}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}, "'nope', which is not among", "tool_choice"},
+        {{{"tool_choice", "required"}}, "'tool_choice' needs 'tools'", "tool_choice"},
+        {{{"tools", {add}}, {"tool_choice", "always"}}, "'tool_choice' must be", "tool_choice"},
+        {{{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", {{"type", "string"}, {"pattern", "x"}}}}}}}}, {"tool_choice", "required"}}, "pattern", "tools"},
+        {{{"tools", {add}}, {"response_format", {{"type", "json_object"}}}}, "at most one", "tools"},
+    };
+    for (const Bad& b : bad) {
+        json req = {{"messages", messages}, {"max_tokens", 4}};
+        req.update(b.extra);
+        CAPTURE(req.dump());
+        auto r = post(s, "/v1/chat/completions", req);
+        REQUIRE(r);
+        CHECK(r->status == 400);
+        json e = json::parse(r->body);
+        CHECK(e["error"]["message"].get<std::string>().find(b.message) != std::string::npos);
+        CHECK(e["error"]["param"] == b.param);
+    }
+}
+
 }  // namespace
 }  // namespace blue::test

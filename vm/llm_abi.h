@@ -41,10 +41,14 @@
 // A deterministic automaton over UTF-8 bytes (compiler/grammar/dfa.h builds it): a token is
 // allowed when its bytes lead from the current state to a live state; end-of-generation tokens
 // only in an accepting state. The instance's copy lives in an INSTANCE tensor (the program copies
-// the request's section there with INTCPY); SAMPLEG advances BLUE_GR_STATE by the drawn token.
+// the request's section there with INTCPY); SAMPLEG advances BLUE_GR_STATE by the token the
+// program emitted (BLUE_GR_PENDING) before it masks.
 #define BLUE_GR_STATES 0        // states (0: no grammar)
 #define BLUE_GR_CLASSES 1       // byte classes
 #define BLUE_GR_STATE 2         // the current state
+#define BLUE_GR_PENDING 3       // 1 + the token emitted since (0: none): SAMPLEG first advances the
+                                // state by its bytes. The program sets it for each token it emits,
+                                // so the samples of prefill chunks before the last move nothing.
 #define BLUE_GR_CLASS_MAP 4     // [64]: the 256 bytes' classes, 4 per word (byte b: bits 8 * (b % 4))
 #define BLUE_GR_ACCEPT (BLUE_GR_CLASS_MAP + 64)  // [ceil(states / 32)] accepting bits, then
                                 // [ceil(states * classes / 2)] next states, 2 per word (entry

@@ -465,7 +465,15 @@ void refSample(const Items& it, const TensorInstr& ti, bool with_table, bool wit
         GrammarWalk grammar;
         if (with_grammar) {
             grammar = grammarOf(it, ti, item, n);
-            if (grammar.active()) maskGrammar(grammar, l); else grammar.g = {};
+            if (grammar.active()) {
+                uint32_t* g = const_cast<uint32_t*>(grammar.g.data());
+                if (g[BLUE_GR_PENDING] != 0) {  // the token emitted since the last sample
+                    uint32_t next = grammar.next(g[BLUE_GR_STATE], g[BLUE_GR_PENDING] - 1);
+                    if (next != BLUE_GR_DEAD) g[BLUE_GR_STATE] = next;
+                    g[BLUE_GR_PENDING] = 0;
+                }
+                maskGrammar(grammar, l);
+            }
         }
         uint32_t hist_addr = sp[BLUE_SP_HIST_ADDR], hist_len = sp[BLUE_SP_HIST_LEN];
         const uint32_t* hist = it.local(item, uint64_t(hist_addr) + hist_len - 1) && hist_len ? it.local(item, hist_addr) : nullptr;
@@ -474,10 +482,6 @@ void refSample(const Items& it, const TensorInstr& ti, bool with_table, bool wit
         float entropy = 0, logprob = 0;
         Distribution d;
         sp[BLUE_SP_OUT_TOKEN] = sampleToken(l, p, &entropy, &logprob, with_table ? &d : nullptr);
-        if (!grammar.g.empty()) {
-            uint32_t next = grammar.next(grammar.state(), sp[BLUE_SP_OUT_TOKEN]);
-            if (next != BLUE_GR_DEAD) const_cast<uint32_t&>(grammar.g[BLUE_GR_STATE]) = next;
-        }
         std::memcpy(&sp[BLUE_SP_OUT_ENTROPY], &entropy, 4);
         std::memcpy(&sp[BLUE_SP_OUT_LOGPROB], &logprob, 4);
         sp[BLUE_SP_COUNTER] += 1;

@@ -78,8 +78,10 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         lo.kv_type = options.kv_type;
         lo.grammar_words = options.grammar_words;
         if (lo.grammar_words == kGrammarWordsAuto) {
-            // 16 instances' automata in one page of the device (1 MiB pages: 16384 words each).
+            // 16 instances' automata in one page of the device (1 MiB pages: 16384 words each);
+            // none on a device whose pages cannot hold 4096 words for each.
             lo.grammar_words = uint32_t(std::min<uint64_t>(kDefaultGrammarWords, e->device_->maxPageBytes() / 4 / 16) & ~3u);
+            if (lo.grammar_words < 4096) lo.grammar_words = 0;
         }
         lo.model_path = std::filesystem::absolute(gguf_path).string();
         auto m = lowerModel(e->gguf_, e->config_, lo);

@@ -17,6 +17,7 @@
 
 #include "host/server/conn_front.h"
 #include "host/server/openai.h"
+#include "host/server/tools.h"
 
 namespace blue::server {
 
@@ -188,6 +189,8 @@ struct Generation {
     std::string streamed;  // cascades: the answer text streamed so far
     const bluevm_model* model_handle = nullptr;  // token texts of log-probabilities
     bool logprobs = false;
+    ApiRequest tools;                      // chat with tools: its tools and tool_choice
+    bool buffering = false;                // streamed with tools: text held until the end
     size_t text_offset = 0;                // completions: bytes before the next token
     std::vector<TokenLogprob> all_logprobs;  // non-streamed: every token's
     bool started = false, finished = false;
@@ -232,6 +235,9 @@ struct Generation {
         if (bluevm_token_piece(model_handle, token, &p, &len) != BLUEVM_OK || !p) return "";
         return std::string(p, len);
     }
+
+    // The id of the tool call this response answers with: from the response's id.
+    std::string toolCallId() const { return "call_" + response_id.substr(response_id.rfind('-') + 1); }
 
     // The choice's "logprobs" for these tokens (null when not asked); moves the text offset on.
     nlohmann::json logprobsFor(const std::vector<TokenLogprob>& tokens) {
@@ -483,14 +489,34 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     bluevm_request r;
     bluevm_request_init(&r);
     std::string prompt;
+    std::string constraint_kind, constraint;  // tools: what a call must be
+    if (auto e = toolConstraint(ar, &constraint_kind, &constraint)) {
+        sendError(res, *e);
+        return false;
+    }
     if (ar.endpoint == Endpoint::Chat) {
+        std::vector<std::pair<std::string, std::string>> messages = withTools(ar);
         std::vector<const char*> roles, contents;
-        for (const auto& [role, content] : ar.messages) {
+        for (const auto& [role, content] : messages) {
             roles.push_back(role.c_str());
             contents.push_back(content.c_str());
         }
         char* text = nullptr;
-        if (bluevm_format_chat(model, roles.data(), contents.data(), roles.size(), &text) != BLUEVM_OK) {
+        bluevm_status fs = bluevm_format_chat(model, roles.data(), contents.data(), roles.size(), &text);
+        if (fs != BLUEVM_OK) {
+            // A template without a tool role: tool results as user turns that say what they are.
+            for (auto& [role, content] : messages) {
+                if (role == "tool") role = "user", content = "Tool result: " + content;
+            }
+            roles.clear();
+            contents.clear();
+            for (const auto& [role, content] : messages) {
+                roles.push_back(role.c_str());
+                contents.push_back(content.c_str());
+            }
+            fs = bluevm_format_chat(model, roles.data(), contents.data(), roles.size(), &text);
+        }
+        if (fs != BLUEVM_OK) {
             sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", "messages"));
             return false;
         }
@@ -527,6 +553,9 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     r.grammar = ar.grammar.empty() ? nullptr : ar.grammar.c_str();
     r.json_schema = ar.json_schema.empty() ? nullptr : ar.json_schema.c_str();
     r.json_object = ar.json_object ? 1 : 0;
+    if (constraint_kind == "grammar") r.grammar = constraint.c_str();
+    if (constraint_kind == "json_schema") r.json_schema = constraint.c_str();
+    g.tools = ar;  // the answer is read back as tool_calls
     g.logprobs = ar.logprobs;
     g.model_handle = model;
     std::vector<const char*> stops;
@@ -536,7 +565,8 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
 
     bluevm_status st = bluevm_submit(engine, &r, &g.id);
     if (st != BLUEVM_OK) {
-        refuseSubmit(res, st, ar.endpoint == Endpoint::Chat ? "messages" : "prompt", ar.format_param.c_str());
+        refuseSubmit(res, st, ar.endpoint == Endpoint::Chat ? "messages" : "prompt",
+                     constraint_kind.empty() ? ar.format_param.c_str() : "tools");
         return false;
     }
     g.engine = engine;
@@ -704,8 +734,10 @@ void HttpServer::Impl::answerWhole(Generation& g, const httplib::Request& req,
             if (e.status == 503) res.set_header("Retry-After", kRetryAfter);
             return sendError(res, e);
         }
+        nlohmann::json calls = toolCallsOf(g.tools, g.text, g.toolCallId());
         res.set_content(responseBody(g.endpoint, g.response_id, g.created, g.model, g.text,
-                                     finishName(ev.reason), ev.usage, ev.extra, g.logprobsFor(g.all_logprobs)),
+                                     calls.is_array() ? "tool_calls" : finishName(ev.reason), ev.usage, ev.extra,
+                                     g.logprobsFor(g.all_logprobs), calls),
                         "application/json");
         return;
     }
@@ -721,6 +753,8 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
     };
     if (g.stream && !g.started) {
         g.started = true;
+        // With tools the text may be a call, known at the end: it is held and sent then.
+        g.buffering = !g.tools.tools.empty() && g.tools.tool_choice != "none";
         if (g.endpoint == Endpoint::Chat &&
             !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, "", "", true))) {
             return false;
@@ -737,13 +771,26 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
         return write(": keep-alive\n\n");
     }
     if (st != BLUEVM_OK) return false;
-    if ((!ev.text.empty() || !ev.logprobs.empty()) &&
-        !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, ev.text, "", false,
-                           g.logprobsFor(ev.logprobs)))) {
+    if (g.buffering) {
+        g.text += ev.text;
+        for (TokenLogprob& t : ev.logprobs) g.all_logprobs.push_back(std::move(t));
+    } else if ((!ev.text.empty() || !ev.logprobs.empty()) &&
+               !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, ev.text, "", false,
+                                  g.logprobsFor(ev.logprobs)))) {
         return false;
     }
     if (!ev.finished) return true;
     g.finished = true;
+    std::string finish = finishName(ev.reason);
+    if (g.buffering && ev.reason != BLUEVM_FINISH_ERROR) {
+        nlohmann::json calls = toolCallsOf(g.tools, g.text, g.toolCallId());
+        if (calls.is_array()) finish = "tool_calls";
+        if ((calls.is_array() || !g.text.empty() || !g.all_logprobs.empty()) &&
+            !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, g.text, "", false,
+                               g.logprobsFor(g.all_logprobs), calls))) {
+            return false;
+        }
+    }
     const Usage& usage = ev.usage;
     if (ev.reason == BLUEVM_FINISH_ERROR) {
         // The status line went out with the first byte: the error is the stream's last event.
@@ -751,8 +798,7 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
         sink.done();
         return ok;
     }
-    bool ok = write(
-        streamChunk(g.endpoint, g.response_id, g.created, g.model, "", finishName(ev.reason)));
+    bool ok = write(streamChunk(g.endpoint, g.response_id, g.created, g.model, "", finish));
     if (ok && g.include_usage) {
         ok = write(usageChunk(g.endpoint, g.response_id, g.created, g.model, usage));
     }

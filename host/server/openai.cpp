@@ -1,6 +1,8 @@
 // OpenAI request parsing and response formats (see openai.h).
 #include "host/server/openai.h"
 
+#include "host/server/tools.h"
+
 #include <cmath>
 
 #include "vm/status.h"
@@ -211,7 +213,11 @@ std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max
                 return bad(param + ".role", "'" + param + ".role' must be a string");
             }
             std::string content;
-            if (auto e = contentText(m.contains("content") ? m["content"] : json(), k, &content)) return e;
+            if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+                if (auto e = toolCallsText(m["tool_calls"], k, &content)) return e;  // the call it made
+            } else if (auto e = contentText(m.contains("content") ? m["content"] : json(), k, &content)) {
+                return e;
+            }
             r->messages.emplace_back(m["role"].get<std::string>(), std::move(content));
         }
     }
@@ -261,7 +267,7 @@ std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max
     }
     if (auto e = parseLogprobs(endpoint, j, r)) return e;
     if (auto e = parseOutputFormat(j, r)) return e;
-    for (const char* unsupported : {"tools", "functions", "logit_bias",
+    for (const char* unsupported : {"functions", "logit_bias",
                                     "best_of", "suffix"}) {
         auto it = j.find(unsupported);
         if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>())) continue;
@@ -285,10 +291,15 @@ std::optional<ApiError> parseRequest(Endpoint endpoint, const std::string& body,
         return bad("", "invalid JSON");
     }
     if (auto e = parseBody(endpoint, j, max_context, out)) return e;
+    // Schemas again with their keys in the order the client wrote them (json sorts them):
+    // properties are generated in the schema's order.
+    nlohmann::ordered_json o = nlohmann::ordered_json::parse(body, nullptr, false);
+    if (auto e = parseTools(j, o, out)) return e;
+    if (!out->tools.empty() && out->tool_choice != "none" && !out->format_param.empty() &&
+        (out->json_object || !out->json_schema.empty() || !out->grammar.empty())) {
+        return bad("tools", "'tools' and '" + out->format_param + "': at most one (a tool call is JSON of its own)");
+    }
     if (!out->json_schema.empty()) {
-        // The schema again with its keys in the order the client wrote them (json sorts them):
-        // properties are generated in the schema's order.
-        nlohmann::ordered_json o = nlohmann::ordered_json::parse(body, nullptr, false);
         const nlohmann::ordered_json* schema = nullptr;
         if (out->format_param == "json_schema") {
             schema = &o["json_schema"];
@@ -364,9 +375,12 @@ json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& tokens, si
 std::string responseBody(Endpoint endpoint, const std::string& id, int64_t created,
                          const std::string& model, const std::string& text,
                          const std::string& finish_reason, const Usage& usage,
-                         const nlohmann::json& extra, const nlohmann::json& logprobs) {
+                         const nlohmann::json& extra, const nlohmann::json& logprobs,
+                         const nlohmann::json& tool_calls) {
     json choice = {{"index", 0}, {"finish_reason", finishJson(finish_reason)}, {"logprobs", logprobs}};
-    if (endpoint == Endpoint::Chat) {
+    if (endpoint == Endpoint::Chat && tool_calls.is_array()) {
+        choice["message"] = {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", tool_calls}};
+    } else if (endpoint == Endpoint::Chat) {
         choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
         choice["text"] = text;
@@ -383,9 +397,14 @@ std::string responseBody(Endpoint endpoint, const std::string& id, int64_t creat
 
 std::string streamChunk(Endpoint endpoint, const std::string& id, int64_t created,
                         const std::string& model, const std::string& text,
-                        const std::string& finish_reason, bool role_chunk, const nlohmann::json& logprobs) {
+                        const std::string& finish_reason, bool role_chunk, const nlohmann::json& logprobs,
+                        const nlohmann::json& tool_calls) {
     json choice = {{"index", 0}, {"finish_reason", finishJson(finish_reason)}, {"logprobs", logprobs}};
-    if (endpoint == Endpoint::Chat) {
+    if (endpoint == Endpoint::Chat && tool_calls.is_array()) {
+        json calls = tool_calls;
+        for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
+        choice["delta"] = {{"tool_calls", calls}};
+    } else if (endpoint == Endpoint::Chat) {
         json delta = json::object();
         if (role_chunk) delta["role"] = "assistant";
         if (role_chunk || !text.empty()) delta["content"] = text;

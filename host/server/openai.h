@@ -48,6 +48,12 @@ struct ApiRequest {
     std::string json_schema;  // the schema as JSON text ("" when none)
     std::string grammar;      // GBNF ("" when none)
     std::string format_param; // the field it came from, for errors found when it is compiled
+    // Chat tools (host/server/tools.h): name, description, parameters (a schema, JSON text).
+    struct Tool {
+        std::string name, description, parameters;
+    };
+    std::vector<Tool> tools;
+    std::string tool_choice;  // "none", "auto", "required", or a tool's name ("" without tools)
 };
 
 // A client error: the HTTP status and the OpenAI error body's fields.
@@ -89,7 +95,8 @@ std::string responseBody(Endpoint endpoint, const std::string& id, int64_t creat
                          const std::string& model, const std::string& text,
                          const std::string& finish_reason, const Usage& usage,
                          const nlohmann::json& extra = nullptr,  // an object: its fields are added
-                         const nlohmann::json& logprobs = nullptr);  // the choice's "logprobs"
+                         const nlohmann::json& logprobs = nullptr,  // the choice's "logprobs"
+                         const nlohmann::json& tool_calls = nullptr);  // chat: an array answers them
 
 // One server-sent event ("data: {...}\n\n"). `role_chunk` (chat): the first chunk, which carries
 // the assistant role; `finish_reason` non-empty: the last chunk; `usage`: the usage-only chunk
@@ -97,7 +104,8 @@ std::string responseBody(Endpoint endpoint, const std::string& id, int64_t creat
 std::string streamChunk(Endpoint endpoint, const std::string& id, int64_t created,
                         const std::string& model, const std::string& text,
                         const std::string& finish_reason, bool role_chunk = false,
-                        const nlohmann::json& logprobs = nullptr);
+                        const nlohmann::json& logprobs = nullptr,
+                        const nlohmann::json& tool_calls = nullptr);  // chat: a delta of them
 std::string usageChunk(Endpoint endpoint, const std::string& id, int64_t created,
                        const std::string& model, const Usage& usage);
 inline constexpr const char* kStreamDone = "data: [DONE]\n\n";

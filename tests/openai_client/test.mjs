@@ -234,12 +234,30 @@ test('chat: response_format json_schema gives JSON valid against the schema', as
   assert.ok(o.choices[0].message.content.startsWith('{'));
 });
 
-// Not implemented by the server yet: tools (function calling). Refused with 400 naming the
-// field, never ignored; so is a schema the server cannot follow.
-test('errors: tools and an unsupported schema keyword are refused with 400', async () => {
-  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: {} } } }];
-  await rejects(client.chat.completions.create({ model: 'stories260K', messages, tools }),
-    OpenAI.BadRequestError, 400, /'tools' is not supported by this server/, 'tools');
+// Tools: a required call comes back as tool_calls, its arguments valid against the parameters.
+test('chat: tools with tool_choice required answer a tool call', async () => {
+  const tools = [{
+    type: 'function',
+    function: {
+      name: 'get_weather', description: 'The weather in a city',
+      parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 10 } }, required: ['city'] },
+    },
+  }];
+  const r = await client.chat.completions.create({
+    model: 'stories260K', messages: [{ role: 'user', content: 'Weather?' }], tools, tool_choice: 'required',
+    max_tokens: 60, temperature: 0.7, seed: 2,
+  });
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  const call = r.choices[0].message.tool_calls[0];
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'get_weather');
+  const args = JSON.parse(call.function.arguments);
+  assert.equal(typeof args.city, 'string');
+  assert.ok([...args.city].length <= 10);
+});
+
+// A schema the server cannot follow is refused with 400 naming the field, never ignored.
+test('errors: an unsupported schema keyword is refused with 400', async () => {
   await rejects(client.chat.completions.create({
     model: 'stories260K', messages,
     response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: '^a' } } },
