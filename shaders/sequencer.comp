@@ -404,7 +404,13 @@ bool fastStep(uint op, uint a, uint b, uint c, uint imm, uint local_base, uint l
         case OP_FSQRT: v = asU(sqrt(asF(x))); break;
         case OP_FEXP: v = asU(exp(asF(x))); break;
         case OP_FLOG: v = asU(log(asF(x))); break;
-        case OP_FFLOOR: v = asU(floor(asF(x))); break;
+        case OP_FFLOOR: {
+            // A zero result keeps the operand's sign (floor(-0) = -0): llvmpipe's 512-bit floor
+            // (LP_NATIVE_VECTOR_WIDTH=512) returned +0 for -0.
+            float r = floor(asF(x));
+            v = r == 0.0 ? x & 0x80000000u : asU(r);
+            break;
+        }
         case OP_ITOF: v = asU(float(int(x))); break;
         case OP_UTOF: v = asU(float(x)); break;
         case OP_FTOI: v = floatToInt(asF(x)); break;
