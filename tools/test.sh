@@ -70,9 +70,11 @@ if [ "$quick" -eq 0 ]; then
   # client (host and Node.js code over the same server), the fault injection of device loss (host
   # code paths), and the long end-to-end runs whose kernels the per-op tests already cover on
   # every device (48 requests of prefix reuse, 256 tokens of speculative decoding, 200 random
-  # schemas of structured output; the grammar compiler is host code): they test
+  # schemas of structured output, and its CLI, HTTP and tool-call paths over the same SAMPLEG
+  # kernel that the per-op and structured-output cases check on every device; the grammar
+  # compiler is host code): they test
   # host code, take half of a pass, and run once in the first pass and the sanitizer pass.
-  host_heavy='-tce=openai client:*,grammar:*,structured: 200 random*,prefix reuse: 48 requests*,device loss: injected*,speculate: greedy speculative decoding equals*,cascade serving*,cascade wal*,capi: bluevm_cascade*,cli: bluevm serve --cascade*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,peak: bluevm devices*,cascade: mutated*,verify: mutants*,cascade: every program in programs/ gives*'
+  host_heavy='-tce=openai client:*,grammar:*,structured: 200 random*,server: tools*,server: response_format*,cli: generate --json-schema*,prefix reuse: 48 requests*,device loss: injected*,speculate: greedy speculative decoding equals*,cascade serving*,cascade wal*,capi: bluevm_cascade*,cli: bluevm serve --cascade*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,peak: bluevm devices*,cascade: mutated*,verify: mutants*,cascade: every program in programs/ gives*'
   run subgroup-4 LP_NATIVE_VECTOR_WIDTH=128 -- "$host_heavy" "$@"
   run subgroup-16 LP_NATIVE_VECTOR_WIDTH=512 -- "$host_heavy" "$@"
   # A profile that lowers none of this device's limits (`bluevm devices` says so) would repeat
