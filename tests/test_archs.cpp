@@ -45,6 +45,7 @@ Module lower(const Model& model, const ModelConfig& cfg, const std::string& path
     LowerOptions opt;
     opt.kv_type = kv_type;
     opt.ctx = kCtx;
+    opt.grammar_words = 0;  // no grammars here: 16 instances fit 1 MiB pages (device profiles)
     opt.max_rows = 64;
     opt.chunk = 16;
     opt.model_path = path;

@@ -48,6 +48,7 @@ Lowered lowerFile(const std::string& path, uint32_t max_rows = 64) {
     REQUIRE_MESSAGE(cfg.isOk(), cfg.message());
     LowerOptions opt;
     opt.ctx = 96;
+    opt.grammar_words = 0;  // no grammars here: 16 instances fit 1 MiB pages (device profiles)
     opt.max_rows = max_rows;
     opt.chunk = 16;
     opt.model_path = path;
@@ -260,6 +261,7 @@ TEST_CASE("moe: stories260K upcycled into 8 experts gives the dense model's 256 
     REQUIRE(cfg.value().n_expert == 8);
     LowerOptions opt;
     opt.ctx = 300;
+    opt.grammar_words = 0;  // no grammars here: 16 instances fit 1 MiB pages (device profiles)
     opt.model_path = path;
     auto m = lowerModel(g.value(), cfg.value(), opt);
     REQUIRE_MESSAGE(m.isOk(), m.message());
