@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "compiler/asm.h"
 #include "compiler/code_builder.h"
 #include "compiler/tokenizer.h"
 #include "vm/abi.h"
@@ -618,11 +619,7 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
         t.dtype = DType::I32;
         t.cls = BLUE_TC_WEIGHT;
         t.ne[0] = table.size();
-        t.source = DataSource::DATA;
-        t.offset = m.data.size();
-        t.bytes = table.size() * 4;
-        m.data.resize(m.data.size() + t.bytes);
-        std::memcpy(m.data.data() + t.offset, table.data(), t.bytes);
+        appendTensorData(&m, &t, table.data(), table.size() * 4);
         lw.token_bytes = lw.add(t);
         lw.grammar = lw.activation("grammar", BLUE_TC_INSTANCE, DType::I32, {opt.grammar_words});
     }

@@ -55,10 +55,6 @@ inline Status setRequestConstraint(const bluevm_request& in, const Engine& e, Ge
         field = "json_object";
     }
     if (c.kind == ConstraintKind::None) return Status::ok();
-    if (e.grammarWords() == 0) {
-        return Status::error(std::string(field) + ": this program was lowered without grammar support "
-                             "(lower the model again without --grammar-words 0)");
-    }
     Result<PackedGrammar> g = compileConstraint(c, e.grammarWords());
     if (!g) return Status::error(std::string(field) + ": " + g.status().message());
     r->grammar = g.value();

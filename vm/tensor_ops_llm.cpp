@@ -425,17 +425,6 @@ void writeTopLogprobs(const std::vector<float>& l, uint32_t count, uint32_t* out
     }
 }
 
-// SAMPLEG's grammar of one item: the instance's automaton and the model's token bytes.
-GrammarWalk grammarOf(const Items& it, const TensorInstr& ti, uint32_t item, uint64_t vocab) {
-    const TensorDecl& g = it.decl(ti.args[2]);
-    const TensorDecl& tb = it.decl(ti.args[3]);
-    GrammarWalk w;
-    w.g = {reinterpret_cast<const uint32_t*>(it.slice(ti.args[2], item)), g.elements()};
-    w.tb = {reinterpret_cast<const uint32_t*>(it.slice(ti.args[3], item)), tb.elements()};
-    w.vocab = uint32_t(vocab);
-    return w;
-}
-
 // Tokens the grammar does not allow get kGrammarMasked. When it allows none (the vocabulary
 // cannot continue the text), the end-of-generation tokens are made likely, or else token 0.
 void maskGrammar(const GrammarWalk& w, std::vector<float>& l) {
@@ -451,6 +440,24 @@ void maskGrammar(const GrammarWalk& w, std::vector<float>& l) {
     if (!any && !l.empty()) l[0] = 0;
 }
 
+// SAMPLEG's grammar step for one item, before the penalties: the token the program emitted
+// since the last sample (BLUE_GR_PENDING) advances the instance's automaton, then the tokens it
+// does not allow are masked in `l`. Nothing without an automaton.
+void applyGrammar(const Items& it, const TensorInstr& ti, uint32_t item, std::vector<float>& l) {
+    uint32_t* g = reinterpret_cast<uint32_t*>(it.slice(ti.args[2], item));
+    GrammarWalk w;
+    w.g = {g, it.decl(ti.args[2]).elements()};
+    w.tb = {reinterpret_cast<const uint32_t*>(it.slice(ti.args[3], item)), it.decl(ti.args[3]).elements()};
+    w.vocab = uint32_t(l.size());
+    if (!w.active()) return;
+    if (g[BLUE_GR_PENDING] != 0) {
+        uint32_t next = w.next(g[BLUE_GR_STATE], g[BLUE_GR_PENDING] - 1);
+        if (next != BLUE_GR_DEAD) g[BLUE_GR_STATE] = next;
+        g[BLUE_GR_PENDING] = 0;
+    }
+    maskGrammar(w, l);
+}
+
 // SAMPLE, and SAMPLEQ (which also writes the distribution it drew from into a table row), and
 // SAMPLEG (constrained by the instance's grammar).
 void refSample(const Items& it, const TensorInstr& ti, bool with_table, bool with_grammar = false) {
@@ -462,19 +469,7 @@ void refSample(const Items& it, const TensorInstr& ti, bool with_table, bool wit
         SampleParams p = sampleParams(sp);
         float* logits = it.f32(ti.args[0], item);
         std::vector<float> l(logits, logits + n);
-        GrammarWalk grammar;
-        if (with_grammar) {
-            grammar = grammarOf(it, ti, item, n);
-            if (grammar.active()) {
-                uint32_t* g = const_cast<uint32_t*>(grammar.g.data());
-                if (g[BLUE_GR_PENDING] != 0) {  // the token emitted since the last sample
-                    uint32_t next = grammar.next(g[BLUE_GR_STATE], g[BLUE_GR_PENDING] - 1);
-                    if (next != BLUE_GR_DEAD) g[BLUE_GR_STATE] = next;
-                    g[BLUE_GR_PENDING] = 0;
-                }
-                maskGrammar(grammar, l);
-            }
-        }
+        if (with_grammar) applyGrammar(it, ti, item, l);
         uint32_t hist_addr = sp[BLUE_SP_HIST_ADDR], hist_len = sp[BLUE_SP_HIST_LEN];
         const uint32_t* hist = it.local(item, uint64_t(hist_addr) + hist_len - 1) && hist_len ? it.local(item, hist_addr) : nullptr;
         if (hist) applyPenalties(l, p, hist, hist_len);

@@ -70,7 +70,6 @@ Status compileOutputOption(GenerateArgs* a, uint32_t grammar_words) {
         c.kind = gbnf ? ConstraintKind::Grammar : ConstraintKind::JsonSchema;
         c.text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
-    if (grammar_words == 0) return Status::error(what + ": the program has no grammar support (--grammar-words 0)");
     Result<PackedGrammar> g = compileConstraint(c, grammar_words);
     if (!g) return Status::error(what + ": " + g.message());
     a->grammar = g.value();

@@ -32,6 +32,9 @@ Result<PackedGrammar> compileGbnf(const std::string& gbnf, uint32_t max_words, c
 }  // namespace
 
 Result<PackedGrammar> compileConstraint(const OutputConstraint& c, uint32_t max_words) {
+    if (c.kind != ConstraintKind::None && max_words == 0) {
+        return Status::error("this program has no grammar memory (lowered with --grammar-words 0)");
+    }
     switch (c.kind) {
         case ConstraintKind::None: return PackedGrammar();
         case ConstraintKind::Grammar: return compileGbnf(c.text, max_words, "grammar");

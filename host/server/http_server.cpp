@@ -189,8 +189,8 @@ struct Generation {
     std::string streamed;  // cascades: the answer text streamed so far
     const bluevm_model* model_handle = nullptr;  // token texts of log-probabilities
     bool logprobs = false;
-    ApiRequest tools;                      // chat with tools: its tools and tool_choice
-    bool buffering = false;                // streamed with tools: text held until the end
+    std::vector<ApiRequest::Tool> tools;   // chat: the tools offered (streamed: text held until
+                                           // the end, when a call is known)
     size_t text_offset = 0;                // completions: bytes before the next token
     std::vector<TokenLogprob> all_logprobs;  // non-streamed: every token's
     bool started = false, finished = false;
@@ -496,25 +496,22 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     }
     if (ar.endpoint == Endpoint::Chat) {
         std::vector<std::pair<std::string, std::string>> messages = withTools(ar);
-        std::vector<const char*> roles, contents;
-        for (const auto& [role, content] : messages) {
-            roles.push_back(role.c_str());
-            contents.push_back(content.c_str());
-        }
         char* text = nullptr;
-        bluevm_status fs = bluevm_format_chat(model, roles.data(), contents.data(), roles.size(), &text);
+        auto format = [&] {
+            std::vector<const char*> roles, contents;
+            for (const auto& [role, content] : messages) {
+                roles.push_back(role.c_str());
+                contents.push_back(content.c_str());
+            }
+            return bluevm_format_chat(model, roles.data(), contents.data(), roles.size(), &text);
+        };
+        bluevm_status fs = format();
         if (fs != BLUEVM_OK) {
             // A template without a tool role: tool results as user turns that say what they are.
             for (auto& [role, content] : messages) {
                 if (role == "tool") role = "user", content = "Tool result: " + content;
             }
-            roles.clear();
-            contents.clear();
-            for (const auto& [role, content] : messages) {
-                roles.push_back(role.c_str());
-                contents.push_back(content.c_str());
-            }
-            fs = bluevm_format_chat(model, roles.data(), contents.data(), roles.size(), &text);
+            fs = format();
         }
         if (fs != BLUEVM_OK) {
             sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", "messages"));
@@ -555,7 +552,7 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     r.json_object = ar.json_object ? 1 : 0;
     if (constraint_kind == "grammar") r.grammar = constraint.c_str();
     if (constraint_kind == "json_schema") r.json_schema = constraint.c_str();
-    g.tools = ar;  // the answer is read back as tool_calls
+    if (toolsOffered(ar)) g.tools = ar.tools;  // the answer is read back as tool_calls
     g.logprobs = ar.logprobs;
     g.model_handle = model;
     std::vector<const char*> stops;
@@ -753,8 +750,6 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
     };
     if (g.stream && !g.started) {
         g.started = true;
-        // With tools the text may be a call, known at the end: it is held and sent then.
-        g.buffering = !g.tools.tools.empty() && g.tools.tool_choice != "none";
         if (g.endpoint == Endpoint::Chat &&
             !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, "", "", true))) {
             return false;
@@ -771,7 +766,7 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
         return write(": keep-alive\n\n");
     }
     if (st != BLUEVM_OK) return false;
-    if (g.buffering) {
+    if (!g.tools.empty()) {  // the text may be a call, known at the end: held until then
         g.text += ev.text;
         for (TokenLogprob& t : ev.logprobs) g.all_logprobs.push_back(std::move(t));
     } else if ((!ev.text.empty() || !ev.logprobs.empty()) &&
@@ -782,7 +777,7 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
     if (!ev.finished) return true;
     g.finished = true;
     std::string finish = finishName(ev.reason);
-    if (g.buffering && ev.reason != BLUEVM_FINISH_ERROR) {
+    if (!g.tools.empty() && ev.reason != BLUEVM_FINISH_ERROR) {
         nlohmann::json calls = toolCallsOf(g.tools, g.text, g.toolCallId());
         if (calls.is_array()) finish = "tool_calls";
         if ((calls.is_array() || !g.text.empty() || !g.all_logprobs.empty()) &&

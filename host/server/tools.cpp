@@ -28,9 +28,6 @@ bool validName(const std::string& s) {
     return true;
 }
 
-// The tools the request offers (none with tool_choice "none").
-bool offered(const ApiRequest& r) { return !r.tools.empty() && r.tool_choice != "none"; }
-
 // GBNF `text` with its rule `from` renamed `to` (names outside literals and classes only).
 std::string renameRule(const std::string& text, const std::string& from, const std::string& to) {
     std::string out;
@@ -59,6 +56,8 @@ std::string renameRule(const std::string& text, const std::string& from, const s
 }
 
 }  // namespace
+
+bool toolsOffered(const ApiRequest& r) { return !r.tools.empty() && r.tool_choice != "none"; }
 
 std::optional<ApiError> parseTools(const json& body, const ordered& ordered_body, ApiRequest* r) {
     auto it = body.find("tools");
@@ -144,7 +143,7 @@ std::optional<ApiError> toolCallsText(const json& calls, size_t index, std::stri
 
 std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r) {
     std::vector<std::pair<std::string, std::string>> out = r.messages;
-    if (!offered(r)) return out;
+    if (!toolsOffered(r)) return out;
     std::string text =
         "You can call tools. To call one, answer with a JSON object and nothing else: "
         "{\"name\": the tool's name, \"arguments\": an object valid against its parameters}. "
@@ -164,7 +163,7 @@ std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r) 
 std::optional<ApiError> toolConstraint(const ApiRequest& r, std::string* kind, std::string* text) {
     kind->clear();
     text->clear();
-    if (!offered(r)) return std::nullopt;
+    if (!toolsOffered(r)) return std::nullopt;
     ordered calls = ordered::array();
     for (const ApiRequest::Tool& t : r.tools) {
         if (r.tool_choice != "auto" && r.tool_choice != "required" && r.tool_choice != t.name) continue;
@@ -187,8 +186,8 @@ std::optional<ApiError> toolConstraint(const ApiRequest& r, std::string* kind, s
     return std::nullopt;
 }
 
-json toolCallsOf(const ApiRequest& r, const std::string& text, const std::string& id) {
-    if (!offered(r) || text.empty() || text[0] != '{') return nullptr;
+json toolCallsOf(const std::vector<ApiRequest::Tool>& offered, const std::string& text, const std::string& id) {
+    if (offered.empty() || text.empty() || text[0] != '{') return nullptr;
     ordered call = ordered::parse(text, nullptr, false);
     if (call.is_discarded() || !call.is_object() || !call.contains("name") || !call["name"].is_string() ||
         !call.contains("arguments")) {
@@ -196,7 +195,7 @@ json toolCallsOf(const ApiRequest& r, const std::string& text, const std::string
     }
     const std::string name = call["name"];
     bool known = false;
-    for (const ApiRequest::Tool& t : r.tools) known = known || t.name == name;
+    for (const ApiRequest::Tool& t : offered) known = known || t.name == name;
     if (!known) return nullptr;
     return json::array({{{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", call["arguments"].dump()}}}}});
 }

@@ -37,8 +37,12 @@ std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r);
 // tool is offered. Fails on parameters structured output cannot follow, naming the keyword.
 std::optional<ApiError> toolConstraint(const ApiRequest& r, std::string* kind, std::string* text);
 
-// The finished text as `tool_calls` (an array of one call with a fresh id), or null when it is
-// not a call of one of the tools.
-nlohmann::json toolCallsOf(const ApiRequest& r, const std::string& text, const std::string& id);
+// Whether the request offers tools (it has some, and tool_choice is not "none").
+bool toolsOffered(const ApiRequest& r);
+
+// The finished text as `tool_calls` (an array of one call with the id `id`), or null when it is
+// not a call of one of the `offered` tools.
+nlohmann::json toolCallsOf(const std::vector<ApiRequest::Tool>& offered, const std::string& text,
+                           const std::string& id);
 
 }  // namespace blue::server
