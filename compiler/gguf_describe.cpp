@@ -67,6 +67,10 @@ void describeModel(const GgufFile& file, std::string& out) {
     if (c.rope_scaling != RopeScaling::None) {
         out += strFormat(" x%g from %u", double(c.rope_scaling_factor), c.rope_scaling_orig_ctx);
     }
+    if (c.rope_scaling == RopeScaling::Yarn) {
+        out += strFormat(" (beta %g/%g, ext %g, magnitude %.4g)", double(c.yarn_beta_fast), double(c.yarn_beta_slow),
+                         double(c.yarn_ext_factor), double(ropeMagnitude(c, false)));
+    }
     if (c.has_rope_long || c.has_rope_short) {
         out += strFormat(", LongRoPE factors%s%s (original context %u)", c.has_rope_short ? " short" : "",
                          c.has_rope_long ? " long" : "", c.rope_scaling_orig_ctx);

@@ -74,6 +74,19 @@ struct Lowering {
         return add(t);
     }
     bool hasTensor(const std::string& name) const { return gguf.findTensor(name) != nullptr; }
+    // YaRN's per-pair frequency divisors, computed here from the config: a DATA tensor every
+    // layer's ROPE shares.
+    uint32_t yarnDivisors() {
+        if (auto it = ids.find(prefix + "rope_yarn_divisors"); it != ids.end()) return it->second;
+        std::vector<float> div = yarnFreqDivisors(cfg);
+        TensorDecl t;
+        t.name = prefix + "rope_yarn_divisors";
+        t.dtype = DType::F32;
+        t.cls = BLUE_TC_WEIGHT;
+        t.ne[0] = div.size();
+        appendTensorData(&m, &t, div.data(), div.size() * 4);
+        return add(t);
+    }
 
     uint32_t activation(const std::string& name, uint32_t cls, DType type,
                         std::initializer_list<uint64_t> dims) {
@@ -273,9 +286,12 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
     float scale = cfg.rope_scaling == RopeScaling::Linear ? 1.0f / cfg.rope_scaling_factor : 1.0f;
     float base = cfg.rope_freq_base;
     const bool sliding = cfg.isSlidingLayer(l);
-    if (sliding && cfg.rope_freq_base_swa > 0) {  // gemma3's local layers: their own base, unscaled
+    const bool own_base = sliding && cfg.rope_freq_base_swa > 0;
+    if (own_base) {  // gemma3's local layers: their own base, unscaled
         base = cfg.rope_freq_base_swa;
         scale = 1.0f;
+    } else if (cfg.rope_scaling == RopeScaling::Yarn) {  // YaRN: a divisor per pair (checkLowerable)
+        freqs = yarnDivisors();
     }
     for (uint32_t t : {q, k}) {
         cb.tensor(Op::ROPE, {t, t, freqs, BLUE_FA_POS, cfg.head_dim, cfg.n_rot, mode,
@@ -286,8 +302,8 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
     uint32_t vc = activation("vcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
     cb.tensor(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
     // RoPE's attention factor scales the rotated Q and K, so their products by its square.
-    float qscale = (cfg.attn_scale > 0 ? cfg.attn_scale : 1.0f / std::sqrt(float(cfg.head_dim))) *
-                   cfg.rope_attn_factor * cfg.rope_attn_factor;
+    const float magnitude = ropeMagnitude(cfg, own_base);
+    float qscale = (cfg.attn_scale > 0 ? cfg.attn_scale : 1.0f / std::sqrt(float(cfg.head_dim))) * magnitude * magnitude;
     if (sliding || cfg.attn_softcap > 0) {
         cb.tensor(Op::ATTNX, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS, floatBits(qscale),
                               sliding ? cfg.sliding_window : 0u, floatBits(cfg.attn_softcap)});
@@ -321,6 +337,9 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     uint32_t eog_at = uint32_t(m.consts.size());
     m.consts.push_back(uint32_t(eog.size()));
     m.consts.insert(m.consts.end(), eog.begin(), eog.end());
+    // The loop's LDK names eog_at + 1 even when the count is 0 (a file without end tokens): the
+    // verifier checks that offset against the pool, so it must exist (never read then).
+    if (eog.empty()) m.consts.push_back(0);
     m.syms.push_back({SymKind::CONST, eog_at, "eog_tokens"});
 
     cb.li(kMinus1, 0xFFFFFFFFu);
@@ -542,8 +561,8 @@ Status checkLowerable(const ModelConfig& cfg) {
         return BLUE_ERROR("%u experts with %u per token: at most %u experts and %u per token are supported",
                           cfg.n_expert, cfg.n_expert_used, BLUE_MOE_MAX_EXPERTS, BLUE_MOE_MAX_SLOTS);
     }
-    if (cfg.rope_scaling == RopeScaling::Yarn) {
-        return Status::error("rope scaling type 'yarn' (rope.scaling.type) is not supported yet (BlueVM runs none and linear)");
+    if (cfg.rope_scaling == RopeScaling::Yarn && (cfg.has_rope_freqs || cfg.has_rope_long || cfg.has_rope_short)) {
+        return Status::error("rope scaling 'yarn' together with frequency-factor tensors (rope_freqs/rope_factors_*) is not supported");
     }
     if (cfg.head_dim_v != cfg.head_dim) return Status::error("K and V head sizes differ; not supported");
     return Status::ok();
@@ -612,7 +631,7 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
             return BLUE_ERROR("grammar words %u: at least %u, or 0 for none", opt.grammar_words, BLUE_GR_HEADER_WORDS + 2);
         }
         Result<Tokenizer> tok = Tokenizer::fromGguf(gguf);
-        if (!tok) return Status::error(gguf.name() + ": " + tok.status().message());
+        if (!tok) return tok.status();  // names the file
         std::vector<uint32_t> table = tokenBytesTable(tok.value(), cfg.n_vocab);
         TensorDecl t;
         t.name = "token_bytes";

@@ -167,6 +167,39 @@ Status readAttention(const GgufFile& file, const ArchKeys& keys, ModelConfig& c)
     return {};
 }
 
+Status readPositive(const GgufFile& file, const ArchKeys& keys, const char* suffix, float fallback, float* out) {
+    BLUE_ASSIGN(*out, keys.f32Or(suffix, fallback));
+    if (!(*out > 0.0f) || !std::isfinite(*out)) {
+        return BLUE_ERROR("%s: key '%s' is %g; it must be positive", file.name().c_str(), keys.key(suffix).c_str(), *out);
+    }
+    return {};
+}
+
+// YaRN's keys, with llama.cpp's defaults. DeepSeek's log multiplier (a different magnitude rule)
+// is refused rather than ignored.
+Status readYarn(const GgufFile& file, const ArchKeys& keys, ModelConfig& c) {
+    const char* name = file.name().c_str();
+    if (c.rope_scaling_orig_ctx == 0) {
+        return BLUE_ERROR("%s: rope scaling 'yarn' needs %s (or %s)", name,
+                          keys.key("rope.scaling.original_context_length").c_str(), keys.key("context_length").c_str());
+    }
+    BLUE_ASSIGN(c.yarn_ext_factor, keys.f32Or("rope.scaling.yarn_ext_factor", 1.0f));
+    if (!(c.yarn_ext_factor >= 0.0f && c.yarn_ext_factor <= 1.0f)) {
+        return BLUE_ERROR("%s: key '%s' is %g; it must be in [0, 1]", name,
+                          keys.key("rope.scaling.yarn_ext_factor").c_str(), c.yarn_ext_factor);
+    }
+    BLUE_TRY(readPositive(file, keys, "rope.scaling.yarn_attn_factor", 1.0f, &c.yarn_attn_factor));
+    BLUE_TRY(readPositive(file, keys, "rope.scaling.yarn_beta_fast", 32.0f, &c.yarn_beta_fast));
+    BLUE_TRY(readPositive(file, keys, "rope.scaling.yarn_beta_slow", 1.0f, &c.yarn_beta_slow));
+    float log_mul = 0.0f;
+    BLUE_ASSIGN(log_mul, keys.f32Or("rope.scaling.yarn_log_multiplier", 0.0f));
+    if (log_mul != 0.0f) {
+        return BLUE_ERROR("%s: key '%s' (DeepSeek's YaRN magnitude) is not supported", name,
+                          keys.key("rope.scaling.yarn_log_multiplier").c_str());
+    }
+    return {};
+}
+
 Status readRope(const GgufFile& file, const ArchKeys& keys, ModelConfig& c) {
     const char* name = file.name().c_str();
     BLUE_ASSIGN(c.rope_freq_base, keys.f32Or("rope.freq_base", 10000.0f));
@@ -190,7 +223,7 @@ Status readRope(const GgufFile& file, const ArchKeys& keys, ModelConfig& c) {
     } else if (type == "yarn") {
         c.rope_scaling = RopeScaling::Yarn;
     } else {
-        return BLUE_ERROR("%s: rope scaling type '%s' is not supported (BlueVM runs none and linear)", name,
+        return BLUE_ERROR("%s: rope scaling type '%s' is not supported (BlueVM runs none, linear and yarn; longrope for phi3)", name,
                           ggufPrintable(type).c_str());
     }
     if (!(factor > 0.0f) || !std::isfinite(factor)) {
@@ -200,6 +233,7 @@ Status readRope(const GgufFile& file, const ArchKeys& keys, ModelConfig& c) {
     c.rope_scaling_factor = factor;
     BLUE_ASSIGN(c.rope_scaling_orig_ctx,
                 keys.u32Or("rope.scaling.original_context_length", c.n_ctx_train));
+    if (c.rope_scaling == RopeScaling::Yarn) BLUE_TRY(readYarn(file, keys, c));
     return {};
 }
 
@@ -342,14 +376,6 @@ Status checkTensors(const GgufFile& file, const ArchTraits& arch, ModelConfig& c
     return tc.checkAllUsed(arch.name);
 }
 
-Status readPositive(const GgufFile& file, const ArchKeys& keys, const char* suffix, float fallback, float* out) {
-    BLUE_ASSIGN(*out, keys.f32Or(suffix, fallback));
-    if (!(*out > 0.0f) || !std::isfinite(*out)) {
-        return BLUE_ERROR("%s: key '%s' is %g; it must be positive", file.name().c_str(), keys.key(suffix).c_str(), *out);
-    }
-    return {};
-}
-
 // What gemma2, gemma3 and phi3 add to the llama forward pass, with llama.cpp's defaults: gemma2
 // slides on even layers (window 4096 unless stated) and soft-caps attention (50) and output (30)
 // logits; gemma3 slides on 5 layers of every 6 (window required) with RoPE base 10000 there;
@@ -387,9 +413,11 @@ Status readArchExtras(const GgufFile& file, const ArchKeys& keys, ModelConfig& c
     }
     // llama.cpp reads RoPE's attention factor for every architecture (phi3's converter writes it).
     BLUE_TRY(readPositive(file, keys, "rope.scaling.attn_factor", 1.0f, &c.rope_attn_factor));
-    if (c.rope_attn_factor != 1.0f && c.n_rot != c.head_dim) {
-        return BLUE_ERROR("%s: key '%s' with partial rotation (rope.dimension_count %u < head width %u) is not supported",
-                          name, keys.key("rope.scaling.attn_factor").c_str(), c.n_rot, c.head_dim);
+    if (ropeMagnitude(c, false) != 1.0f && c.n_rot != c.head_dim) {
+        return BLUE_ERROR("%s: %s with partial rotation (rope.dimension_count %u < head width %u) is not supported",
+                          name, c.rope_attn_factor != 1.0f ? ("key '" + keys.key("rope.scaling.attn_factor") + "'").c_str()
+                                                           : "YaRN's magnitude",
+                          c.n_rot, c.head_dim);
     }
     if (c.arch == ModelArch::Phi3) {
         c.fused_up = true;
@@ -434,6 +462,33 @@ const std::vector<DType>& gpuMatrixTypes() {
         DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS,
         DType::TQ1_0, DType::TQ2_0, DType::MXFP4};
     return types;
+}
+
+std::vector<float> yarnFreqDivisors(const ModelConfig& c) {
+    if (c.rope_scaling != RopeScaling::Yarn) return {};
+    // The pair index whose wavelength fits `turns` times into the original context.
+    auto pairTurning = [&](float turns) {
+        return float(c.n_rot) * std::log(float(c.rope_scaling_orig_ctx) / (turns * 2.0f * float(M_PI))) /
+               (2.0f * std::log(c.rope_freq_base));
+    };
+    float low = std::max(0.0f, std::floor(pairTurning(c.yarn_beta_fast)));
+    float high = std::min(float(c.n_rot - 1), std::ceil(pairTurning(c.yarn_beta_slow)));
+    std::vector<float> div(c.n_rot / 2);
+    for (uint32_t i = 0; i < div.size(); ++i) {
+        float y = (float(i) - low) / std::max(0.001f, high - low);
+        float r = (1.0f - std::clamp(y, 0.0f, 1.0f)) * c.yarn_ext_factor;
+        div[i] = 1.0f / ((1.0f - r) / c.rope_scaling_factor + r);
+    }
+    return div;
+}
+
+float ropeMagnitude(const ModelConfig& c, bool own_base_layer) {
+    float m = c.rope_attn_factor;
+    if (c.rope_scaling == RopeScaling::Yarn) {
+        m *= c.yarn_attn_factor;
+        if (c.yarn_ext_factor != 0.0f && !own_base_layer) m *= 1.0f + 0.1f * std::log(c.rope_scaling_factor);
+    }
+    return m;
 }
 
 std::string_view ropeScalingName(RopeScaling s) {

@@ -70,6 +70,13 @@ struct ModelConfig {
     bool has_rope_long = false;   // rope_factors_long.weight [n_rot/2] (phi3 LongRoPE, ctx > original)
     bool has_rope_short = false;  // rope_factors_short.weight [n_rot/2] (ctx <= original)
     float rope_attn_factor = 1.0f;  // rope.scaling.attn_factor: RoPE's cos/sin magnitude (any arch; phi3 writes it)
+    // YaRN (rope.scaling.type yarn): each rotated pair's frequency moves from extrapolated (pairs
+    // that turn more than beta_fast times in the original context) to interpolated by the factor
+    // (fewer than beta_slow turns) along a linear ramp; cos and sin grow by 1 + 0.1 ln(factor).
+    float yarn_ext_factor = 1.0f;   // rope.scaling.yarn_ext_factor: the ramp's weight (0: interpolate all)
+    float yarn_attn_factor = 1.0f;  // rope.scaling.yarn_attn_factor: multiplies the magnitude
+    float yarn_beta_fast = 32.0f;   // rope.scaling.yarn_beta_fast
+    float yarn_beta_slow = 1.0f;    // rope.scaling.yarn_beta_slow
 
     bool isMoe() const { return n_expert > 0; }
     bool isSlidingLayer(uint32_t l) const {
@@ -84,6 +91,16 @@ std::string_view modelArchName(ModelArch arch);
 // the order error messages list them. Vectors (norm weights, biases) are F32.
 const std::vector<DType>& gpuMatrixTypes();
 std::string_view ropeScalingName(RopeScaling s);
+
+// YaRN's frequency divisor of each rotated pair (n_rot / 2 values; the ROPE op's factor table,
+// with no position scale): 1 / ((1 - r) / factor + r), r the pair's ramp weight. Empty unless
+// the config scales RoPE by YaRN.
+std::vector<float> yarnFreqDivisors(const ModelConfig& c);
+
+// RoPE's cos/sin magnitude on a layer: rope.scaling.attn_factor, times YaRN's
+// yarn_attn_factor * (1 + 0.1 ln factor) (without the logarithm when ext_factor is 0) on layers
+// that YaRN scales (not gemma3's local layers, which rotate by their own unscaled base).
+float ropeMagnitude(const ModelConfig& c, bool own_base_layer);
 
 // Reads the hyperparameters of a supported architecture and validates the tensors: every tensor
 // the forward pass needs exists with the expected shape and a supported type, and no tensor is

@@ -1,4 +1,4 @@
-// The naive forward pass of gemma2, gemma3 and phi3 (see naive_forward.h).
+// The naive forward pass of gemma2, gemma3, phi3 and qwen2 (see naive_forward.h).
 #include "tests/naive_forward.h"
 
 #include <doctest/doctest.h>
@@ -50,18 +50,40 @@ Vec rmsNorm(const Vec& x, const std::vector<float>& w, double eps, size_t group)
     return y;
 }
 
-// NeoX RoPE of every head of v at position pos (ggml_rope_ext with ext_factor 0: the rotation
-// scaled by attn_factor, dims past n_rot unchanged).
+// YaRN's blend weight of pair i (ggml_rope_yarn_corr_dims and rope_yarn_ramp): 1 for pairs that
+// turn more than beta_fast times in the original context, 0 below beta_slow turns, linear between.
+double yarnRamp(const ModelConfig& c, uint32_t i) {
+    auto corr = [&](double turns) {
+        return c.n_rot * std::log(c.rope_scaling_orig_ctx / (turns * 2 * M_PI)) / (2 * std::log(double(c.rope_freq_base)));
+    };
+    double lo = std::max(0.0, std::floor(corr(c.yarn_beta_fast)));
+    double hi = std::min(double(c.n_rot - 1), std::ceil(corr(c.yarn_beta_slow)));
+    double y = (i - lo) / std::max(0.001, hi - lo);
+    return 1.0 - std::min(1.0, std::max(0.0, y));
+}
+
+// NeoX RoPE of every head of v at position pos (ggml_rope_ext: the rotation scaled by
+// attn_factor, dims past n_rot unchanged). yarn: the angle blends the extrapolated angle and the
+// interpolated one (divided by the factor) by the ramp times ext_factor, and the magnitude grows
+// by yarn_attn_factor (1 + 0.1 ln factor).
 void rope(Vec& v, const ModelConfig& c, double pos, double base, double freq_scale,
-          const std::vector<float>* factors, double attn_factor) {
+          const std::vector<float>* factors, double attn_factor, bool yarn = false) {
     const uint32_t hd = c.head_dim, half = c.n_rot / 2;
+    double mag = attn_factor;
+    if (c.rope_scaling == RopeScaling::Yarn) mag *= c.yarn_attn_factor;  // on gemma3's local layers too
+    if (yarn && c.yarn_ext_factor != 0) mag *= 1 + 0.1 * std::log(c.rope_scaling_factor);
     for (size_t h = 0; h < v.size(); h += hd) {
         for (uint32_t i = 0; i < half; ++i) {
             double theta = pos * freq_scale * std::pow(base, -2.0 * i / c.n_rot) /
                            (factors ? (*factors)[i] : 1.0f);
+            if (yarn) {
+                double extrap = pos * std::pow(base, -2.0 * i / c.n_rot), interp = extrap / c.rope_scaling_factor;
+                double mix = yarnRamp(c, i) * c.yarn_ext_factor;
+                theta = interp * (1 - mix) + extrap * mix;
+            }
             double x0 = v[h + i], x1 = v[h + i + half];
-            v[h + i] = (x0 * std::cos(theta) - x1 * std::sin(theta)) * attn_factor;
-            v[h + i + half] = (x0 * std::sin(theta) + x1 * std::cos(theta)) * attn_factor;
+            v[h + i] = (x0 * std::cos(theta) - x1 * std::sin(theta)) * mag;
+            v[h + i + half] = (x0 * std::sin(theta) + x1 * std::cos(theta)) * mag;
         }
     }
 }
@@ -73,7 +95,8 @@ std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const Model
     const Weights w{file};
     const bool gemma = c.arch == ModelArch::Gemma2 || c.arch == ModelArch::Gemma3;
     const bool phi3 = c.arch == ModelArch::Phi3;
-    REQUIRE((gemma || phi3));
+    REQUIRE((gemma || phi3 || c.arch == ModelArch::Qwen2));
+    const bool yarn = c.rope_scaling == RopeScaling::Yarn;
     const size_t T = tokens.size(), E = c.n_embd, hd = c.head_dim;
     const size_t qd = size_t(c.n_head) * hd, kvd = size_t(c.n_head_kv) * hd, F = c.n_ff;
     const double eps = c.rms_norm_eps;
@@ -109,14 +132,21 @@ std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const Model
             q[t] = matvec(wq, h, 0, qd);
             k[t] = matvec(wk, h, phi3 ? qd : 0, kvd);
             v[t] = matvec(wv, h, phi3 ? qd + kvd : 0, kvd);
+            if (c.has_qkv_bias) {
+                const std::vector<float> bq = w.layer(l, "attn_q.bias"), bk = w.layer(l, "attn_k.bias"),
+                                         bv = w.layer(l, "attn_v.bias");
+                for (size_t i = 0; i < qd; ++i) q[t][i] += bq[i];
+                for (size_t i = 0; i < kvd; ++i) k[t][i] += bk[i], v[t][i] += bv[i];
+            }
             if (c.arch == ModelArch::Gemma3) {
                 q[t] = rmsNorm(q[t], w.layer(l, "attn_q_norm.weight"), eps, hd);
                 k[t] = rmsNorm(k[t], w.layer(l, "attn_k_norm.weight"), eps, hd);
             }
+            const bool yarn_layer = yarn && !(c.arch == ModelArch::Gemma3 && sliding);
             rope(q[t], c, double(t), base, fscale, factors.empty() ? nullptr : &factors,
-                 c.rope_attn_factor);
+                 c.rope_attn_factor, yarn_layer);
             rope(k[t], c, double(t), base, fscale, factors.empty() ? nullptr : &factors,
-                 c.rope_attn_factor);
+                 c.rope_attn_factor, yarn_layer);
             for (double& e : q[t]) e /= std::sqrt(double(hd));
         }
         const std::vector<float> wo = w.layer(l, "attn_output.weight");

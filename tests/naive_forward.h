@@ -1,5 +1,5 @@
-// A plain C++ forward pass of gemma2, gemma3 and phi3 over an F32 GGUF file, written from
-// llama.cpp's graphs (build_gemma2, build_gemma3, build_phi3) and independent of Blue-IR: no KV
+// A plain C++ forward pass of gemma2, gemma3, phi3 and qwen2 (YaRN included) over an F32 GGUF
+// file, written from llama.cpp's graphs (build_gemma2, build_gemma3, build_phi3, build_qwen2) and independent of Blue-IR: no KV
 // cache, every position recomputed, doubles for the sums. tests/test_archs.cpp checks the lowered
 // programs against it.
 #pragma once

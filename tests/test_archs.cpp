@@ -1,12 +1,13 @@
-// gemma2, gemma3 and phi3 end to end: blue-synth's tiny presets lowered to Blue-IR, the forward
-// block checked for the ops each architecture needs (GeGLU, soft caps, sliding windows, fused
-// matrices read as row views, LongRoPE factors), and greedy generation on the GPU against the
+// gemma2, gemma3, phi3 and qwen2 with YaRN end to end: blue-synth's tiny presets lowered to
+// Blue-IR, the forward block checked for the ops each architecture needs (GeGLU, soft caps,
+// sliding windows, fused matrices read as row views, LongRoPE factors, YaRN's divisors), and greedy generation on the GPU against the
 // reference machine, with prompts longer than the sliding window.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "compiler/gguf.h"
@@ -223,14 +224,59 @@ TEST_CASE(
     CHECK_NO_VALIDATION_ERRORS();
 }
 
+TEST_CASE(
+    "archs: qwen2 with YaRN (factor 4 from 512): per-pair divisors and magnitude from the "
+    "metadata, the GPU gives the reference tokens, and YaRN changes them") {
+    TempDir dir("blue_archs");
+    const std::string path = writePreset(dir, "qwen2-yarn-tiny");
+    Model model = open(path);
+    REQUIRE(model.cfg.rope_scaling == RopeScaling::Yarn);
+    CHECK(model.cfg.rope_scaling_factor == 4.0f);
+    CHECK(model.cfg.rope_scaling_orig_ctx == 512);
+    Module m = lower(model, model.cfg, path);
+    std::vector<TensorInstr> ops = forwardOps(m);
+    CHECK(countOp(ops, Op::ROPE) == 6);
+    uint32_t table = ~0u;
+    for (const TensorInstr& t : ops) {
+        if (t.op != Op::ROPE) continue;
+        CHECK(m.tensors[t.args[2]].name == "rope_yarn_divisors");
+        CHECK(std::bit_cast<float>(t.args[8]) == 1.0f);  // no position scale: the divisors carry it
+        table = t.args[2];
+    }
+    // Head width 64, base 10000, 512 original positions: pair i turns 512 / (2 pi 10000^(2i/64))
+    // times, 32 times at i = 3.25 and once at i = 15.3, so pairs 0..3 keep their frequency
+    // (divisor 1), pairs 16..31 are interpolated (divisor 4) and the ramp rises between.
+    REQUIRE(table != ~0u);
+    std::vector<float> div(32);
+    REQUIRE(m.tensors[table].bytes == 32 * 4);
+    std::memcpy(div.data(), m.data.data() + m.tensors[table].offset, 32 * 4);
+    for (uint32_t i = 0; i <= 3; ++i) CHECK(div[i] == doctest::Approx(1.0f));
+    for (uint32_t i = 16; i < 32; ++i) CHECK(div[i] == doctest::Approx(4.0f));
+    for (uint32_t i = 4; i < 16; ++i) {
+        CHECK(div[i] > div[i - 1]);
+        CHECK(div[i] < 4.0f);
+    }
+    // cos and sin grow by 1 + 0.1 ln 4, so the query scale by its square.
+    const float mag = 1.0f + 0.1f * std::log(4.0f);
+    for (const TensorInstr& t : ops) {
+        if (t.op == Op::ATTN) CHECK(std::bit_cast<float>(t.args[7]) == doctest::Approx(mag * mag / 8.0f));
+    }
+    Generated yarn = checkGpuMatchesRef(m);
+    ModelConfig plain = model.cfg;
+    plain.rope_scaling = RopeScaling::None;
+    CHECK(maxLogprobDiff(runRef(lower(model, plain, path)), yarn) > 1e-3);
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
 // The lowered program against tests/naive_forward.cpp, a plain forward pass written from
 // llama.cpp's graphs: for the longest request (19 prompt tokens, past gemma's window), the
 // reference machine's greedy tokens are the naive pass's argmax at each step, with the same
 // log-probability.
 TEST_CASE(
-    "archs: the lowered gemma2, gemma3 and phi3 programs agree with a plain C++ forward pass") {
+    "archs: the lowered gemma2, gemma3, phi3 and qwen2-with-YaRN programs agree with a plain C++ "
+    "forward pass") {
     TempDir dir("blue_archs");
-    for (const char* preset : {"gemma2-tiny", "gemma3-tiny", "phi3-tiny"}) {
+    for (const char* preset : {"gemma2-tiny", "gemma3-tiny", "phi3-tiny", "qwen2-yarn-tiny"}) {
         INFO(std::string(preset));
         const std::string path = writePreset(dir, preset);
         Model model = open(path);

@@ -286,6 +286,8 @@ TEST_CASE("model config: llama variants") {
         CHECK(c.rope_scaling == RopeScaling::Yarn);
         CHECK(c.rope_scaling_factor == 4.0f);
         CHECK(c.rope_scaling_orig_ctx == 64);
+        CHECK(ggufDescribe(build(s)).find("scaling yarn x4 from 64 (beta 32/1, ext 1, magnitude 1.139)") !=
+              std::string::npos);
 
         s.keys = [](GgufWriter& w) { w.setF32("llama.rope.scale_linear", 2.0f); };  // older key
         c = load(s);
@@ -427,8 +429,8 @@ TEST_CASE("model config: errors name the key or tensor") {
     SUBCASE("rope scaling types") {
         s.keys = [](GgufWriter& w) { w.setString("llama.rope.scaling.type", "longrope"); };
         CHECK(loadError(s) ==
-              "syn.gguf: rope scaling type 'longrope' is not supported (BlueVM runs none and linear)");
-        // YaRN is read (`bluevm info` shows it) but not lowered; the refusal names the file.
+              "syn.gguf: rope scaling type 'longrope' is not supported (BlueVM runs none, linear and yarn; longrope for phi3)");
+        // YaRN: llama.cpp's defaults, its keys, and what is refused.
         s.keys = [](GgufWriter& w) {
             w.setString("llama.rope.scaling.type", "yarn");
             w.setF32("llama.rope.scaling.factor", 4.0f);
@@ -436,10 +438,50 @@ TEST_CASE("model config: errors name the key or tensor") {
         GgufFile f = build(s);
         Result<ModelConfig> cfg = modelConfigFromGguf(f);
         REQUIRE_MESSAGE(cfg, cfg.message());
-        Result<Module> m = lowerModel(f, cfg.value(), LowerOptions{});
-        REQUIRE_FALSE(m);
-        CHECK(m.message() ==
-              "syn.gguf: rope scaling type 'yarn' (rope.scaling.type) is not supported yet (BlueVM runs none and linear)");
+        CHECK(cfg.value().yarn_ext_factor == 1.0f);
+        CHECK(cfg.value().yarn_attn_factor == 1.0f);
+        CHECK(cfg.value().yarn_beta_fast == 32.0f);
+        CHECK(cfg.value().yarn_beta_slow == 1.0f);
+        CHECK(cfg.value().rope_scaling_orig_ctx == cfg.value().n_ctx_train);
+        CHECK(yarnFreqDivisors(cfg.value()).size() == cfg.value().n_rot / 2);
+        CHECK(ropeMagnitude(cfg.value(), false) == doctest::Approx(1.0f + 0.1f * std::log(4.0f)));
+        CHECK(ropeMagnitude(cfg.value(), true) == 1.0f);
+        LowerOptions opt;
+        opt.grammar_words = 0;  // the spec has no vocabulary
+        Result<Module> m = lowerModel(f, cfg.value(), opt);
+        REQUIRE_MESSAGE(m, m.message());
+        s.keys = [](GgufWriter& w) {
+            w.setString("llama.rope.scaling.type", "yarn");
+            w.setF32("llama.rope.scaling.factor", 4.0f);
+            w.setF32("llama.rope.scaling.yarn_ext_factor", 0.0f);
+            w.setF32("llama.rope.scaling.yarn_attn_factor", 0.5f);
+            w.setF32("llama.rope.scaling.yarn_beta_fast", 16.0f);
+            w.setF32("llama.rope.scaling.yarn_beta_slow", 2.0f);
+        };
+        ModelConfig c = load(s);
+        CHECK(c.yarn_beta_fast == 16.0f);
+        CHECK(c.yarn_beta_slow == 2.0f);
+        CHECK(ropeMagnitude(c, false) == 0.5f);  // no ramp, no logarithm
+        for (float d : yarnFreqDivisors(c)) CHECK(d == doctest::Approx(4.0f));  // all interpolated
+        s.keys = [](GgufWriter& w) {
+            w.setString("llama.rope.scaling.type", "yarn");
+            w.setF32("llama.rope.scaling.factor", 4.0f);
+            w.setF32("llama.rope.scaling.yarn_ext_factor", 2.0f);
+        };
+        CHECK(loadError(s) == "syn.gguf: key 'llama.rope.scaling.yarn_ext_factor' is 2; it must be in [0, 1]");
+        s.keys = [](GgufWriter& w) {
+            w.setString("llama.rope.scaling.type", "yarn");
+            w.setF32("llama.rope.scaling.factor", 4.0f);
+            w.setF32("llama.rope.scaling.yarn_log_multiplier", 0.1f);
+        };
+        CHECK(loadError(s) ==
+              "syn.gguf: key 'llama.rope.scaling.yarn_log_multiplier' (DeepSeek's YaRN magnitude) is not supported");
+        s.keys = [](GgufWriter& w) {
+            w.setString("llama.rope.scaling.type", "yarn");
+            w.setF32("llama.rope.scaling.factor", 4.0f);
+            w.setF32("llama.rope.scaling.yarn_beta_fast", -1.0f);
+        };
+        CHECK(loadError(s) == "syn.gguf: key 'llama.rope.scaling.yarn_beta_fast' is -1; it must be positive");
     }
     SUBCASE("tensor the forward pass would ignore") {
         s.extra = {"blk.0.mystery.weight"};

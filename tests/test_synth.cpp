@@ -73,7 +73,7 @@ TEST_CASE("synth: parameter counts of the presets") {
     CHECK(millions("peer-dim1024") == 200.8);
     CHECK(millions("stories15M") == 15.2);
     CHECK(millions("stories110M") == 109.5);
-    CHECK(synthPresetNames().size() == 13);
+    CHECK(synthPresetNames().size() == 14);
     CHECK_FALSE(synthPreset("llama-70b").has_value());
 }
 

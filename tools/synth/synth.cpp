@@ -104,6 +104,17 @@ std::vector<SynthConfig> presets() {
     phi3.orig_ctx = 4096;
     phi3.attn_factor = 1.1902380714f;
     p.push_back(phi3);
+    // Qwen2.5 with YaRN as its model card asks (factor 4 from 32768) scaled down: factor 4 from
+    // 512, so that a test's positions and the ramp between extrapolated and interpolated pairs
+    // (pairs 0 to 13 of 32 at head width 64, base 10000) both matter.
+    SynthConfig qwen_yarn = llama("qwen2-yarn-tiny", 256, 3, 4, 2, 512, 2048, true);
+    qwen_yarn.arch = "qwen2";
+    qwen_yarn.n_vocab = 512;
+    qwen_yarn.qkv_bias = true;
+    qwen_yarn.norm_eps = 1e-6f;
+    qwen_yarn.orig_ctx = 512;
+    qwen_yarn.yarn_factor = 4.0f;
+    p.push_back(qwen_yarn);
     return p;
 }
 
@@ -291,6 +302,11 @@ void setMetadata(const SynthConfig& c, const SynthOptions& o, GgufWriter* w) {
     if (c.arch == "phi3" && c.orig_ctx) {
         w->setU32(a + ".rope.scaling.original_context_length", c.orig_ctx);
         w->setF32(a + ".rope.scaling.attn_factor", c.attn_factor);
+    }
+    if (c.yarn_factor > 0) {
+        w->setString(a + ".rope.scaling.type", "yarn");
+        w->setF32(a + ".rope.scaling.factor", c.yarn_factor);
+        w->setU32(a + ".rope.scaling.original_context_length", c.orig_ctx);
     }
     if (c.arch == "qwen2" || isQwenMoe(c)) {
         synthAddGpt2Vocab(w, c.n_vocab);

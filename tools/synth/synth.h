@@ -46,8 +46,9 @@ struct SynthConfig {
     float rope_base = 10000.0f;
     float norm_eps = 1e-5f;
     uint32_t sliding_window = 0;  // gemma*: attention.sliding_window (> 0)
-    uint32_t orig_ctx = 0;        // phi3: rope.scaling.original_context_length; 0: no LongRoPE factors
+    uint32_t orig_ctx = 0;        // rope.scaling.original_context_length (phi3: 0 means no LongRoPE factors)
     float attn_factor = 1.0f;     // phi3: rope.scaling.attn_factor
+    float yarn_factor = 0.0f;     // rope.scaling.type yarn with this factor from orig_ctx; 0: none
 
     uint32_t head_dim = 0;        // attention.key_length/value_length; 0: dim / n_head (no keys written)
 
@@ -57,7 +58,8 @@ struct SynthConfig {
 };
 
 // The presets: stories15M, stories110M, tinyllama-1.1b, qwen2-0.5b, peer-dim256, peer-moe,
-// peer-dim1024, mixtral-tiny, qwen2moe-tiny, qwen3moe-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny. nullopt for other names.
+// peer-dim1024, mixtral-tiny, qwen2moe-tiny, qwen3moe-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny,
+// qwen2-yarn-tiny. nullopt for other names.
 std::optional<SynthConfig> synthPreset(std::string_view name);
 std::vector<std::string_view> synthPresetNames();
 
