@@ -62,21 +62,21 @@ run() {
 
 run suite -- "$@"
 if [ "$quick" -eq 0 ]; then
-  # The device variants leave out the cascade tests whose GPU work the remaining cascade tests
-  # already do (serving over HTTP and the C API, the write-ahead log's process kills, the
-  # command-line runs of programs/ and of the ceilings), the mutation tests of the loaders (host
-  # code), and the programs-against-the-reference test (mostly reference runs, the same on every
-  # device; the GPU side of every program runs in the other cascade tests), and the openai npm
-  # client (host and Node.js code over the same server), the fault injection of device loss (host
-  # code paths), and the long end-to-end runs whose kernels the per-op tests already cover on
-  # every device (48 requests of prefix reuse, 256 tokens of speculative decoding, 200 random
-  # schemas of structured output, and its CLI, HTTP and tool-call paths over the same SAMPLEG
-  # kernel that the per-op and structured-output cases check on every device; the grammar
-  # compiler is host code): they test
-  # host code, take half of a pass, and run once in the first pass and the sanitizer pass.
-  host_heavy='-tce=openai client:*,grammar:*,structured: 200 random*,server: tools*,server: response_format*,cli: generate --json-schema*,prefix reuse: 48 requests*,device loss: injected*,speculate: greedy speculative decoding equals*,cascade serving*,cascade wal*,capi: bluevm_cascade*,cli: bluevm serve --cascade*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,peak: bluevm devices*,cascade: mutated*,verify: mutants*,cascade: every program in programs/ gives*'
-  run subgroup-4 LP_NATIVE_VECTOR_WIDTH=128 -- "$host_heavy" "$@"
-  run subgroup-16 LP_NATIVE_VECTOR_WIDTH=512 -- "$host_heavy" "$@"
+  # The device variants (other subgroup sizes, other devices' limits) run the test files whose
+  # work differs by device: the GPU kernels and machine, synchronization, the memory plan and
+  # its tiers, the model runs on the GPU (architectures, MoE, quantizations, structured output,
+  # speculation), serving's batching and the cascades decided on the GPU. The rest is host code
+  # over those same kernels (the HTTP server, the command line, the C API, the loaders and their
+  # mutation tests, tokenizers, the grammar compiler, the write-ahead log, device-loss fault
+  # injection, the openai npm client) and runs once, in the first pass and the sanitizer pass.
+  # Within those files, the long end-to-end runs whose kernels the per-op tests already cover on
+  # every device run once too (48 requests of prefix reuse, 256 tokens of speculative decoding,
+  # 200 random schemas of structured output, the cascade programs against the reference
+  # interpreter and their mutants, served forks).
+  device_files='-sf=*test_ops_gpu*,*test_sync.cpp,*test_gpu_machine.cpp,*test_interp.cpp,*test_machine_plan.cpp,*test_device_limits.cpp,*test_memory.cpp,*test_kv_snapshot.cpp,*test_llm_ref.cpp,*test_moe.cpp,*test_archs.cpp,*test_structured.cpp,*test_spec.cpp,*test_serving.cpp,*test_prefix_reuse.cpp,*test_programs.cpp,*test_kernel.cpp,*test_cascade.cpp,*test_cascade_select.cpp,*test_cascade_spec.cpp,*test_cascade_fork.cpp'
+  host_heavy='-tce=structured: 200 random*,prefix reuse: 48 requests*,speculate: greedy speculative decoding equals*,fork: served*,fork: bluevm run*,cascade: every program in programs/ through bluec*,cascade: mutated*,cascade: every program in programs/ gives*'
+  run subgroup-4 LP_NATIVE_VECTOR_WIDTH=128 -- "$device_files" "$host_heavy" "$@"
+  run subgroup-16 LP_NATIVE_VECTOR_WIDTH=512 -- "$device_files" "$host_heavy" "$@"
   # A profile that lowers none of this device's limits (`bluevm devices` says so) would repeat
   # the first run exactly: it is skipped, with a line saying why.
   bluevm="${BUILD_DIR:-build}/host/bluevm"
@@ -86,7 +86,7 @@ if [ "$quick" -eq 0 ]; then
         printf '%-28s skipped: it lowers no limit of this device (the first run covers it)\n' "limits-$profile"
         continue
       fi
-      run "limits-$profile" BLUE_DEVICE_LIMITS="$profile" -- "$host_heavy" "$@"
+      run "limits-$profile" BLUE_DEVICE_LIMITS="$profile" -- "$device_files" "$host_heavy" "$@"
     fi
   done
   run gpu-assisted-validation BLUE_VALIDATION=gpu -- -tc='every golden program*,stories260K greedy from BOS on the GPU*' "$@"
