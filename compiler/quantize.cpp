@@ -149,9 +149,9 @@ void quantizeParallelRows(uint64_t n_rows, uint32_t threads,
     for (std::thread& t : pool) t.join();
 }
 
-Result<std::vector<QuantizeTensorPlan>> quantizePlan(const GgufFile& file, DType target,
+Result<std::vector<QuantizeTensorPlan>> quantizePlan(const GgufFile& file, QuantizeTarget target,
                                                      bool pure) {
-    assert(quantizeIsTarget(target));
+    assert(quantizeIsTarget(target.type));
     Result<ModelConfig> config = modelConfigFromGguf(file);
     if (!config) return BLUE_ERROR("not a model BlueVM can load: %s", config.message().c_str());
     const QuantizeModelInfo model = quantizeModelInfo(*config);
@@ -175,11 +175,11 @@ Result<std::vector<QuantizeTensorPlan>> quantizePlan(const GgufFile& file, DType
     return plan;
 }
 
-Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& out, DType target,
+Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& out, QuantizeTarget target,
                                     const QuantizeOptions& options) {
-    if (!quantizeIsTarget(target)) {
+    if (!quantizeIsTarget(target.type)) {
         return BLUE_ERROR("%s is not a quantization type (choose one of: %s)",
-                          dtypeName(target).data(), quantizeTypeNames().c_str());
+                          dtypeName(target.type).data(), quantizeTypeNames().c_str());
     }
     if (sameFile(in, out))
         return BLUE_ERROR("%s: the output must not be the input file", out.c_str());
@@ -192,7 +192,7 @@ Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& ou
     report.tensors = std::move(plan.value());
     report.notes = planNotes(report.tensors);
     report.file_bytes_in = file->bytes().size();
-    report.file_type = quantizeFileType(target);
+    report.file_type = target.file_type;
     if (options.on_note) {
         for (const std::string& note : report.notes) options.on_note(note);
     }

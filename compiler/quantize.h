@@ -27,18 +27,31 @@
 
 namespace blue {
 
-// The --type choices: q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs f16 bf16
-// f32 (case-insensitive). nullopt for any other name.
-std::optional<DType> quantizeTypeFromName(std::string_view name);
+// A quantize target: the type most matrices take, and llama.cpp's LLAMA_FTYPE naming its mix.
+// The K-quants come in llama.cpp's sizes (Q2_K 10, Q2_K_S 21, Q3_K_S 11, Q3_K_M 12, Q3_K_L 13,
+// Q4_K_S 14, Q4_K_M 15, Q5_K_S 16, Q5_K_M 17, Q6_K 18); every other target has one mix, its plain
+// ftype (F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8, Q5_1 9, IQ4_NL 25, IQ4_XS 30, BF16 32,
+// TQ1_0 36, TQ2_0 37; MXFP4 is 38, MXFP4_MOE: experts in MXFP4, other matrices Q8_0). A DType
+// converts to its default mix: q3_k is Q3_K_M, q4_k Q4_K_M, q5_k Q5_K_M, q2_k Q2_K
+// (quantizeIsTarget asserted).
+struct QuantizeTarget {
+    DType type = DType::F32;
+    uint32_t file_type = 0;
+    QuantizeTarget() = default;
+    QuantizeTarget(DType t);  // NOLINT(google-explicit-constructor): a type is its default mix
+    QuantizeTarget(DType t, uint32_t ftype) : type(t), file_type(ftype) {}
+    bool operator==(const QuantizeTarget&) const = default;
+};
+
+// The --type choices (case-insensitive): q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q2_k_s q3_k_s q3_k_m
+// (= q3_k) q3_k_l q4_k_s q4_k_m (= q4_k) q5_k_s q5_k_m (= q5_k) q6_k iq4_nl iq4_xs f16 bf16 f32
+// tq1_0 tq2_0 mxfp4. nullopt for any other name.
+std::optional<QuantizeTarget> quantizeTargetFromName(std::string_view name);
 // "q8_0, q4_0, ..." for help texts and error messages.
 std::string quantizeTypeNames();
-// True for the types quantizeTypeFromName can return.
+// True for the types a target can have.
 bool quantizeIsTarget(DType type);
-// llama.cpp's LLAMA_FTYPE for a target: the K-quants name llama.cpp's mixes (Q2_K 10, Q3_K_M 12,
-// Q4_K_M 15, Q5_K_M 17, Q6_K 18); the others their plain ftype (F32 0, F16 1, Q4_0 2, Q4_1 3,
-// Q8_0 7, Q5_0 8, Q5_1 9, IQ4_NL 25, IQ4_XS 30, BF16 32, TQ1_0 36, TQ2_0 37; MXFP4 is 38,
-// MXFP4_MOE: experts in MXFP4, other matrices Q8_0). Precondition (asserted):
-// quantizeIsTarget(type).
+// llama.cpp's LLAMA_FTYPE of a type's default mix. Precondition (asserted): quantizeIsTarget(type).
 uint32_t quantizeFileType(DType type);
 
 // What the mix rules need to know about a model.
@@ -53,28 +66,33 @@ QuantizeModelInfo quantizeModelInfo(const ModelConfig& config);
 // Whether a tensor is a weight matrix that quantization changes (see the file comment).
 bool quantizeIsWeightMatrix(std::string_view name, uint32_t n_dims);
 
-// The type the mix gives a weight matrix with rows of `row_len` (> 0) elements when `target`
-// (quantizeIsTarget) is asked for, before the row-length fallback. `pure` gives `target` itself;
-// otherwise quantized targets follow llama.cpp's mixes:
+// The type the mix gives a weight matrix with rows of `row_len` (> 0) elements when `target` is
+// asked for, before the row-length fallback. `pure` gives `target.type` itself; otherwise
+// quantized targets follow llama.cpp's mixes:
 //   - output.weight (token_embd.weight when the output is tied): Q6_K, or Q8_0 when the target is
 //     Q8_0 or the rows are not whole blocks of the target;
-//   - q2_k (Q2_K):   attn_v Q3_K (Q4_K when n_gqa >= 4); ffn_down, attn_output Q3_K;
-//   - q3_k (Q3_K_M): attn_v Q5_K in layers 0-1, else Q4_K; ffn_down Q5_K in the first n_layer/16
-//                    layers, else Q4_K; attn_output Q4_K;
-//   - q4_k (Q4_K_M), q5_k (Q5_K_M): attn_v and ffn_down Q6_K in the layers where llama.cpp's
-//     use_more_bits holds (the first and last eighth, and every third layer between);
-//   - iq4_nl, iq4_xs: attn_v Q5_K when n_gqa >= 4; ffn_down Q5_K in the first n_layer/8 layers
+//   - Q2_K:   attn_v Q3_K (Q4_K when n_gqa >= 4); ffn_down, attn_output Q3_K;
+//   - Q2_K_S: attn_v Q4_K when n_gqa >= 4; ffn_down Q4_K in the first n_layer/8 layers;
+//   - Q3_K_S: Q3_K throughout (but the output);
+//   - Q3_K_M: attn_v Q5_K in layers 0-1, else Q4_K; ffn_down Q5_K in the first n_layer/16
+//             layers, else Q4_K; attn_output Q4_K;
+//   - Q3_K_L: attn_v, ffn_down and attn_output Q5_K;
+//   - Q4_K_S: attn_v Q5_K in layers 0-3; ffn_down Q5_K in the first n_layer/8 layers;
+//   - Q4_K_M, Q5_K_M: attn_v and ffn_down Q6_K in the layers where llama.cpp's use_more_bits
+//     holds (the first and last eighth, and every third layer between);
+//   - Q5_K_S: Q5_K throughout (but the output);
+//   - IQ4_NL, IQ4_XS: attn_v Q5_K when n_gqa >= 4; ffn_down Q5_K in the first n_layer/8 layers
 //     (llama.cpp's rule without an importance matrix);
 //   - 8-expert models: attn_v and attn_k Q8_0 (any quantized target); attn_output Q5_K for
-//     q2_k, q3_k, q4_k, iq4_nl and iq4_xs;
-//   - attn_qkv (fused QKV): q3_k Q4_K, q4_k Q5_K, q5_k Q6_K.
+//     Q2_K, Q3_K_S, Q3_K_M, Q4_K_S, Q4_K_M, IQ4_NL and IQ4_XS;
+//   - attn_qkv (fused QKV): Q3_K_M and Q3_K_L Q4_K, Q4_K_M Q5_K, Q5_K_M Q6_K.
 // Not reproduced: llama.cpp's 70B-only attn_v rule, Falcon rules, the 1- to 3-bit IQ types and
 // imatrix rules.
 // Layers are read from the "blk.N." name prefix. f16/bf16/f32 targets give every matrix that type.
-DType quantizeMixType(std::string_view name, int64_t row_len, DType target,
+DType quantizeMixType(std::string_view name, int64_t row_len, QuantizeTarget target,
                       const QuantizeModelInfo& model, bool pure = false);
 // The type the matrix is stored in: quantFallback(quantizeMixType(...), row_len).
-DType quantizeTensorType(std::string_view name, int64_t row_len, DType target,
+DType quantizeTensorType(std::string_view name, int64_t row_len, QuantizeTarget target,
                          const QuantizeModelInfo& model, bool pure = false);
 
 // The plan for one tensor of the input.
@@ -88,9 +106,9 @@ struct QuantizeTensorPlan {
     uint64_t bytes_in = 0, bytes_out = 0;
 };
 
-// Plans every tensor of a model file for `target` (quantizeIsTarget asserted). Fails when the
-// file is not a model modelConfigFromGguf accepts.
-Result<std::vector<QuantizeTensorPlan>> quantizePlan(const GgufFile& file, DType target,
+// Plans every tensor of a model file for `target`. Fails when the file is not a model
+// modelConfigFromGguf accepts.
+Result<std::vector<QuantizeTensorPlan>> quantizePlan(const GgufFile& file, QuantizeTarget target,
                                                      bool pure = false);
 
 struct QuantizeOptions {
@@ -115,10 +133,9 @@ struct QuantizeReport {
 
 // Quantizes the model at `in` into a new file at `out` (replaced if it exists; removed again on
 // failure). Fails, with one line naming the file and what is wrong, when `in` cannot be read or
-// is not a model BlueVM can load, `target` is not a quantize target, `out` is `in` or cannot be
-// written, or a tensor to convert holds a non-finite value. Quantized input is decoded and
+// is not a model BlueVM can load, `out` is `in` or cannot be written, or a tensor to convert holds a non-finite value. Quantized input is decoded and
 // re-encoded (a note says so) unless its type is already the chosen one, when it is copied.
-Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& out, DType target,
+Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& out, QuantizeTarget target,
                                     const QuantizeOptions& options = {});
 
 // Runs fn(first, count) over disjoint ranges that cover [0, n_rows), on up to `threads` threads

@@ -1,7 +1,7 @@
 // The quantize targets and the per-tensor type mix (see quantize.h). The rules restate the
-// behaviour of llama.cpp's llama_tensor_get_type for the ftypes BlueVM offers (Q2_K, Q3_K_M,
-// Q4_K_M, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4_MOE and the plain types), so a BlueVM q4_k file has the tensor
-// types a llama.cpp Q4_K_M file of the same model has.
+// behaviour of llama.cpp's llama_tensor_get_type for the ftypes BlueVM offers (Q2_K, Q2_K_S, the
+// S/M/L sizes of Q3_K to Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4_MOE and the plain types),
+// so a BlueVM q4_k_s file has the tensor types a llama.cpp Q4_K_S file of the same model has.
 #include <cassert>
 #include <cctype>
 #include <charconv>
@@ -13,20 +13,53 @@ namespace blue {
 
 namespace {
 
+// llama.cpp's LLAMA_FTYPE values of the mixes whose rules differ.
+enum FileType : uint32_t {
+    kQ2_K = 10, kQ3_K_S = 11, kQ3_K_M = 12, kQ3_K_L = 13, kQ4_K_S = 14, kQ4_K_M = 15,
+    kQ5_K_S = 16, kQ5_K_M = 17, kQ2_K_S = 21, kIQ4_NL = 25, kIQ4_XS = 30,
+};
+
 struct Target {
     DType type;
     std::string_view name;
-    uint32_t file_type;  // llama.cpp's LLAMA_FTYPE
+    uint32_t file_type;    // llama.cpp's LLAMA_FTYPE
+    bool is_default;       // the type's default mix (what a bare DType means)
+    std::string_view alias;  // another accepted name ("q4_k" for q4_k_m), or empty
 };
 
 constexpr Target kTargets[] = {
-    {DType::Q8_0, "q8_0", 7},  {DType::Q4_0, "q4_0", 2},      {DType::Q4_1, "q4_1", 3},
-    {DType::Q5_0, "q5_0", 8},  {DType::Q5_1, "q5_1", 9},      {DType::Q2_K, "q2_k", 10},
-    {DType::Q3_K, "q3_k", 12}, {DType::Q4_K, "q4_k", 15},     {DType::Q5_K, "q5_k", 17},
-    {DType::Q6_K, "q6_k", 18}, {DType::IQ4_NL, "iq4_nl", 25}, {DType::IQ4_XS, "iq4_xs", 30},
-    {DType::F16, "f16", 1},    {DType::BF16, "bf16", 32},     {DType::F32, "f32", 0},
-    {DType::TQ1_0, "tq1_0", 36}, {DType::TQ2_0, "tq2_0", 37}, {DType::MXFP4, "mxfp4", 38},
+    {DType::Q8_0, "q8_0", 7, true, ""},
+    {DType::Q4_0, "q4_0", 2, true, ""},
+    {DType::Q4_1, "q4_1", 3, true, ""},
+    {DType::Q5_0, "q5_0", 8, true, ""},
+    {DType::Q5_1, "q5_1", 9, true, ""},
+    {DType::Q2_K, "q2_k", kQ2_K, true, ""},
+    {DType::Q2_K, "q2_k_s", kQ2_K_S, false, ""},
+    {DType::Q3_K, "q3_k_s", kQ3_K_S, false, ""},
+    {DType::Q3_K, "q3_k_m", kQ3_K_M, true, "q3_k"},
+    {DType::Q3_K, "q3_k_l", kQ3_K_L, false, ""},
+    {DType::Q4_K, "q4_k_s", kQ4_K_S, false, ""},
+    {DType::Q4_K, "q4_k_m", kQ4_K_M, true, "q4_k"},
+    {DType::Q5_K, "q5_k_s", kQ5_K_S, false, ""},
+    {DType::Q5_K, "q5_k_m", kQ5_K_M, true, "q5_k"},
+    {DType::Q6_K, "q6_k", 18, true, ""},
+    {DType::IQ4_NL, "iq4_nl", kIQ4_NL, true, ""},
+    {DType::IQ4_XS, "iq4_xs", kIQ4_XS, true, ""},
+    {DType::F16, "f16", 1, true, ""},
+    {DType::BF16, "bf16", 32, true, ""},
+    {DType::F32, "f32", 0, true, ""},
+    {DType::TQ1_0, "tq1_0", 36, true, ""},
+    {DType::TQ2_0, "tq2_0", 37, true, ""},
+    {DType::MXFP4, "mxfp4", 38, true, ""},
 };
+
+bool sameName(std::string_view a, std::string_view b) {
+    if (a.size() != b.size() || b.empty()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (std::tolower(static_cast<unsigned char>(a[i])) != b[i]) return false;
+    }
+    return true;
+}
 
 bool contains(std::string_view s, std::string_view part) {
     return s.find(part) != std::string_view::npos;
@@ -34,10 +67,6 @@ bool contains(std::string_view s, std::string_view part) {
 
 bool isBlockType(DType t) {
     return dtypeInfo(t)->block_elems > 1;
-}
-
-bool isIq4(DType t) {
-    return t == DType::IQ4_NL || t == DType::IQ4_XS;
 }
 
 // The N of a "blk.N." prefix; -1 when the name has none.
@@ -56,71 +85,95 @@ bool moreBits(int layer, int n_layer) {
     return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
 }
 
-DType attnVType(DType target, int layer, const QuantizeModelInfo& m) {
-    DType t = target;
-    int n = int(m.n_layer);
-    if (target == DType::Q2_K) t = m.n_gqa >= 4 ? DType::Q4_K : DType::Q3_K;
-    if (target == DType::Q3_K) t = layer < 2 ? DType::Q5_K : DType::Q4_K;
-    if (isIq4(target) && m.n_gqa >= 4) t = DType::Q5_K;
-    if ((target == DType::Q4_K || target == DType::Q5_K) && moreBits(layer, n)) t = DType::Q6_K;
+DType attnVType(QuantizeTarget target, int layer, const QuantizeModelInfo& m) {
+    DType t = target.type;
+    const int n = int(m.n_layer);
+    const bool gqa4 = m.n_gqa >= 4;
+    switch (target.file_type) {
+        case kQ2_K: t = gqa4 ? DType::Q4_K : DType::Q3_K; break;
+        case kQ2_K_S: if (gqa4) t = DType::Q4_K; break;
+        case kQ3_K_M: t = layer < 2 ? DType::Q5_K : DType::Q4_K; break;
+        case kQ3_K_L: t = DType::Q5_K; break;
+        case kIQ4_NL:
+        case kIQ4_XS: if (gqa4) t = DType::Q5_K; break;
+        case kQ4_K_M:
+        case kQ5_K_M: if (moreBits(layer, n)) t = DType::Q6_K; break;
+        case kQ4_K_S: if (layer < 4) t = DType::Q5_K; break;
+        default: break;
+    }
     if (m.n_expert == 8) t = DType::Q8_0;
     return t;
 }
 
-DType ffnDownType(DType target, int layer, const QuantizeModelInfo& m) {
-    int n = int(m.n_layer);
-    if (target == DType::Q2_K) return DType::Q3_K;
-    if (target == DType::Q3_K) return layer < n / 16 ? DType::Q5_K : DType::Q4_K;
-    if ((target == DType::Q4_K || target == DType::Q5_K) && moreBits(layer, n)) return DType::Q6_K;
-    if (isIq4(target) && layer < n / 8) return DType::Q5_K;  // llama.cpp: without an imatrix
-    return target;
-}
-
-DType attnOutputType(DType target, const QuantizeModelInfo& m) {
-    if (m.n_expert == 8) {
-        bool low = target == DType::Q2_K || target == DType::Q3_K || target == DType::Q4_K ||
-                   isIq4(target);
-        return low ? DType::Q5_K : target;
+DType ffnDownType(QuantizeTarget target, int layer, const QuantizeModelInfo& m) {
+    const int n = int(m.n_layer);
+    switch (target.file_type) {
+        case kQ2_K: return DType::Q3_K;
+        case kQ2_K_S: return layer < n / 8 ? DType::Q4_K : target.type;
+        case kQ3_K_M: return layer < n / 16 ? DType::Q5_K : DType::Q4_K;
+        case kQ3_K_L: return DType::Q5_K;
+        case kQ4_K_M:
+        case kQ5_K_M: return moreBits(layer, n) ? DType::Q6_K : target.type;
+        case kIQ4_NL:  // llama.cpp: without an imatrix
+        case kIQ4_XS: return layer < n / 8 ? DType::Q5_K : target.type;
+        case kQ4_K_S: return layer < n / 8 ? DType::Q5_K : target.type;
+        default: return target.type;
     }
-    if (target == DType::Q2_K) return DType::Q3_K;
-    if (target == DType::Q3_K) return DType::Q4_K;
-    return target;
 }
 
-DType mixType(std::string_view name, int64_t row_len, DType target, const QuantizeModelInfo& m) {
+DType attnOutputType(QuantizeTarget target, const QuantizeModelInfo& m) {
+    const uint32_t ft = target.file_type;
+    if (m.n_expert == 8) {
+        bool low = ft == kQ2_K || ft == kQ3_K_S || ft == kQ3_K_M || ft == kQ4_K_S || ft == kQ4_K_M ||
+                   ft == kIQ4_NL || ft == kIQ4_XS;
+        return low ? DType::Q5_K : target.type;
+    }
+    if (ft == kQ2_K) return DType::Q3_K;
+    if (ft == kQ3_K_M) return DType::Q4_K;
+    if (ft == kQ3_K_L) return DType::Q5_K;
+    return target.type;
+}
+
+DType mixType(std::string_view name, int64_t row_len, QuantizeTarget target, const QuantizeModelInfo& m) {
+    const DType type = target.type;
     // MXFP4_MOE: the experts in MXFP4, every other matrix in Q8_0.
-    if (target == DType::MXFP4) return contains(name, "_exps.weight") ? DType::MXFP4 : DType::Q8_0;
+    if (type == DType::MXFP4) return contains(name, "_exps.weight") ? DType::MXFP4 : DType::Q8_0;
     bool output = name == "output.weight" || (!m.has_output && name == "token_embd.weight");
     if (output) {
-        if (row_len % dtypeInfo(target)->block_elems != 0) return DType::Q8_0;
-        return target == DType::Q8_0 ? DType::Q8_0 : DType::Q6_K;
+        if (row_len % dtypeInfo(type)->block_elems != 0) return DType::Q8_0;
+        return type == DType::Q8_0 ? DType::Q8_0 : DType::Q6_K;
     }
     if (name == "token_embd.weight") {
-        return target == DType::TQ1_0 || target == DType::TQ2_0 ? DType::Q4_K : target;
+        return type == DType::TQ1_0 || type == DType::TQ2_0 ? DType::Q4_K : type;
     }
     int layer = layerOf(name);
     if (contains(name, "attn_v.weight")) return attnVType(target, layer, m);
-    if (contains(name, "attn_k.weight")) return m.n_expert == 8 ? DType::Q8_0 : target;
+    if (contains(name, "attn_k.weight")) return m.n_expert == 8 ? DType::Q8_0 : type;
     if (contains(name, "ffn_down")) return ffnDownType(target, layer, m);
     if (contains(name, "attn_output.weight")) return attnOutputType(target, m);
     if (contains(name, "attn_qkv.weight")) {
-        if (target == DType::Q3_K) return DType::Q4_K;
-        if (target == DType::Q4_K) return DType::Q5_K;
-        if (target == DType::Q5_K) return DType::Q6_K;
+        switch (target.file_type) {
+            case kQ3_K_M:
+            case kQ3_K_L: return DType::Q4_K;
+            case kQ4_K_M: return DType::Q5_K;
+            case kQ5_K_M: return DType::Q6_K;
+            default: break;
+        }
     }
-    return target;
+    return type;
 }
 
 }  // namespace
 
-std::optional<DType> quantizeTypeFromName(std::string_view name) {
+QuantizeTarget::QuantizeTarget(DType t) : type(t) {
+    for (const Target& e : kTargets) {
+        if (e.type == t && e.is_default) file_type = e.file_type;
+    }
+}
+
+std::optional<QuantizeTarget> quantizeTargetFromName(std::string_view name) {
     for (const Target& t : kTargets) {
-        if (t.name.size() != name.size()) continue;
-        bool same = true;
-        for (size_t i = 0; i < name.size(); ++i) {
-            same = same && std::tolower(static_cast<unsigned char>(name[i])) == t.name[i];
-        }
-        if (same) return t.type;
+        if (sameName(name, t.name) || sameName(name, t.alias)) return QuantizeTarget(t.type, t.file_type);
     }
     return std::nullopt;
 }
@@ -130,6 +183,7 @@ std::string quantizeTypeNames() {
     for (const Target& t : kTargets) {
         if (!s.empty()) s += ", ";
         s += t.name;
+        if (!t.alias.empty()) s += " (" + std::string(t.alias) + ")";
     }
     return s;
 }
@@ -142,11 +196,8 @@ bool quantizeIsTarget(DType type) {
 }
 
 uint32_t quantizeFileType(DType type) {
-    for (const Target& t : kTargets) {
-        if (t.type == type) return t.file_type;
-    }
-    assert(false && "not a quantize target");
-    return 0;
+    assert(quantizeIsTarget(type) && "not a quantize target");
+    return QuantizeTarget(type).file_type;
 }
 
 QuantizeModelInfo quantizeModelInfo(const ModelConfig& config) {
@@ -165,14 +216,14 @@ bool quantizeIsWeightMatrix(std::string_view name, uint32_t n_dims) {
     return !contains(name, "_norm.weight") && !contains(name, "ffn_gate_inp.weight");
 }
 
-DType quantizeMixType(std::string_view name, int64_t row_len, DType target,
+DType quantizeMixType(std::string_view name, int64_t row_len, QuantizeTarget target,
                       const QuantizeModelInfo& model, bool pure) {
-    assert(quantizeIsTarget(target) && row_len > 0);
-    if (pure || !isBlockType(target)) return target;
+    assert(quantizeIsTarget(target.type) && row_len > 0);
+    if (pure || !isBlockType(target.type)) return target.type;
     return mixType(name, row_len, target, model);
 }
 
-DType quantizeTensorType(std::string_view name, int64_t row_len, DType target,
+DType quantizeTensorType(std::string_view name, int64_t row_len, QuantizeTarget target,
                          const QuantizeModelInfo& model, bool pure) {
     return quantFallback(quantizeMixType(name, row_len, target, model, pure), row_len);
 }

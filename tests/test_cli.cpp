@@ -202,6 +202,27 @@ TEST_CASE(
     }
 }
 
+// llama.cpp's mix sizes by name: q4_k_s writes its ftype (14) and a model that generates (the
+// mix's per-tensor types are checked in test_quantize.cpp); a size llama.cpp does not have is
+// refused with the list.
+TEST_CASE("cli: bluevm quantize --type q4_k_s and q3_k_l name llama.cpp's mixes; q6_k_m is refused") {
+    TempDir dir("blue_cli_ksize");
+    for (auto [type, ftype] : {std::pair<std::string, std::string>{"q4_k_s", "14"}, {"Q3_K_L", "13"}}) {
+        CAPTURE(type);
+        const std::string out = dir.path + "/" + type + ".gguf";
+        Child q({binary("host/bluevm"), "quantize", stories(), out, "--type", type});
+        REQUIRE_MESSAGE(q.wait() == 0, q.err_text);
+        CHECK(q.out_text.find("(" + type + ", file_type " + ftype + ")") != std::string::npos);
+        Child g({binary("host/bluevm"), "generate", "--model", out, "--prompt", "Once upon a time", "-n", "8",
+                 "--temp", "0", "--ctx", "64"});
+        CHECK_MESSAGE(g.wait() == 0, g.err_text);
+    }
+    Child bad({binary("host/bluevm"), "quantize", stories(), dir.path + "/x.gguf", "--type", "q6_k_m"});
+    CHECK(bad.wait() != 0);
+    CHECK(bad.err_text.find("unknown --type 'q6_k_m' (choose one of: ") != std::string::npos);
+    CHECK(bad.err_text.find("q3_k_s, q3_k_m (q3_k), q3_k_l") != std::string::npos);
+}
+
 // `bluevm bench --temp T` measures sampled decode (the draw with the default filters) instead of
 // greedy; the JSON says which, and a negative temperature is refused.
 TEST_CASE("cli: bluevm bench --temp measures sampled generation") {

@@ -115,12 +115,22 @@ DType expectedStoriesType(std::string_view name, DType target) {
 }  // namespace
 
 TEST_CASE("quantize: type names and llama.cpp file types") {
-    CHECK(quantizeTypeFromName("q4_k") == DType::Q4_K);
-    CHECK(quantizeTypeFromName("Q8_0") == DType::Q8_0);
-    CHECK(quantizeTypeFromName("bf16") == DType::BF16);
-    CHECK_FALSE(quantizeTypeFromName("q8_k").has_value());
-    CHECK_FALSE(quantizeTypeFromName("q4").has_value());
-    CHECK_FALSE(quantizeTypeFromName("").has_value());
+    CHECK(quantizeTargetFromName("q4_k") == QuantizeTarget(DType::Q4_K, 15));
+    CHECK(quantizeTargetFromName("Q4_K_M") == QuantizeTarget(DType::Q4_K, 15));
+    CHECK(quantizeTargetFromName("q4_k_s") == QuantizeTarget(DType::Q4_K, 14));
+    CHECK(quantizeTargetFromName("q3_k_s") == QuantizeTarget(DType::Q3_K, 11));
+    CHECK(quantizeTargetFromName("q3_k") == QuantizeTarget(DType::Q3_K, 12));
+    CHECK(quantizeTargetFromName("q3_k_l") == QuantizeTarget(DType::Q3_K, 13));
+    CHECK(quantizeTargetFromName("q5_k_s") == QuantizeTarget(DType::Q5_K, 16));
+    CHECK(quantizeTargetFromName("q5_k_m") == QuantizeTarget(DType::Q5_K, 17));
+    CHECK(quantizeTargetFromName("q2_k_s") == QuantizeTarget(DType::Q2_K, 21));
+    CHECK(quantizeTargetFromName("Q8_0") == QuantizeTarget(DType::Q8_0));
+    CHECK(quantizeTargetFromName("bf16") == QuantizeTarget(DType::BF16));
+    CHECK_FALSE(quantizeTargetFromName("q8_k").has_value());
+    CHECK_FALSE(quantizeTargetFromName("q4").has_value());
+    CHECK_FALSE(quantizeTargetFromName("q6_k_m").has_value());
+    CHECK_FALSE(quantizeTargetFromName("").has_value());
+    CHECK(quantizeTypeNames().find("q4_k_s, q4_k_m (q4_k), q5_k_s") != std::string::npos);
     CHECK(quantizeFileType(DType::F32) == 0);
     CHECK(quantizeFileType(DType::F16) == 1);
     CHECK(quantizeFileType(DType::Q4_0) == 2);
@@ -131,8 +141,8 @@ TEST_CASE("quantize: type names and llama.cpp file types") {
     CHECK(quantizeFileType(DType::Q5_K) == 17);  // Q5_K_M
     CHECK(quantizeFileType(DType::Q6_K) == 18);
     CHECK(quantizeFileType(DType::BF16) == 32);
-    CHECK(quantizeTypeFromName("iq4_nl") == DType::IQ4_NL);
-    CHECK(quantizeTypeFromName("IQ4_XS") == DType::IQ4_XS);
+    CHECK(quantizeTargetFromName("iq4_nl") == QuantizeTarget(DType::IQ4_NL));
+    CHECK(quantizeTargetFromName("IQ4_XS") == QuantizeTarget(DType::IQ4_XS));
     CHECK(quantizeFileType(DType::IQ4_NL) == 25);
     CHECK(quantizeFileType(DType::IQ4_XS) == 30);
 }
@@ -147,7 +157,7 @@ TEST_CASE("quantize: which tensors are weight matrices") {
     CHECK_FALSE(quantizeIsWeightMatrix("blk.0.ffn_gate_inp.weight", 2));  // the MoE router
 }
 
-TEST_CASE("quantize: the mix follows llama.cpp's Q4_K_M, Q3_K_M, Q2_K and IQ4 rules") {
+TEST_CASE("quantize: the mix follows llama.cpp's Q4_K_M, Q3_K_M, Q2_K, the S/L sizes and IQ4 rules") {
     // A 32-layer model with 4096-wide rows (whole K blocks), like Llama-2-7B.
     QuantizeModelInfo m{32, 1, 0, true};
     auto type = [&](const char* name, DType target) {
@@ -203,6 +213,49 @@ TEST_CASE("quantize: the mix follows llama.cpp's Q4_K_M, Q3_K_M, Q2_K and IQ4 ru
               DType::Q4_K);  // (5 - 4) % 3 == 1: no extra bits
         CHECK(quantizeTensorType("blk.6.ffn_down_exps.weight", 4096, DType::Q4_K, moe) ==
               DType::Q6_K);
+    }
+    SUBCASE("the S and L sizes of the K-quants (llama.cpp's Q2_K_S, Q3_K_S, Q3_K_L, Q4_K_S, Q5_K_S)") {
+        auto sized = [&](const char* name, const char* target, const QuantizeModelInfo& info) {
+            std::optional<QuantizeTarget> t = quantizeTargetFromName(target);
+            REQUIRE(t);
+            return quantizeTensorType(name, 4096, *t, info);
+        };
+        QuantizeModelInfo gqa{32, 4, 0, true}, moe{32, 4, 8, true};
+        // Q2_K_S: attn_v Q4_K only with GQA >= 4; ffn_down Q4_K in the first 32/8 = 4 layers.
+        CHECK(sized("blk.7.attn_v.weight", "q2_k_s", m) == DType::Q2_K);
+        CHECK(sized("blk.7.attn_v.weight", "q2_k_s", gqa) == DType::Q4_K);
+        CHECK(sized("blk.3.ffn_down.weight", "q2_k_s", m) == DType::Q4_K);
+        CHECK(sized("blk.4.ffn_down.weight", "q2_k_s", m) == DType::Q2_K);
+        CHECK(sized("blk.7.attn_output.weight", "q2_k_s", m) == DType::Q2_K);
+        CHECK(sized("blk.7.attn_output.weight", "q2_k_s", moe) == DType::Q2_K);  // not in the 8-expert list
+        // Q3_K_S: Q3_K everywhere but the output; 8 experts: attn_output Q5_K.
+        for (const char* n : {"blk.0.attn_v.weight", "blk.0.ffn_down.weight", "blk.0.attn_output.weight",
+                              "blk.0.attn_qkv.weight"}) {
+            CHECK(sized(n, "q3_k_s", m) == DType::Q3_K);
+        }
+        CHECK(sized("output.weight", "q3_k_s", m) == DType::Q6_K);
+        CHECK(sized("blk.5.attn_output.weight", "q3_k_s", moe) == DType::Q5_K);
+        // Q3_K_L: attn_v, ffn_down, attn_output Q5_K; fused QKV Q4_K; 8 experts keep attn_output.
+        CHECK(sized("blk.20.attn_v.weight", "q3_k_l", m) == DType::Q5_K);
+        CHECK(sized("blk.20.ffn_down.weight", "q3_k_l", m) == DType::Q5_K);
+        CHECK(sized("blk.20.attn_output.weight", "q3_k_l", m) == DType::Q5_K);
+        CHECK(sized("blk.20.attn_qkv.weight", "q3_k_l", m) == DType::Q4_K);
+        CHECK(sized("blk.20.attn_q.weight", "q3_k_l", m) == DType::Q3_K);
+        CHECK(sized("blk.5.attn_output.weight", "q3_k_l", moe) == DType::Q3_K);
+        // Q4_K_S: attn_v Q5_K in layers 0-3, ffn_down Q5_K in the first 4; no use_more_bits.
+        CHECK(sized("blk.3.attn_v.weight", "q4_k_s", m) == DType::Q5_K);
+        CHECK(sized("blk.4.attn_v.weight", "q4_k_s", m) == DType::Q4_K);
+        CHECK(sized("blk.28.attn_v.weight", "q4_k_s", m) == DType::Q4_K);  // Q4_K_M: Q6_K
+        CHECK(sized("blk.3.ffn_down.weight", "q4_k_s", m) == DType::Q5_K);
+        CHECK(sized("blk.28.ffn_down.weight", "q4_k_s", m) == DType::Q4_K);
+        CHECK(sized("blk.0.attn_qkv.weight", "q4_k_s", m) == DType::Q4_K);  // Q4_K_M: Q5_K
+        CHECK(sized("blk.5.attn_output.weight", "q4_k_s", moe) == DType::Q5_K);
+        // Q5_K_S: Q5_K everywhere but the output; 8 experts: attn_v/attn_k Q8_0 as for every type.
+        for (const char* n : {"blk.0.attn_v.weight", "blk.28.ffn_down.weight", "blk.0.attn_qkv.weight"}) {
+            CHECK(sized(n, "q5_k_s", m) == DType::Q5_K);
+        }
+        CHECK(sized("blk.5.attn_v.weight", "q5_k_s", moe) == DType::Q8_0);
+        CHECK(sized("blk.5.attn_output.weight", "q5_k_s", moe) == DType::Q5_K);
     }
     SUBCASE("IQ4_NL and IQ4_XS") {
         // ffn_down Q5_K in the first n_layer/8 = 4 layers (no importance matrix), attn_v Q5_K

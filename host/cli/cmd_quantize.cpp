@@ -19,7 +19,7 @@ struct QuantizeArgs {
 };
 
 int runQuantize(const QuantizeArgs& args) {
-    std::optional<DType> type = quantizeTypeFromName(args.type);
+    std::optional<QuantizeTarget> type = quantizeTargetFromName(args.type);
     if (!type) {
         return fail("quantize: unknown --type '" + args.type +
                     "' (choose one of: " + quantizeTypeNames() + ")");

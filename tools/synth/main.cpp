@@ -72,7 +72,11 @@ int run(const Args& a) {
     std::optional<blue::SynthConfig> config = blue::synthPreset(a.preset);
     if (!config) return fail("unknown preset '" + a.preset + "' (see --list)");
     applyOverrides(a, *config);
-    std::optional<blue::DType> type = blue::quantizeTypeFromName(a.type);
+    std::optional<blue::QuantizeTarget> type = blue::quantizeTargetFromName(a.type);
+    if (type && blue::QuantizeTarget(type->type) != *type) {
+        return fail("--type '" + a.type + "': blue-synth writes each type's default mix (q3_k_m, q4_k_m, q5_k_m); " +
+                    "for another size, quantize its f32 output with bluevm quantize --type " + a.type);
+    }
     if (!type) {
         return fail("unknown --type '" + a.type + "' (choose one of: " + blue::quantizeTypeNames() +
                     ")");
@@ -83,7 +87,7 @@ int run(const Args& a) {
 
     blue::cli::ProgressBar bar("writing");
     blue::SynthOptions opt;
-    opt.type = *type;
+    opt.type = type->type;
     opt.pure = a.pure;
     opt.seed = a.seed;
     opt.threads = a.threads;
