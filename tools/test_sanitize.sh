@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds BlueVM with AddressSanitizer, LeakSanitizer and UBSan (BLUE_SANITIZE=ON, in build-asan/)
-# and runs the whole test suite there with the Khronos validation layer on. Fails on a failed
+# and runs the test suite there (the cases its doctest options select; tools/test.sh passes the
+# host-code test files) with the Khronos validation layer on. Fails on a failed
 # test and on any sanitizer report from the test binary or the programs it starts (bluevm, the C
 # API example). Leaks inside the Vulkan loader, lavapipe/LLVM and the validation layer are
 # suppressed (tests/sanitizers/lsan.supp); BlueVM's are not. Vulkan objects BlueVM forgets to
