@@ -22,6 +22,7 @@
 
 #include "host/server/http_server.h"
 #include "host/server/openai.h"
+#include "tests/schema_check.h"
 #include "tests/test_paths.h"
 
 namespace blue::test {
@@ -1016,6 +1017,49 @@ TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid 
         CHECK(e["error"]["message"].get<std::string>().find(b.message) != std::string::npos);
         CHECK(e["error"]["param"] == b.param);
     }
+}
+
+// Parameters as pydantic writes them: definitions under "$defs" referenced by "$ref", a
+// self-reference ("#"), and two tools that each define "Unit" differently. Each tool's
+// references resolve to its own definitions once the parameters sit inside the call schema.
+TEST_CASE("server: tool parameters with $defs and $ref, two tools defining the same name, resolve per tool") {
+    TestServer s(2, 1024, 0);
+    const json convert_params = {
+        {"title", "Convert"}, {"type", "object"},
+        {"$defs", {{"Unit", {{"title", "Unit"}, {"enum", {"celsius", "fahrenheit"}}}}}},
+        {"properties", {{"to", {{"$ref", "#/$defs/Unit"}}}, {"value", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}},
+        {"required", {"to", "value"}}};
+    const json order_params = {
+        {"type", "object"},
+        {"definitions", {{"Unit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 3}}}}},
+        {"properties", {{"count", {{"$ref", "#/definitions/Unit"}}}, {"then", {{"anyOf", {{{"$ref", "#"}}, {{"type", "null"}}}}}}}},
+        {"required", {"count", "then"}}};
+    const json tools = {{{"type", "function"}, {"function", {{"name", "convert"}, {"parameters", convert_params}}}},
+                        {{"type", "function"}, {"function", {{"name", "order"}, {"parameters", order_params}}}}};
+    const json messages = {{{"role", "user"}, {"content", "Convert 5 to fahrenheit."}}};
+    std::map<std::string, int> seen;
+    for (int seed = 1; seed <= 6; ++seed) {
+        for (const json& choice : {json("required"), json({{"type", "function"}, {"function", {{"name", "order"}}}})}) {
+            CAPTURE(seed);
+            CAPTURE(choice.dump());
+            json body = {{"messages", messages}, {"tools", tools}, {"tool_choice", choice},
+                         {"max_tokens", 120}, {"temperature", 1.0}, {"seed", seed}};
+            auto res = post(s, "/v1/chat/completions", body);
+            REQUIRE(res);
+            REQUIRE_MESSAGE(res->status == 200, res->body);
+            const json c = json::parse(res->body)["choices"][0];
+            REQUIRE(c["finish_reason"] == "tool_calls");
+            const json call = c["message"]["tool_calls"][0]["function"];
+            const std::string name = call["name"];
+            const json args = json::parse(call["arguments"].get<std::string>());
+            CAPTURE(args.dump());
+            ++seen[name];
+            CHECK(schemaViolation(name == "convert" ? convert_params : order_params, args) == "");
+            if (name == "convert") CHECK((args["to"] == "celsius" || args["to"] == "fahrenheit"));
+            if (name == "order") CHECK(args["count"].is_number_integer());
+        }
+    }
+    CHECK(seen["order"] >= 6);  // the named choice, six times
 }
 
 }  // namespace

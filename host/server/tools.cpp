@@ -2,6 +2,7 @@
 #include "host/server/tools.h"
 
 #include <cctype>
+#include <functional>
 
 #include "compiler/grammar/json_schema.h"
 #include "vm/status.h"
@@ -53,6 +54,46 @@ std::string renameRule(const std::string& text, const std::string& from, const s
         ++i;
     }
     return out;
+}
+
+// Tool k's parameters as a subschema of the call schema, with its definitions moved out to
+// `defs` (the call schema's root "$defs"): a tool's "$defs"/"definitions" entry X becomes
+// "t<k>-X", and every "$ref" to it ("#/$defs/X", "#/definitions/X") and to the parameters
+// themselves ("#") is rewritten to match, so references keep resolving once the parameters sit
+// inside the call, and two tools' definitions of the same name stay apart.
+ordered hoistDefinitions(ordered params, size_t k, ordered* defs) {
+    const std::string tag = "t" + std::to_string(k);
+    std::function<void(ordered&)> rewrite = [&](ordered& v) {
+        if (v.is_array()) {
+            for (ordered& e : v) rewrite(e);
+            return;
+        }
+        if (!v.is_object()) return;
+        for (auto it = v.begin(); it != v.end(); ++it) {
+            if (it.key() == "$ref" && it.value().is_string()) {
+                const std::string ref = it.value().get<std::string>();
+                if (ref == "#") {
+                    it.value() = "#/$defs/" + tag;
+                    continue;
+                }
+                for (const std::string prefix : {"#/$defs/", "#/definitions/"}) {
+                    if (ref.rfind(prefix, 0) == 0) it.value() = "#/$defs/" + tag + "-" + ref.substr(prefix.size());
+                }
+                continue;
+            }
+            rewrite(it.value());
+        }
+    };
+    rewrite(params);
+    for (const char* key : {"$defs", "definitions"}) {
+        if (!params.is_object() || !params.contains(key)) continue;
+        if (params[key].is_object()) {
+            for (auto it = params[key].begin(); it != params[key].end(); ++it) (*defs)[tag + "-" + it.key()] = it.value();
+        }
+        params.erase(key);
+    }
+    (*defs)[tag] = params;  // the target of "#"
+    return params;
 }
 
 }  // namespace
@@ -164,15 +205,18 @@ std::optional<ApiError> toolConstraint(const ApiRequest& r, std::string* kind, s
     kind->clear();
     text->clear();
     if (!toolsOffered(r)) return std::nullopt;
-    ordered calls = ordered::array();
-    for (const ApiRequest::Tool& t : r.tools) {
+    ordered calls = ordered::array(), defs = ordered::object();
+    for (size_t k = 0; k < r.tools.size(); ++k) {
+        const ApiRequest::Tool& t = r.tools[k];
         if (r.tool_choice != "auto" && r.tool_choice != "required" && r.tool_choice != t.name) continue;
+        ordered params = hoistDefinitions(ordered::parse(t.parameters), k, &defs);
         ordered call = {{"type", "object"},
-                        {"properties", {{"name", {{"const", t.name}}}, {"arguments", ordered::parse(t.parameters)}}},
+                        {"properties", {{"name", {{"const", t.name}}}, {"arguments", params}}},
                         {"required", {"name", "arguments"}}};
         calls.push_back(call);
     }
     ordered schema = calls.size() == 1 ? calls[0] : ordered{{"anyOf", calls}};
+    schema["$defs"] = defs;
     if (r.tool_choice != "auto") {
         *kind = "json_schema";
         *text = schema.dump();

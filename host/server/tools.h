@@ -5,7 +5,8 @@
 // A call is the JSON object {"name": TOOL, "arguments": {...}} (its arguments valid against the
 // tool's `parameters`). With tool_choice "required" or a named tool the text must be a call;
 // with "auto" it is either a call or text that does not start with '{'; with "none" the tools
-// are not offered.
+// are not offered. Parameters may use "$defs"/"definitions" and "$ref" (as pydantic writes them):
+// each tool's definitions move to the call schema's root under names of their own.
 #pragma once
 
 #include <nlohmann/json.hpp>
