@@ -19,7 +19,7 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 build_start=$SECONDS
 bash tools/build.sh
-printf '%-28s %ds\n' "build" $((SECONDS - build_start))
+printf '%-36s %ds\n' "build" $((SECONDS - build_start))
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 export BLUE_VALIDATION=${BLUE_VALIDATION:-1}
 # tools/install_deps.sh installed the openai npm client: its test must run, not skip.
@@ -53,7 +53,7 @@ run() {
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi  # crashed before its summary
   passed=$((passed + p))
   failed=$((failed + f))
-  printf '%-28s %4d passed, %d failed  (%ds)\n' "$name" "$p" "$f" $((SECONDS - start))
+  printf '%-36s %4d passed, %d failed  (%ds)\n' "$name" "$p" "$f" $((SECONDS - start))
   if [ "$rc" -ne 0 ]; then
     runs_failed+=("$name")
     echo "---- $name: last 60 lines of its log ($log) ----"
@@ -91,7 +91,7 @@ if [ "$quick" -eq 0 ]; then
     if [ -f "host/device_profiles/$profile.json" ]; then
       if "$bluevm" devices --device-limits "$profile" 2>/dev/null | grep -q "no limit lower than the device's"; then
         if [ "$width" = 256 ]; then
-          printf '%-28s skipped: it lowers no limit of this device (the first run covers it)\n' "$name"
+          printf '%-36s skipped: it lowers no limit of this device (the first run covers it)\n' "$name"
           continue
         fi
       fi
@@ -114,7 +114,7 @@ if [ "$quick" -eq 0 ]; then
       s=$(grep -E '^\[doctest\] test cases:' "$logs/sanitize.log" | tail -1 | sed -E 's/.*\| *([0-9]+) passed.*/\1/')
       [[ "$s" =~ ^[0-9]+$ ]] || s=0
       passed=$((passed + s))
-      printf '%-28s %4d passed, 0 failed  (%ds: %s)\n' "asan+ubsan" "$s" $((SECONDS - start)) \
+      printf '%-36s %4d passed, 0 failed  (%ds: %s)\n' "asan+ubsan" "$s" $((SECONDS - start)) \
         "$(grep -oE 'build [0-9]+s, run [0-9]+s' "$logs/sanitize.log" | tail -1)"
     else
       failed=$((failed + 1))
