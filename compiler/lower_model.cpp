@@ -74,18 +74,22 @@ struct Lowering {
         return add(t);
     }
     bool hasTensor(const std::string& name) const { return gguf.findTensor(name) != nullptr; }
-    // YaRN's per-pair frequency divisors, computed here from the config: a DATA tensor every
+    // A constant WEIGHT vector the compiler computes, stored in the module's DATA section.
+    template <typename T>
+    uint32_t constant(const std::string& name, DType type, const std::vector<T>& values) {
+        TensorDecl t;
+        t.name = prefix + name;
+        t.dtype = type;
+        t.cls = BLUE_TC_WEIGHT;
+        t.ne[0] = values.size();
+        appendTensorData(&m, &t, values.data(), values.size() * sizeof(T));
+        return add(t);
+    }
+    // YaRN's per-pair frequency divisors, computed here from the config: one DATA tensor every
     // layer's ROPE shares.
     uint32_t yarnDivisors() {
         if (auto it = ids.find(prefix + "rope_yarn_divisors"); it != ids.end()) return it->second;
-        std::vector<float> div = yarnFreqDivisors(cfg);
-        TensorDecl t;
-        t.name = prefix + "rope_yarn_divisors";
-        t.dtype = DType::F32;
-        t.cls = BLUE_TC_WEIGHT;
-        t.ne[0] = div.size();
-        appendTensorData(&m, &t, div.data(), div.size() * 4);
-        return add(t);
+        return constant("rope_yarn_divisors", DType::F32, yarnFreqDivisors(cfg));
     }
 
     uint32_t activation(const std::string& name, uint32_t cls, DType type,
@@ -632,14 +636,7 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
         }
         Result<Tokenizer> tok = Tokenizer::fromGguf(gguf);
         if (!tok) return tok.status();  // names the file
-        std::vector<uint32_t> table = tokenBytesTable(tok.value(), cfg.n_vocab);
-        TensorDecl t;
-        t.name = "token_bytes";
-        t.dtype = DType::I32;
-        t.cls = BLUE_TC_WEIGHT;
-        t.ne[0] = table.size();
-        appendTensorData(&m, &t, table.data(), table.size() * 4);
-        lw.token_bytes = lw.add(t);
+        lw.token_bytes = lw.constant("token_bytes", DType::I32, tokenBytesTable(tok.value(), cfg.n_vocab));
         lw.grammar = lw.activation("grammar", BLUE_TC_INSTANCE, DType::I32, {opt.grammar_words});
     }
     CodeBuilder cb(&m);

@@ -133,8 +133,8 @@ struct QuantizeReport {
 
 // Quantizes the model at `in` into a new file at `out` (replaced if it exists; removed again on
 // failure). Fails, with one line naming the file and what is wrong, when `in` cannot be read or
-// is not a model BlueVM can load, `out` is `in` or cannot be written, or a tensor to convert holds a non-finite value. Quantized input is decoded and
-// re-encoded (a note says so) unless its type is already the chosen one, when it is copied.
+// is not a model BlueVM can load, `out` is `in` or cannot be written, or a tensor to convert
+// holds a non-finite value. Quantized input is decoded and re-encoded (a note says so) unless its type is already the chosen one, when it is copied.
 Result<QuantizeReport> quantizeGguf(const std::string& in, const std::string& out, QuantizeTarget target,
                                     const QuantizeOptions& options = {});
 

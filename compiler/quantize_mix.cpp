@@ -114,8 +114,8 @@ DType ffnDownType(QuantizeTarget target, int layer, const QuantizeModelInfo& m) 
         case kQ3_K_L: return DType::Q5_K;
         case kQ4_K_M:
         case kQ5_K_M: return moreBits(layer, n) ? DType::Q6_K : target.type;
-        case kIQ4_NL:  // llama.cpp: without an imatrix
-        case kIQ4_XS: return layer < n / 8 ? DType::Q5_K : target.type;
+        case kIQ4_NL:  // IQ4: llama.cpp's rule without an imatrix
+        case kIQ4_XS:
         case kQ4_K_S: return layer < n / 8 ? DType::Q5_K : target.type;
         default: return target.type;
     }

@@ -59,10 +59,12 @@ std::string renameRule(const std::string& text, const std::string& from, const s
 // Tool k's parameters as a subschema of the call schema, with its definitions moved out to
 // `defs` (the call schema's root "$defs"): a tool's "$defs"/"definitions" entry X becomes
 // "t<k>-X", and every "$ref" to it ("#/$defs/X", "#/definitions/X") and to the parameters
-// themselves ("#") is rewritten to match, so references keep resolving once the parameters sit
-// inside the call, and two tools' definitions of the same name stay apart.
+// themselves ("#", which then adds the parameters as "t<k>") is rewritten to match, so
+// references keep resolving once the parameters sit inside the call, and two tools' definitions
+// of the same name stay apart.
 ordered hoistDefinitions(ordered params, size_t k, ordered* defs) {
     const std::string tag = "t" + std::to_string(k);
+    bool self_ref = false;
     std::function<void(ordered&)> rewrite = [&](ordered& v) {
         if (v.is_array()) {
             for (ordered& e : v) rewrite(e);
@@ -74,6 +76,7 @@ ordered hoistDefinitions(ordered params, size_t k, ordered* defs) {
                 const std::string ref = it.value().get<std::string>();
                 if (ref == "#") {
                     it.value() = "#/$defs/" + tag;
+                    self_ref = true;
                     continue;
                 }
                 for (const std::string prefix : {"#/$defs/", "#/definitions/"}) {
@@ -92,7 +95,7 @@ ordered hoistDefinitions(ordered params, size_t k, ordered* defs) {
         }
         params.erase(key);
     }
-    (*defs)[tag] = params;  // the target of "#"
+    if (self_ref) (*defs)[tag] = params;  // the target of "#"
     return params;
 }
 
@@ -216,7 +219,7 @@ std::optional<ApiError> toolConstraint(const ApiRequest& r, std::string* kind, s
         calls.push_back(call);
     }
     ordered schema = calls.size() == 1 ? calls[0] : ordered{{"anyOf", calls}};
-    schema["$defs"] = defs;
+    if (!defs.empty()) schema["$defs"] = defs;
     if (r.tool_choice != "auto") {
         *kind = "json_schema";
         *text = schema.dump();

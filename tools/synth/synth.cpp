@@ -106,7 +106,8 @@ std::vector<SynthConfig> presets() {
     p.push_back(phi3);
     // Qwen2.5 with YaRN as its model card asks (factor 4 from 32768) scaled down: factor 4 from
     // 512, so that a test's positions and the ramp between extrapolated and interpolated pairs
-    // (pairs 0 to 13 of 32 at head width 64, base 10000) both matter.
+    // both matter (head width 64, base 10000: pairs 0..3 keep their frequency, 16..31 are
+    // interpolated, the ramp rises between).
     SynthConfig qwen_yarn = llama("qwen2-yarn-tiny", 256, 3, 4, 2, 512, 2048, true);
     qwen_yarn.arch = "qwen2";
     qwen_yarn.n_vocab = 512;
