@@ -104,7 +104,7 @@ if [ "$quick" -eq 0 ]; then
   # grammars and schemas, KV snapshots, HTTP requests), the tokenizers, quantization, the
   # compiler, the server, the C API and the command line (the programs they start are
   # instrumented too), and the short GPU runs that drive the engine and the machine. ASan
-  # intercepts every allocation of lavapipe's LLVM as well, which makes GPU-heavy cases 4-6x
+  # intercepts every allocation of lavapipe's LLVM as well, which makes GPU-heavy cases 3-9x
   # slower, so the long GPU runs whose host code the cases kept already execute are left out.
   sanitize_files='-sf=*/test_asm.cpp,*/test_isa.cpp,*/test_interp.cpp,*/test_verify.cpp,*/test_gguf.cpp,*/test_model_config.cpp,*/test_tokenizer.cpp,*/test_pretokenize.cpp,*/test_chat_template.cpp,*/test_quant.cpp,*/test_quantize.cpp,*/test_synth.cpp,*/test_upcycle.cpp,*/test_grammar.cpp,*/test_kv_snapshot.cpp,*/test_machine_plan.cpp,*/test_device_limits.cpp,*/test_server.cpp,*/test_capi.cpp,*/test_cli.cpp,*/test_structured.cpp,*/test_openai_client.cpp,*/test_sync.cpp,*/test_gpu_machine.cpp,*/test_llm_ref.cpp,*/test_programs.cpp,*/test_cascade.cpp'
   sanitize_skip='-tce=structured: 200 random*,server: 64 concurrent*,cli: generate --kv-save then*,cli: bluevm serve gives*,cli: stories260K quantized*,cli: bluevm quantize --type*,cli: generate --logprobs N prints*,the collatz run*,cascade: every program*,cascade: a repeat loop*,cascade: the entropy rule*,cascade: two different models*,capi: bluevm_generate saves*'
