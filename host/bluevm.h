@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 8
+#define BLUEVM_API_VERSION 9
 #define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
@@ -87,6 +87,9 @@ typedef struct bluevm_model_options {
                                (bluevm_request.grammar...); default BLUEVM_GRAMMAR_WORDS_AUTO:
                                65536, or fewer where 16 instances' would not fit one device page
                                (1 MiB pages: 16384); 0: no grammars */
+    int expert_cache;       /* API 9: MoE models with vram_budget: nonzero (the default) keeps
+                               the experts in host memory and caches those the GPU's routing
+                               picks in the device memory left; 0 treats them as other weights */
 } bluevm_model_options;
 
 void bluevm_model_options_init(bluevm_model_options* o);
@@ -245,6 +248,10 @@ typedef struct bluevm_metrics {
     uint64_t expert_bytes; /* MoE models: expert weight bytes the chosen experts' matmuls read (API 5) */
     uint64_t prefix_hits;   /* API 7: requests that reused KV rows of their prompt's prefix */
     uint64_t prefix_tokens; /* prompt tokens those requests did not recompute */
+    /* API 9, MoE models under vram_budget with the expert cache: experts the GPU's routing found
+       in the cache, copied into it from host memory, and read in place (no slot free); bytes
+       copied */
+    uint64_t expert_hits, expert_misses, expert_inplace, expert_paged_bytes;
 } bluevm_metrics;
 
 bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out);

@@ -92,7 +92,7 @@ int bluevm_api_version(void) {
 }
 
 void bluevm_model_options_init(bluevm_model_options* o) {
-    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0, BLUEVM_GRAMMAR_WORDS_AUTO};
+    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0, BLUEVM_GRAMMAR_WORDS_AUTO, 1};
 }
 
 bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* options,
@@ -110,6 +110,7 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
             eo.ctx = options->ctx;
             eo.validation = options->validation != 0;
             eo.vram_budget = options->vram_budget;
+            eo.expert_cache = options->expert_cache != 0;
             eo.grammar_words = options->grammar_words;
             if (options->host_weights < 0 || options->host_weights > 2) {
                 return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "host_weights must be 0 (auto), 1 (read) or 2 (stream)");

@@ -120,6 +120,10 @@ inline void metricsOut(const ServeMetrics& m, bluevm_metrics* out) {
     out->expert_bytes = m.expert_bytes;
     out->prefix_hits = m.prefix_hits;
     out->prefix_tokens = m.prefix_tokens;
+    out->expert_hits = m.expert_hits;
+    out->expert_misses = m.expert_misses;
+    out->expert_inplace = m.expert_inplace;
+    out->expert_paged_bytes = m.expert_paged_bytes;
 }
 
 template <class F>

@@ -125,6 +125,14 @@ Status GpuMachine::Impl::initControl() {
         const bool streamed = !streams.groups.empty() && p.tier == 1 && p.repacked;
         w[at + 3] = p.pieces.empty() && !streamed ? uint32_t(m.tensors[t].elements()) : 0;
     }
+    for (const ExpertCache& c : pages.expert_caches) {
+        const uint32_t st = layout.at(BLUE_O_EXPERT_CACHE) + c.state;
+        w[st + BLUE_XC_SLOTS] = c.slots;
+        w[st + BLUE_XC_EXPERTS] = c.experts;
+        uint64_t texels = 0;
+        for (const TensorPlace& p : c.caches) texels += p.slice / 16;
+        w[st + BLUE_XC_TEXELS] = uint32_t(texels);
+    }
     w[BLUE_C_BUMP] = m.layout.heap_static;
     w[BLUE_C_LIVE] = n;
     return uploadToBuffer(dev, control, 0, w.data(), w.size() * 4);
@@ -205,7 +213,10 @@ Status GpuMachine::Impl::createDescriptors() {
     for (uint32_t p = 0; p < BLUE_MAX_PAGES; ++p) {
         // Unused slots point at the I/O buffer; kernels never index them. Nor host pages whose
         // weights stream: only copies read those.
-        const bool streamed = !streams.groups.empty() && pages.page_tier[p < pages.page_tier.size() ? p : 0] == 1;
+        bool streamed = !streams.groups.empty() && pages.page_tier[p < pages.page_tier.size() ? p : 0] == 1;
+        for (const ExpertCache& c : pages.expert_caches) {  // cached experts are read in place too
+            for (uint32_t t : c.tensors) streamed = streamed && pages.places[t].page != p;
+        }
         const Buffer& b = p < page_buffers.size() && !streamed ? page_buffers[p] : io;
         page_info[p] = {b.buffer, 0, VK_WHOLE_SIZE};
     }
@@ -355,8 +366,23 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
         using HW = GpuOptions::HostWeights;
         const bool stream = options.host_weights == HW::STREAM ||
                             (options.host_weights == HW::AUTO && dev.hasHostOnlyMemory());
-        pages = planPages(m, options.instances, page_limit, options.vram_budget - control, stream);
+        pages = planPages(m, options.instances, page_limit, options.vram_budget - control, stream,
+                          options.expert_cache);
         if (!pages) return pages.status();
+        if (!pages->expert_caches.empty()) {
+            // Expert caches add state words and copy dispatches to the control buffer: plan
+            // again with room for them (fewer slots need fewer words).
+            uint64_t words = pages->expertStateWords();
+            for (const ExpertCache& c : pages->expert_caches) words += c.tensors.size() * (BLUE_DISPATCH_WORDS + 3);
+            if (control + words * 4 >= options.vram_budget) {
+                return BLUE_ERROR("the control buffer and the expert caches' state need %.1f MiB of device "
+                                  "memory, more than the VRAM budget of %.1f MiB",
+                                  double(control + words * 4) / (1 << 20), double(options.vram_budget) / (1 << 20));
+            }
+            pages = planPages(m, options.instances, page_limit, options.vram_budget - control - words * 4,
+                              stream, options.expert_cache);
+            if (!pages) return pages.status();
+        }
         impl->pages = std::move(pages.value());
         dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0]);
         if (!dispatches) return dispatches.status();
@@ -364,6 +390,10 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
         if (stream) {
             impl->streams = planStreams(impl->pages, &impl->dispatches, uint32_t(impl->pages.page_bytes.size()));
         }
+        layout = planControl(m, options, uint32_t(impl->dispatches.size()), dev.maxBindingBytes(),
+                             impl->pages.expertStateWords());
+        if (!layout) return layout.status();
+        impl->layout = layout.value();
     }
     BLUE_TRY(checkDeviceFit(impl->pages, impl->layout, options.instances,
                             dev.info().device_local_bytes, dev.info().max_workgroup_count[0]));
@@ -382,6 +412,10 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     machine->stats_.streaming = !machine->impl_->streams.groups.empty();
     machine->stats_.stream_bytes_per_cycle = machine->impl_->streams.bytesPerCycle();
     if (machine->stats_.streaming) machine->stats_.vram_bytes += 2 * machine->impl_->pages.slot_bytes;
+    for (const ExpertCache& c : machine->impl_->pages.expert_caches) {
+        machine->stats_.expert_cache_slots = c.slots;
+        for (const TensorPlace& p : c.caches) machine->stats_.expert_cache_bytes += p.bytes;
+    }
     machine->stats_.chain_cycles = options.chain_cycles;
     machine->stats_.chain_cycles_now = machine->impl_->cycles_now;
     machine->stats_.chain_cycles_min = machine->impl_->cycles_now;
@@ -459,6 +493,11 @@ Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport
     stats_.block_runs = snap[BLUE_C_BLOCK_RUNS - BLUE_C_CYCLE];
     const uint32_t* snap2 = im.ioWords() + BLUE_IO_SNAP2_BASE + c * BLUE_IO_SNAP2_WORDS;
     stats_.expert_bytes = (uint64_t(snap2[1]) << 32 | snap2[0]) * 16;
+    stats_.expert_hits = snap2[BLUE_C_XC_HITS - BLUE_C_MOE_TEXELS_LO];
+    stats_.expert_misses = snap2[BLUE_C_XC_MISSES - BLUE_C_MOE_TEXELS_LO];
+    stats_.expert_inplace = snap2[BLUE_C_XC_INPLACE - BLUE_C_MOE_TEXELS_LO];
+    stats_.expert_paged_bytes = (uint64_t(snap2[BLUE_C_XC_TEXELS_HI - BLUE_C_MOE_TEXELS_LO]) << 32 |
+                                 snap2[BLUE_C_XC_TEXELS_LO - BLUE_C_MOE_TEXELS_LO]) * 16;
     uint32_t live = snap[BLUE_C_LIVE - BLUE_C_CYCLE];
     im.gpu_done = live == 0 || snap[0] >= im.layout.at(BLUE_H_MAX_CYCLES);
     stats_.wall_ms =
@@ -623,13 +662,17 @@ std::string GpuStats::json() const {
         "\"dispatches_recorded\":%llu,\"host_waits\":%llu,\"round_trips\":%llu,"
         "\"queue_drains\":%llu,\"resumes\":%llu,\"steps\":%llu,\"block_runs\":%llu,"
         "\"output_records\":%llu,\"expert_bytes\":%llu,\"vram_bytes\":%llu,\"host_weight_bytes\":%llu,"
-        "\"streamed_bytes\":%llu,\"instances\":%u,\"wall_ms\":%.3f}",
+        "\"streamed_bytes\":%llu,\"expert_cache_slots\":%u,\"expert_cache_bytes\":%llu,"
+        "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_inplace\":%llu,"
+        "\"expert_paged_bytes\":%llu,\"instances\":%u,\"wall_ms\":%.3f}",
         ull(submits), ull(cycles), ull(cycles_submitted), chain_cycles, chain_cycles_now,
         chain_cycles_min, ull(chain_rerecords), submit_ms_max,
         submits_timed ? submit_ms_total / double(submits_timed) : 0.0, ull(dispatches_recorded),
         ull(host_waits), ull(round_trips), ull(queue_drains), ull(resumes), ull(steps),
         ull(block_runs), ull(output_records), ull(expert_bytes), ull(vram_bytes),
-        ull(host_weight_bytes), ull(stream_bytes_per_cycle * cycles_submitted), instances, wall_ms);
+        ull(host_weight_bytes), ull(stream_bytes_per_cycle * cycles_submitted), expert_cache_slots,
+        ull(expert_cache_bytes), ull(expert_hits), ull(expert_misses), ull(expert_inplace),
+        ull(expert_paged_bytes), instances, wall_ms);
 }
 
 }  // namespace blue

@@ -49,6 +49,10 @@ struct GpuOptions {
     // where the device has host memory apart from its own (a discrete GPU), else READ.
     enum class HostWeights { AUTO, READ, STREAM };
     HostWeights host_weights = HostWeights::AUTO;
+    // MoE under a budget the weights do not fit: experts stay in host memory and the budget the
+    // other weights leave caches them, decided on the GPU (ExpertCache in host/machine_plan.h).
+    // Off: experts are weights like any other (read in place or streamed whole).
+    bool expert_cache = true;
     // Keep clock(): one point per drained chain (one-shot runs; a server would grow it forever).
     bool record_clock = false;
 };
@@ -86,6 +90,11 @@ struct GpuStats {
     uint64_t host_weight_bytes = 0;    // weights in host memory (beyond GpuOptions::vram_budget)
     uint64_t stream_bytes_per_cycle = 0;  // streaming: bytes copied into the slots each cycle
     bool streaming = false;
+    // Expert caches (MoE under a budget): slots per layer and their bytes; experts the runs
+    // found cached, copied in, and read in place (no slot free); bytes copied in.
+    uint32_t expert_cache_slots = 0;
+    uint64_t expert_cache_bytes = 0;
+    uint64_t expert_hits = 0, expert_misses = 0, expert_inplace = 0, expert_paged_bytes = 0;
     uint32_t instances = 0;
     uint32_t chain_cycles = 0;         // cycles per chain asked for
     uint32_t chain_cycles_now = 0;     // the length the watchdog bound allows now

@@ -109,10 +109,55 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
     return g;
 }
 
+// After a MOEROUTE with an expert cache: one MOECOPY per cached matrix, which copies the
+// experts MOEROUTE listed from host memory into their slots (x: the list, which MOEROUTE sizes
+// through a patch word; y: chunks of one expert's matrix).
+Status addExpertCopies(const Module& m, const PagePlan& pages, const ExpertCache& xc, uint32_t block,
+                       size_t route, std::vector<DispatchDesc>* out) {
+    for (size_t i = 0; i < xc.tensors.size(); ++i) {
+        const TensorPlace& src = pages.places[xc.tensors[i]];
+        const TensorPlace& dst = xc.caches[i];
+        DispatchDesc d;
+        d.block = block;
+        d.pipeline = "moecopy";
+        d.mode = 0;
+        d.axis = 1;
+        d.tile = BLUE_MAX_ROWS;
+        d.operand_pages.fill(DispatchDesc::kNoPage);
+        d.push[BLUE_PC_BLOCK] = block;
+        d.push[BLUE_PC_MODE] = 0;
+        d.push[BLUE_PC_TILE] = d.tile;
+        d.push[BLUE_PC_COPY_SRC] = src.page | BLUE_TC_WEIGHT << 16;
+        d.push[BLUE_PC_COPY_SRC + 1] = uint32_t(src.offset);
+        d.push[BLUE_PC_COPY_SRC + 2] = uint32_t(src.slice);
+        d.push[BLUE_PC_COPY_SRC + 3] = xc.experts;
+        d.push[BLUE_PC_COPY_DST] = dst.page | BLUE_TC_WEIGHT << 16;
+        d.push[BLUE_PC_COPY_DST + 1] = uint32_t(dst.offset);
+        d.push[BLUE_PC_COPY_DST + 2] = uint32_t(dst.slice);
+        d.push[BLUE_PC_COPY_DST + 3] = xc.slots;
+        d.push[BLUE_PC_COPY_STATE] = xc.state + 1;
+        d.push[BLUE_PC_COPY_CHUNK] = BLUE_COPY_CHUNK_WORDS;
+        const uint64_t words = dst.slice / 4;
+        d.fixed = uint32_t((words + BLUE_COPY_CHUNK_WORDS - 1) / BLUE_COPY_CHUNK_WORDS);
+        if (d.fixed > kMinGroupsY) {
+            return BLUE_ERROR("tensor '%s': one expert's matrix needs %u copy workgroups, more than %u",
+                              m.tensors[xc.tensors[i]].name.c_str(), d.fixed, kMinGroupsY);
+        }
+        auto& rp = (*out)[route].push;
+        if (rp[BLUE_PC_MOE_PATCH] == BLUE_MOE_MAX_PATCH) {
+            return BLUE_ERROR("tensor '%s': too many dispatches read one expert map",
+                              m.tensors[xc.tensors[i]].name.c_str());
+        }
+        rp[BLUE_PC_MOE_PATCH + 1 + rp[BLUE_PC_MOE_PATCH]++] = uint32_t(out->size()) | BLUE_MOE_PATCH_COPY;
+        out->push_back(d);
+    }
+    return Status::ok();
+}
+
 }  // namespace
 
 Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
-                                  uint64_t max_binding_bytes) {
+                                  uint64_t max_binding_bytes, uint64_t expert_state_words) {
     const Layout& l = m.layout;
     const uint64_t n = options.instances;
     ControlLayout c;
@@ -152,6 +197,7 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
         {BLUE_O_DISPATCH, uint64_t(ndispatch) * BLUE_DISPATCH_WORDS},
         {BLUE_O_INDIRECT, uint64_t(ndispatch + 1) * 3},
         {BLUE_O_TENSORS, uint64_t(m.tensors.size()) * BLUE_TREF_WORDS},
+        {BLUE_O_EXPERT_CACHE, expert_state_words},
     };
     uint64_t at = BLUE_HEADER_WORDS;
     for (const auto& [index, words] : regions) {
@@ -192,7 +238,7 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
 }
 
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
-                           uint64_t vram_budget, bool stream) {
+                           uint64_t vram_budget, bool stream, bool expert_cache) {
     PagePlan plan;
     plan.places.resize(m.tensors.size());
     int last[2] = {-1, -1};  // the page each tier fills now
@@ -300,11 +346,19 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
     // Weights read in full per token first, tables read a row at a time (EMBED only) last.
     // Streaming copies only matrices that MATMUL, EMBED and MOEMM read as their operand 1.
     std::vector<uint8_t> dense(m.tensors.size(), 0), streamable(m.tensors.size(), 1);
+    // MoE experts: 3-D matrices that only MOEMM reads (as its operand 1), by the map they go with.
+    // Layers are told apart by their MOEROUTE (one expert map may serve every layer): key = the
+    // MOEROUTE's ordinal in block and instruction order, as planDispatches counts them.
+    std::vector<uint8_t> expert_ok(m.tensors.size(), 1), expert_layers(m.tensors.size(), 0);
+    std::map<uint32_t, std::vector<uint32_t>> layer_experts;
+    uint32_t route_ordinal = 0;
     for (const BlockDecl& blk : m.blocks) {
         std::vector<TensorInstr> instrs;
         if (!decodeBlock(m, blk, &instrs)) continue;
+        std::map<uint32_t, uint32_t> route_of;  // expert map -> the MOEROUTE filling it now
         for (const TensorInstr& ti : instrs) {
             const OpInfo& info = opInfo(ti.op);
+            if (ti.op == Op::MOEROUTE && ti.args.size() > 2) route_of[ti.args[2]] = route_ordinal++;
             for (size_t k = 0; k < ti.args.size() && k < info.format.size(); ++k) {
                 const char letter = info.format[k];
                 if ((letter != 't' && letter != 'o') || ti.args[k] >= m.tensors.size()) continue;
@@ -312,11 +366,40 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 if (!((isMatmul(ti.op) || ti.op == Op::EMBED || ti.op == Op::MOEMM) && k == 1)) {
                     streamable[ti.args[k]] = 0;
                 }
+                if (!(ti.op == Op::MOEMM && k == 1)) expert_ok[ti.args[k]] = 0;
+            }
+            if (ti.op == Op::MOEMM && ti.args.size() > 3 && ti.args[1] < m.tensors.size() &&
+                route_of.count(ti.args[3])) {
+                std::vector<uint32_t>& list = layer_experts[route_of[ti.args[3]]];
+                if (std::find(list.begin(), list.end(), ti.args[1]) == list.end()) {
+                    list.push_back(ti.args[1]);
+                    expert_layers[ti.args[1]] += 1;
+                }
             }
         }
     }
     for (uint32_t i : weights) streamable[i] &= plan.places[i].repacked ? 1 : 0;
     uint64_t device = plan.tierBytes(0);
+    // Expert caching: only when the weights do not all fit, and every expert tensor of a layer
+    // can be cached (a repacked 3-D matrix no other op reads, in one page).
+    std::vector<uint8_t> cached(m.tensors.size(), 0);
+    uint64_t all_weights = device;
+    for (uint32_t i : weights) all_weights += footprint(i);
+    if (expert_cache && all_weights > vram_budget) {
+        for (const auto& [route, list] : layer_experts) {
+            bool ok = true;
+            for (uint32_t t : list) {
+                ok = ok && expert_ok[t] && expert_layers[t] == 1 && plan.places[t].repacked && m.tensors[t].ndim == 3 &&
+                     m.tensors[t].cls == BLUE_TC_WEIGHT && m.tensors[t].ne[2] == m.tensors[list[0]].ne[2];
+            }
+            if (!ok) continue;
+            for (uint32_t t : list) {
+                cached[t] = 1;
+                streamable[t] = 0;
+                BLUE_TRY(placeTensor(t, 1));
+            }
+        }
+    }
     if (stream) {
         // The slots first, then the weights that cannot stream.
         for (uint32_t i : weights) {
@@ -327,7 +410,7 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
         }
         device += 2 * plan.slot_bytes;
         for (uint32_t i : weights) {
-            if (streamable[i]) continue;
+            if (streamable[i] || cached[i]) continue;
             device += footprint(i);
             BLUE_TRY(placeTensor(i, 0));
         }
@@ -342,10 +425,46 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
     }
     std::stable_partition(weights.begin(), weights.end(), [&](uint32_t i) { return dense[i] != 0; });
     for (uint32_t i : weights) {
-        if (stream && !streamable[i]) continue;  // placed above
+        if ((stream && !streamable[i]) || cached[i]) continue;  // placed above
         const uint8_t tier = device + footprint(i) <= vram_budget ? 0 : 1;
         if (tier == 0) device += footprint(i);
         BLUE_TRY(placeTensor(i, tier));
+    }
+    // The expert caches take what the budget has left: the same number of slots in every layer.
+    uint64_t per_slot = 0, aligns = 0, largest = 0;
+    uint32_t slots = BLUE_MOE_MAX_EXPERTS;
+    for (const auto& [route, list] : layer_experts) {
+        if (list.empty() || !cached[list[0]]) continue;
+        slots = std::min(slots, uint32_t(m.tensors[list[0]].ne[2]));
+        for (uint32_t t : list) {
+            per_slot += plan.places[t].slice;
+            aligns += kTensorAlign;
+            largest = std::max(largest, plan.places[t].slice);
+        }
+    }
+    if (per_slot == 0) return plan;
+    const uint64_t left = vram_budget > device + aligns ? vram_budget - device - aligns : 0;
+    slots = uint32_t(std::min<uint64_t>({slots, left / per_slot, page_limit / largest}));
+    if (slots == 0) return plan;  // the experts are read in place
+    uint32_t state = 0;
+    for (const auto& [route, list] : layer_experts) {
+        if (list.empty() || !cached[list[0]]) continue;
+        ExpertCache c;
+        c.route = route;
+        c.experts = uint32_t(m.tensors[list[0]].ne[2]);
+        c.slots = slots;
+        c.state = state;
+        state += BLUE_XC_WORDS(c.experts, c.slots);
+        c.tensors = list;
+        for (uint32_t t : list) {
+            TensorPlace p;
+            p.repacked = true;
+            p.slice = plan.places[t].slice;
+            p.bytes = p.slice * slots;
+            BLUE_TRY(place(p.bytes, 0, &p.page, &p.offset));
+            c.caches.push_back(p);
+        }
+        plan.expert_caches.push_back(std::move(c));
     }
     return plan;
 }
@@ -439,8 +558,10 @@ std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
                                                  uint32_t max_groups_x) {
     std::vector<DispatchDesc> out;
+    uint32_t route_ordinal = 0;  // MOEROUTEs so far (ExpertCache::route)
     for (uint32_t b = 0; b < m.blocks.size(); ++b) {
         std::map<uint32_t, size_t> routes;  // expert map -> the dispatch of the MOEROUTE filling it
+        std::map<uint32_t, const ExpertCache*> route_caches;  // expert map -> its MOEROUTE's cache
         std::vector<TensorInstr> instrs;
         BLUE_TRY(decodeBlock(m, m.blocks[b], &instrs));
         for (const TensorInstr& ti : instrs) {
@@ -567,6 +688,21 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                                           "before it in the block fills",
                                           m.blocks[b].name.c_str(), m.tensors[ti.args[3]].name.c_str());
                     }
+                    if (const ExpertCache* xc = route_caches[ti.args[3]]) {
+                        // Cached experts: the `moemmc` kernels read a tile's matrix from the
+                        // cache when MOEROUTE put its expert there this run, else in place.
+                        const auto it = std::find(xc->tensors.begin(), xc->tensors.end(), ti.args[1]);
+                        if (it != xc->tensors.end()) {
+                            const TensorPlace& cp = xc->caches[size_t(it - xc->tensors.begin())];
+                            d.pipeline = "moemmc" + d.pipeline.substr(std::string("moemm").size());
+                            d.push[BLUE_PC_MOE_CACHE_REF] = cp.page | BLUE_TC_WEIGHT << 16;
+                            d.push[BLUE_PC_MOE_CACHE_REF + 1] = uint32_t(cp.offset);
+                            d.push[BLUE_PC_MOE_CACHE_REF + 2] = uint32_t(cp.slice);
+                            d.push[BLUE_PC_MOE_CACHE_REF + 3] = xc->slots;
+                            d.operand_pages[BLUE_MOE_CACHE_OPERAND] = cp.page;
+                            d.weight_page = DispatchDesc::kNoPage;  // never streamed
+                        }
+                    }
                     const DispatchDesc single = singleItemDispatch(d);
                     d.min_items = 2;
                     d.tile = BLUE_MOE_TILE_ROWS;
@@ -582,9 +718,16 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     rp[BLUE_PC_MOE_TEXELS] += uint32_t(pages.places[ti.args[1]].slice / 16);
                     out.push_back(single);
                 }
-                if (ti.op == Op::MOEROUTE) routes[ti.args[2]] = out.size();
+                const ExpertCache* xc = nullptr;
+                if (ti.op == Op::MOEROUTE) {
+                    xc = pages.expertCacheOf(route_ordinal++);
+                    route_caches[ti.args[2]] = xc;
+                    routes[ti.args[2]] = out.size();
+                    if (xc) d.push[BLUE_PC_MOE_CACHE] = xc->state + 1;
+                }
                 d.push[BLUE_PC_TILE] = d.tile;
                 out.push_back(d);
+                if (xc) BLUE_TRY(addExpertCopies(m, pages, *xc, b, out.size() - 1, &out));
                 return Status::ok();
             };
             // A matrix split by rows (planPages): one dispatch per piece, each reading its own

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shaders/blue_config.h"
+#include "vm/abi.h"
 #include "vm/module.h"
 #include "vm/status.h"
 
@@ -24,9 +25,10 @@ struct ControlLayout {
     uint32_t at(uint32_t index) const { return header[index]; }
 };
 
-// Lays out the control and I/O buffers for `ndispatch` tensor dispatches.
+// Lays out the control and I/O buffers for `ndispatch` tensor dispatches and the expert caches'
+// state (PagePlan::expertStateWords).
 Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
-                                  uint64_t max_binding_bytes);
+                                  uint64_t max_binding_bytes, uint64_t expert_state_words = 0);
 
 // A run of rows of a matrix larger than one page, stored as its own [K, rows] matrix in the GPU
 // weight layout.
@@ -50,11 +52,39 @@ struct TensorPlace {
     uint8_t tier = 0;  // 0: device-local memory; 1: host memory the kernels read directly
 };
 
+// An MoE layer's expert cache: under a VRAM budget that the weights do not fit, the experts'
+// matrices (3-D WEIGHT tensors only MOEMM reads) stay in host memory and `slots` of them per
+// layer live in device-local cache tensors. The layer's MOEROUTE decides on the GPU which experts
+// the run needs, keeps them in the cache least-recently-used, and writes a copy list that MOECOPY
+// dispatches (one per matrix) carry out before the MOEMMs, which read cached experts from the
+// cache and any the cache cannot hold this run (all slots taken by experts this run needs) in
+// place. Its state (vm/abi.h BLUE_XC_*) is in the control buffer.
+struct ExpertCache {
+    uint32_t route = 0;    // the layer's MOEROUTE: its ordinal in block and instruction order
+    uint32_t experts = 0;  // E
+    uint32_t slots = 0;    // experts the cache holds
+    uint32_t state = 0;    // word offset of its state within the expert-cache region
+    std::vector<uint32_t> tensors;   // the expert matrices it caches (MOEMM operand 1)
+    std::vector<TensorPlace> caches; // per tensor: its device-local cache, `slots` slices
+};
+
 struct PagePlan {
     std::vector<uint64_t> page_bytes;  // size of each page
     std::vector<uint8_t> page_tier;    // per page: 0 device-local, 1 host (beyond the VRAM budget)
     std::vector<TensorPlace> places;   // per tensor
     uint64_t slot_bytes = 0;  // streaming: the size of each of the two device-local slots
+    std::vector<ExpertCache> expert_caches;
+    uint64_t expertStateWords() const {
+        uint64_t n = 0;
+        for (const ExpertCache& c : expert_caches) n += BLUE_XC_WORDS(c.experts, c.slots);
+        return n;
+    }
+    const ExpertCache* expertCacheOf(uint32_t route) const {
+        for (const ExpertCache& c : expert_caches) {
+            if (c.route == route) return &c;
+        }
+        return nullptr;
+    }
     uint64_t tierBytes(uint8_t tier) const {
         uint64_t n = 0;
         for (size_t p = 0; p < page_bytes.size(); ++p) {
@@ -80,8 +110,13 @@ struct PagePlan {
 // (planStreams) instead of read in place. Only matrices that MATMUL, EMBED and MOEMM alone read
 // can stream, so every other weight stays device-local; the two slots (each as large as the
 // largest streamable matrix or piece, PagePlan::slot_bytes) come out of the budget first.
+//
+// `expert_cache`: when the weights do not all fit the budget, MoE experts go to host memory
+// first (they neither stream nor count as dense), and the budget the other weights leave holds
+// one ExpertCache per layer, every layer the same number of slots (at most E; none when less
+// than one slot per layer fits, and the experts are then read in place).
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
-                           uint64_t vram_budget = 0, bool stream = false);
+                           uint64_t vram_budget = 0, bool stream = false, bool expert_cache = true);
 
 // What planPages and planControl cannot see alone, checked against the device once both ran:
 // the pages and the control buffer (device-local memory) together fit `device_local_bytes`,

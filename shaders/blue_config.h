@@ -58,6 +58,23 @@
 #define BLUE_PC_MOE_TEXELS 19
 #define BLUE_PC_MOE_PATCH 20
 #define BLUE_MOE_MAX_PATCH 11
+// A patch word with this bit set names a MOECOPY dispatch: its items axis gets the number of
+// experts copied into the cache this run instead of the number of tiles.
+#define BLUE_MOE_PATCH_COPY 0x80000000u
+// MOEROUTE with an expert cache (host/machine_plan.h ExpertCache): 1 + the cache's state offset
+// within the control buffer's expert-cache region (0: no cache).
+#define BLUE_PC_MOE_CACHE 18
+// MOEMM reading through an expert cache (`moemmc_*`): the cache tensor's reference (texel
+// operand BLUE_MOE_CACHE_OPERAND); cached tiles read their expert's matrix from it.
+#define BLUE_PC_MOE_CACHE_REF 24
+#define BLUE_MOE_CACHE_OPERAND 4u
+// MOECOPY: the expert tensor (host memory) and its cache, then the state offset (as
+// BLUE_PC_MOE_CACHE) and the words each workgroup copies (y: chunks of one expert's matrix).
+#define BLUE_PC_COPY_SRC 4
+#define BLUE_PC_COPY_DST 8
+#define BLUE_PC_COPY_STATE 12
+#define BLUE_PC_COPY_CHUNK 13
+#define BLUE_COPY_CHUNK_WORDS 16384u
 // EMBED over one piece of a table split by rows: its first row, and 1 on the last piece (which
 // writes the zeros of out-of-range tokens). Unsplit tables: 0 and 1.
 #define BLUE_PC_EMBED_BASE 20
@@ -99,6 +116,7 @@
 #define BLUE_O_DISPATCH 32 // [ndispatch][BLUE_DISPATCH_WORDS]
 #define BLUE_O_INDIRECT 33 // [ndispatch + 1][3] VkDispatchIndirectCommand; last: the sequencer
 #define BLUE_O_TENSORS 34  // [ntensors][BLUE_TREF_WORDS] for TLD/TST
+#define BLUE_O_EXPERT_CACHE 37  // expert caches' state (vm/abi.h BLUE_XC_*), one region each
 // counters written by the GPU
 #define BLUE_C_CYCLE 40      // cycles in which an instance was live
 #define BLUE_C_LIVE 41       // instances live at the start of the last cycle
@@ -114,6 +132,13 @@
 // expert weights the MOEMMs read (MOEROUTE adds the chosen experts' bytes, in 16-byte units, 64-bit)
 #define BLUE_C_MOE_TEXELS_LO 52
 #define BLUE_C_MOE_TEXELS_HI 53
+// expert caches (MOEROUTE): experts found in the cache, copied into it, read in place (no slot
+// free this run), and the bytes copied in 16-byte units (64-bit)
+#define BLUE_C_XC_HITS 54
+#define BLUE_C_XC_MISSES 55
+#define BLUE_C_XC_INPLACE 56
+#define BLUE_C_XC_TEXELS_LO 57
+#define BLUE_C_XC_TEXELS_HI 58
 #define BLUE_HEADER_WORDS 64
 
 #define BLUE_STATE_WORDS 6  // pc, status, fault, sp, steps lo, steps hi
@@ -149,12 +174,12 @@
 #define BLUE_IO_SNAP_BASE 16
 #define BLUE_IO_SNAP_WORDS 8      // per chain: a copy of control words [BLUE_C_CYCLE, +7)
 #define BLUE_SNAP_COUNTERS 7
-// [48, 64): a second snapshot per chain, BLUE_IO_SNAP2_WORDS apart: control words
+// [48, 80): a second snapshot per chain, BLUE_IO_SNAP2_WORDS apart: control words
 // [BLUE_C_MOE_TEXELS_LO, +BLUE_SNAP2_COUNTERS).
 #define BLUE_IO_SNAP2_BASE 48
-#define BLUE_IO_SNAP2_WORDS 4
-#define BLUE_SNAP2_COUNTERS 2
-#define BLUE_IO_DYNAMIC 64
+#define BLUE_IO_SNAP2_WORDS 8
+#define BLUE_SNAP2_COUNTERS 7
+#define BLUE_IO_DYNAMIC 80
 #define BLUE_H_IO_ORDER 17   // [in_slots] slot of message c at c % in_slots
 #define BLUE_H_IO_SLOTSTATE 18  // [in_slots] 1 full (host), 0 free (GPU, after INFREE)
 #define BLUE_H_IO_SLOTS 19   // [in_slots][in_slot_words]; word 0 = message length

@@ -10,6 +10,13 @@
 // grouped expert matmul: the same loops over a tile of one expert's rows that the map lists.
 // Grid: x = ceil(items / MM_BT) (MOEMM: the map's tiles), y = ceil(N / (WG * MM_R)).
 #include "common/tensor.glsl"
+#ifdef MM_MOE_CACHE
+// `moemmc`: MOEMM under an expert cache. A tile whose expert MOEROUTE put in a cache slot this
+// run reads its matrix from the cache (texel operand BLUE_MOE_CACHE_OPERAND), any other in place
+// (operand 1, host memory). The choice is per workgroup, so the branch in wTexel is uniform.
+#extension GL_EXT_control_flow_attributes : require
+bool g_cached;
+#endif
 #include "common/wlayout.glsl"
 
 #if defined(MM_R)  // set by the build (the GEMM variant)
@@ -42,7 +49,8 @@ void main() {
     uint list = mw + BLUE_MOE_H_WORDS + E + 1u;
     uint tile = gl_WorkGroupID.x;
     if (tile >= min(page_u[map.page].d[mw + BLUE_MOE_H_TILES], pairs_max + E)) return;
-    uint e = page_u[map.page].d[list + pairs_max + 2u * tile];
+    uint tw = page_u[map.page].d[list + pairs_max + 2u * tile];
+    uint e = tw & BLUE_MOE_TILE_EXPERT;
     uint first = page_u[map.page].d[list + pairs_max + 2u * tile + 1u];
     if (e >= E) return;
     uint end = min(page_u[map.page].d[mw + BLUE_MOE_H_WORDS + e + 1u], pairs_max);
@@ -55,7 +63,14 @@ void main() {
         xb[c] = (x.offset + row * x.stride + (per_slot ? slot * K * 4u : 0u)) / 16u;
         out_at[c] = (dst.offset + row * dst.stride) / 4u + slot * N;
     }
+#ifdef MM_MOE_CACHE
+    TRef cache = tref(BLUE_PC_MOE_CACHE_REF);
+    uint slot1 = tw >> BLUE_MOE_TILE_SLOT_SHIFT;  // slot + 1, 0: not cached
+    g_cached = slot1 != 0u && slot1 <= cache.n;
+    uint wbase = g_cached ? (cache.offset + (slot1 - 1u) * cache.stride) / 16u : (w.offset + e * w.stride) / 16u;
+#else
     uint wbase = (w.offset + e * w.stride) / 16u;
+#endif
 #else
     uint K = x.n, N = dst.n;
     uint items = itemCount();

@@ -18,6 +18,60 @@ layout(set = 0, binding = BLUE_BIND_PAGES, std430) coherent buffer PageC {
 shared uint s_count[BLUE_MOE_MAX_EXPERTS];
 shared uint s_first[BLUE_MOE_MAX_EXPERTS];  // first pair of each expert
 shared uint s_tile0[BLUE_MOE_MAX_EXPERTS];  // first tile of each expert
+shared uint s_slot[BLUE_MOE_MAX_EXPERTS];   // expert cache: each expert's slot + 1 this run (0: none)
+
+// The expert cache (vm/abi.h BLUE_XC_*, host/machine_plan.h ExpertCache), one invocation: the
+// experts this run needs that are cached keep their slots; each other takes the slot used least
+// recently, by no expert of this run, and goes on the copy list that the MOECOPY dispatches
+// after this one carry out; with no such slot left it is read in place. Returns the copies.
+uint updateCache(uint st, uint E) {
+    uint C = min(ctl[st + BLUE_XC_SLOTS], BLUE_MOE_MAX_EXPERTS);
+    E = min(E, ctl[st + BLUE_XC_EXPERTS]);
+    uint clock = ctl[st + BLUE_XC_CLOCK] + 1u;
+    ctl[st + BLUE_XC_CLOCK] = clock;
+    uint slot_of = st + BLUE_XC_HEAD, expert_of = slot_of + ctl[st + BLUE_XC_EXPERTS];
+    uint used = expert_of + ctl[st + BLUE_XC_SLOTS], list = used + ctl[st + BLUE_XC_SLOTS];
+    uint hits = 0u, copies = 0u, inplace = 0u;
+    for (uint e = 0u; e < E; ++e) {
+        uint s1 = ctl[slot_of + e];
+        if (s_count[e] == 0u || s1 == 0u || s1 > C) continue;
+        ctl[used + s1 - 1u] = clock;
+        s_slot[e] = s1;
+        hits += 1u;
+    }
+    for (uint e = 0u; e < E; ++e) {
+        if (s_count[e] == 0u || s_slot[e] != 0u) continue;
+        uint v = C, oldest = clock;
+        for (uint s = 0u; s < C; ++s) {
+            if (ctl[used + s] < oldest) {
+                oldest = ctl[used + s];
+                v = s;
+            }
+        }
+        if (v == C) {
+            inplace += 1u;
+            continue;
+        }
+        uint prev = ctl[expert_of + v];
+        if (prev != 0u && prev <= E) ctl[slot_of + prev - 1u] = 0u;
+        ctl[expert_of + v] = e + 1u;
+        ctl[slot_of + e] = v + 1u;
+        ctl[used + v] = clock;
+        ctl[list + 2u * copies] = e;
+        ctl[list + 2u * copies + 1u] = v;
+        copies += 1u;
+        s_slot[e] = v + 1u;
+    }
+    ctl[st + BLUE_XC_COPIES] = copies;
+    ctl[BLUE_C_XC_HITS] += hits;
+    ctl[BLUE_C_XC_MISSES] += copies;
+    ctl[BLUE_C_XC_INPLACE] += inplace;
+    uint add = copies * ctl[st + BLUE_XC_TEXELS];
+    uint lo = ctl[BLUE_C_XC_TEXELS_LO] + add;
+    if (lo < add) ctl[BLUE_C_XC_TEXELS_HI] += 1u;
+    ctl[BLUE_C_XC_TEXELS_LO] = lo;
+    return copies;
+}
 
 void main() {
     TRef sel = tref(BLUE_PC_OPERANDS);
@@ -65,6 +119,7 @@ void main() {
     // 2. Pairs per expert.
     for (uint e = lid; e < E; e += BLUE_ITEM_WG) {
         uint n = 0u;
+        s_slot[e] = 0u;
         for (uint r = 0u; r < rows; ++r) {
             uint so = sliceOffset(sel, r) / 4u;
             for (uint j = 0u; j < k; ++j) n += uint(page_c[sel.page].d[so + j]) == e ? 1u : 0u;
@@ -78,6 +133,10 @@ void main() {
     uint pairs_max = ctl[BLUE_H_MAX_ROWS] * k;
     uint tile = rows == 1u ? 1u : BLUE_MOE_TILE_ROWS;
     if (lid == 0u) {
+        uint copies = 0u;
+        if (pc.w[BLUE_PC_MOE_CACHE] != 0u) {
+            copies = updateCache(ctl[BLUE_O_EXPERT_CACHE] + pc.w[BLUE_PC_MOE_CACHE] - 1u, E);
+        }
         uint at = 0u, tiles = 0u, used = 0u;
         for (uint e = 0u; e < E; ++e) {
             s_first[e] = at;
@@ -94,8 +153,11 @@ void main() {
         page_u[map.page].d[mw + BLUE_MOE_H_EXPERTS] = E;
         uint patches = min(pc.w[BLUE_PC_MOE_PATCH], BLUE_MOE_MAX_PATCH);
         for (uint i = 0u; i < patches; ++i) {
-            uint at3 = ctl[BLUE_O_INDIRECT] + pc.w[BLUE_PC_MOE_PATCH + 1u + i] * 3u;
-            if (ctl[at3] != 0u) ctl[at3] = tiles;  // the plan enabled this variant for this run
+            uint word = pc.w[BLUE_PC_MOE_PATCH + 1u + i];
+            uint at3 = ctl[BLUE_O_INDIRECT] + (word & ~BLUE_MOE_PATCH_COPY) * 3u;
+            // The plan enabled this variant for this run: its size is the tiles (MOEMM) or the
+            // experts to copy (MOECOPY).
+            if (ctl[at3] != 0u) ctl[at3] = (word & BLUE_MOE_PATCH_COPY) != 0u ? copies : tiles;
         }
         uint add = used * pc.w[BLUE_PC_MOE_TEXELS];
         uint lo = ctl[BLUE_C_MOE_TEXELS_LO] + add;
@@ -119,7 +181,7 @@ void main() {
         }
         uint t = s_tile0[e];
         for (uint f = s_first[e]; f < s_first[e] + s_count[e]; f += tile) {
-            page_u[map.page].d[tiles_at + 2u * t] = e;
+            page_u[map.page].d[tiles_at + 2u * t] = e | s_slot[e] << BLUE_MOE_TILE_SLOT_SHIFT;
             page_u[map.page].d[tiles_at + 2u * t + 1u] = f;
             t += 1u;
         }

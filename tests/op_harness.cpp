@@ -223,7 +223,7 @@ const std::vector<uint8_t>& BothMachines::refBytes(uint32_t tensor) const {
     return ref->tensors().data[tensor];
 }
 
-std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on) {
+std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on, uint64_t vram_budget) {
     auto b = std::make_unique<BothMachines>();
     b->module = &m;
     Result<WeightSource> w = WeightSource::open(m, "");
@@ -236,6 +236,7 @@ std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu
     opt.instances = instances;
     opt.max_cycles = kMaxCycles;
     opt.chain_cycles = 8;
+    opt.vram_budget = vram_budget;
     Gpu& dev = on ? *on : gpu();
     auto g = GpuMachine::create(*dev.device, *dev.pipelines, m, *b->weights, opt);
     // Under an emulated device profile (BLUE_DEVICE_LIMITS) a test tensor may be larger than the

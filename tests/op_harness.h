@@ -120,7 +120,10 @@ struct BothMachines {
 // with every instance halted.
 // Null when an emulated device profile refuses the module (a tensor larger than its page).
 // `on` picks another device than the shared one (with its pipelines).
-std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on = nullptr);
+// `vram_budget`: GpuOptions::vram_budget (0: none), to run a module's weights from host memory
+// (and MoE experts through an expert cache).
+std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on = nullptr,
+                                        uint64_t vram_budget = 0);
 
 // max |gpu - ref| and max |ref| over the compared elements; a NaN or infinity where the other
 // machine has none counts as an infinite error.

@@ -55,7 +55,9 @@ TEST_CASE("plan: every index word of the control and I/O headers is distinct and
         BLUE_O_ROWMAP,        BLUE_O_DISPATCH,   BLUE_O_INDIRECT,     BLUE_O_TENSORS,
         BLUE_C_CYCLE,         BLUE_C_LIVE,       BLUE_C_LIVE_ACC,     BLUE_C_BUMP,
         BLUE_C_IN_CLAIM,      BLUE_C_OUT_HEAD,   BLUE_C_BLOCK_RUNS,   BLUE_C_IN_PUBLISHED,
-        BLUE_C_IN_CLOSED,     BLUE_C_OUT_TAIL};
+        BLUE_C_IN_CLOSED,     BLUE_C_OUT_TAIL,   BLUE_H_IO_FLAGS,     BLUE_O_EXPERT_CACHE,
+        BLUE_C_MOE_TEXELS_LO, BLUE_C_MOE_TEXELS_HI, BLUE_C_XC_HITS,   BLUE_C_XC_MISSES,
+        BLUE_C_XC_INPLACE,    BLUE_C_XC_TEXELS_LO, BLUE_C_XC_TEXELS_HI};
     std::set<uint32_t> seen;
     for (uint32_t w : header_words) {
         CAPTURE(w);
@@ -73,7 +75,18 @@ TEST_CASE("plan: every index word of the control and I/O headers is distinct and
     CHECK(BLUE_C_IN_PUBLISHED >= BLUE_C_CYCLE + BLUE_SNAP_COUNTERS);
     // Staging quarters, then snapshots, then the dynamic I/O regions.
     CHECK(BLUE_MAX_CHAINS * BLUE_IO_STAGE_WORDS <= BLUE_IO_SNAP_BASE);
-    CHECK(BLUE_IO_SNAP_BASE + BLUE_MAX_CHAINS * BLUE_IO_SNAP_WORDS <= BLUE_IO_DYNAMIC);
+    CHECK(BLUE_IO_SNAP_BASE + BLUE_MAX_CHAINS * BLUE_IO_SNAP_WORDS <= BLUE_IO_SNAP2_BASE);
+    CHECK(BLUE_IO_SNAP2_BASE + BLUE_MAX_CHAINS * BLUE_IO_SNAP2_WORDS <= BLUE_IO_DYNAMIC);
+    // The second snapshot holds the MoE counters, the expert caches' included.
+    CHECK(BLUE_C_XC_TEXELS_HI - BLUE_C_MOE_TEXELS_LO < BLUE_SNAP2_COUNTERS);
+    CHECK(BLUE_SNAP2_COUNTERS <= BLUE_IO_SNAP2_WORDS);
+    // Push words of the expert cache: MOEROUTE's state word sits between its scalars and its
+    // byte count; moemmc's cache reference after MOEMM's shape.
+    CHECK(BLUE_PC_MOE_CACHE >= BLUE_PC_OPERANDS + 3 * BLUE_TREF_WORDS + 2);
+    CHECK(BLUE_PC_MOE_CACHE < BLUE_PC_MOE_TEXELS);
+    CHECK(BLUE_PC_MOE_PATCH + 1 + BLUE_MOE_MAX_PATCH <= BLUE_PUSH_WORDS);
+    CHECK(BLUE_PC_MOE_CACHE_REF >= BLUE_PC_MOE_SHAPE + 4);
+    CHECK(BLUE_PC_MOE_CACHE_REF + BLUE_TREF_WORDS <= BLUE_PUSH_WORDS);
     // Push constants: the header, then up to 6 tensor operands fit.
     CHECK(BLUE_PC_OPERANDS + 6 * BLUE_TREF_WORDS <= BLUE_PUSH_WORDS);
     CHECK(BLUE_PUSH_WORDS * 4 <= 128);  // the minimum maxPushConstantsSize Vulkan guarantees

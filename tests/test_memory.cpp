@@ -4,12 +4,16 @@
 //     (`--device-limits`) runs split by rows across pages, with the ids of the unsplit run;
 //   - `--vram-budget`: weights beyond the budget stay in host memory that the GPU reads directly;
 //     the ids are those of the run without a budget, for F32 and Q4_0 files, on 1 and 16
-//     instances, and `--stats` shows what went where.
+//     instances, and `--stats` shows what went where;
+//   - MoE under a budget the weights do not fit: the experts stay in host memory and the GPU's
+//     routing pages the ones it picks into a device-local cache; the ids are those of the run
+//     without a budget, and the GPU's counters add up.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -202,6 +206,94 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
     Child bad({binary("host/bluevm"), "generate", "--model", stories, "--vram-budget", "lots"});
     CHECK(bad.wait() != 0);
     CHECK(bad.err_text.find("'lots' is not a size such as 512M") != std::string::npos);
+    std::remove(model.c_str());
+}
+
+TEST_CASE("memory: MoE experts paged into a device-local cache by the GPU's routing, same ids") {
+    std::optional<SynthConfig> c = synthPreset("mixtral-tiny");
+    REQUIRE(c.has_value());
+    c->dim = 128;
+    c->n_layer = 2;
+    c->n_head = 4;
+    c->n_head_kv = 2;
+    c->n_ff = 128;
+    c->n_vocab = 512;
+    SynthOptions opt;
+    opt.type = DType::Q4_0;
+    const std::string model = "/tmp/blue_test_budget_moe.gguf";
+    Status s = synthWrite(*c, opt, model);
+    REQUIRE_MESSAGE(s, s.message());
+    const uint32_t E = c->n_expert, layers = c->n_layer;
+    std::vector<std::string> one = {"--model", model, "--prompt", "Once upon a time", "-n", "32",
+                                    "--temp", "0.8", "--seed", "3", "--ids"};
+    Generated plain = generate(one);
+    const uint64_t vram = plain.stats["vram_bytes"].get<uint64_t>();
+    CHECK(plain.stats["expert_cache_slots"] == 0);
+
+    // One byte short of everything: the experts go to host memory and E - 1 slots per layer fit.
+    std::vector<std::string> args = one;
+    args.insert(args.end(), {"--vram-budget", std::to_string(vram - 1)});
+    Generated almost = generate(args);
+    CHECK(almost.out == plain.out);
+    REQUIRE(almost.stats["expert_cache_slots"] == E - 1);
+    // One slot in every layer: one expert's gate, up and down matrices per layer.
+    const uint64_t per_slot = almost.stats["expert_cache_bytes"].get<uint64_t>() / (E - 1);
+    const uint64_t experts = per_slot * E;  // every expert of every layer
+    CHECK(almost.stats["host_weight_bytes"].get<uint64_t>() >= experts);
+
+    // A quarter of the experts: two slots a layer for top-2 routing.
+    const uint64_t budget = vram - experts + per_slot * 2 + per_slot / 2;
+    args = one;
+    args.insert(args.end(), {"--vram-budget", std::to_string(budget)});
+    Generated paged = generate(args);
+    CHECK(paged.out == plain.out);
+    CHECK(paged.stats["expert_cache_slots"] == 2);
+    CHECK(paged.stats["vram_bytes"].get<uint64_t>() <= budget);
+    CHECK(paged.stats["round_trips"] == 0);
+    // Every expert a run asks for is found, copied in, or (no slot free: the prompt's rows ask
+    // for more than two) read in place; a decode step asks for k = 2 per layer, which two slots
+    // hold. Every copy moves one expert's matrices.
+    const uint64_t hits = paged.stats["expert_hits"], misses = paged.stats["expert_misses"],
+                   inplace = paged.stats["expert_inplace"];
+    CHECK(misses >= 2 * layers);  // the cold cache fills
+    CHECK(hits > 0);
+    CHECK(hits + misses + inplace >= 32 * 2 * layers);
+    CHECK(inplace <= (E - 2) * layers);  // only the prompt's cycle
+    CHECK(paged.stats["expert_paged_bytes"].get<uint64_t>() * layers == misses * per_slot);
+    // Same budget, experts as any other weight: read in place, no cache.
+    args.insert(args.end(), {"--expert-cache", "off"});
+    Generated off = generate(args);
+    CHECK(off.out == plain.out);
+    CHECK(off.stats["expert_cache_slots"] == 0);
+    CHECK(off.stats["expert_misses"] == 0);
+    // Streaming the other weights (two slots as large as the largest matrix come out of the
+    // budget): the experts still go through the cache.
+    args = one;
+    args.insert(args.end(), {"--vram-budget", std::to_string(budget + 3 * per_slot), "--host-weights", "stream"});
+    Generated streamed = generate(args);
+    CHECK(streamed.out == plain.out);
+    CHECK(streamed.stats["expert_cache_slots"].get<uint32_t>() > 0u);
+    CHECK(streamed.stats["expert_misses"].get<uint64_t>() > 0u);
+
+    // Six instances with one slot a layer: a cycle's rows want more experts than the cache holds,
+    // and those are read in place.
+    const std::string prompts = "/tmp/blue_test_budget_moe_prompts.txt";
+    {
+        std::ofstream f(prompts);
+        for (int i = 0; i < 6; ++i) f << "Once upon a time " << i << "\n";
+    }
+    std::vector<std::string> many = {"--model", model, "--prompts", prompts, "--instances", "6",
+                                     "-n", "16", "--temp", "0.8", "--seed", "9", "--ids"};
+    Generated many_plain = generate(many);
+    const uint64_t many_vram = many_plain.stats["vram_bytes"].get<uint64_t>();
+    many.insert(many.end(), {"--vram-budget", std::to_string(many_vram - experts + per_slot + per_slot / 2)});
+    Generated many_paged = generate(many);
+    CHECK(many_paged.out == many_plain.out);
+    CHECK(many_paged.stats["expert_cache_slots"] == 1);
+    CHECK(many_paged.stats["expert_inplace"].get<uint64_t>() > 0u);
+    CHECK(many_paged.stats["expert_misses"].get<uint64_t>() >= layers);
+    CHECK(many_paged.stats["round_trips"] == 0);
+    std::remove(prompts.c_str());
     std::remove(model.c_str());
 }
 

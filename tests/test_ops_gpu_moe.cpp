@@ -5,6 +5,7 @@
 
 #include "host/machine_plan.h"
 #include "host/pipelines.h"
+#include "host/weight_layout.h"
 #include "tests/gpu_fixture.h"
 #include "tests/test_ops_gpu.h"
 #include "vm/abi.h"
@@ -63,6 +64,10 @@ void moerouteCase() {
 // MOEMM with [K, N, 5] experts of type t (K = 172 rounded up to the type's block, N = 172), 2
 // slots per row, routed by a MOEROUTE: the gate/up form (x shared by the slots) and the down form
 // (x one part per slot). The products are those of MATMUL (same loops): its bound, 1e-4.
+// Then again under a VRAM budget that leaves room for two of the five experts: the experts stay
+// in host memory, MOEROUTE pages those it can into a two-slot cache (MOECOPY copies them) and the
+// `moemmc` kernels read cached experts from the cache and the rest in place: the ragged run asks
+// for all five (two cached, three in place), the single row for two (both cached).
 void moemmCase(DType t) {
     constexpr uint32_t kExperts = 5, kSlots = 2, kN = 172;
     const uint32_t k = (172 + dtypeInfo(t)->block_elems - 1) / dtypeInfo(t)->block_elems * dtypeInfo(t)->block_elems;
@@ -88,6 +93,30 @@ void moemmCase(DType t) {
         if (items == 1) kernelsRun().insert(kernelName(m, uint32_t(Op::MOEMM), {y, w, x, map}) + "_b1");
         expectClose(*both, y, items, 1e-4, name + ", x shared");
         expectClose(*both, ys, items, 1e-4, name + ", x per slot");
+
+        WeightLayout wl;
+        REQUIRE(weightLayout(t, k, kN, &wl));
+        const uint64_t vram = both->gpu->stats().vram_bytes;
+        auto cached = runOnBoth(m, uint32_t(plans.size()), nullptr, vram - (kExperts - 2) * wl.bytes + wl.bytes / 2);
+        if (!cached) return;
+        const GpuStats& s = cached->gpu->stats();
+        REQUIRE(s.expert_cache_slots == 2);
+        // One MOEROUTE run on a cold cache: two of the experts the rows chose are copied in, the
+        // others read in place.
+        std::vector<uint8_t> mw = cached->gpuBytes(map);
+        REQUIRE(mw.size() >= (BLUE_MOE_H_WORDS + kExperts + 1) * 4);
+        const uint32_t* offsets = reinterpret_cast<const uint32_t*>(mw.data()) + BLUE_MOE_H_WORDS;
+        uint32_t chosen = 0;
+        for (uint32_t e = 0; e < kExperts; ++e) chosen += offsets[e + 1] > offsets[e] ? 1 : 0;
+        CHECK(s.expert_misses == std::min(chosen, 2u));
+        CHECK(s.expert_inplace == chosen - std::min(chosen, 2u));
+        CHECK(s.expert_hits == 0u);
+        if (items > 1) CHECK(s.expert_inplace > 0u);
+        CHECK(s.expert_paged_bytes == s.expert_misses * wl.bytes);
+        kernelsRun().insert("moecopy");
+        kernelsRun().insert("moemmc_" + lowerName(t) + (items == 1 ? "_b1" : ""));
+        expectClose(*cached, y, items, 1e-4, name + ", x shared, experts cached");
+        expectClose(*cached, ys, items, 1e-4, name + ", x per slot, experts cached");
     }
 }
 

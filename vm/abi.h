@@ -71,5 +71,22 @@
 #define BLUE_MOE_H_EXPERTS 3u  // E
 #define BLUE_MOE_H_WORDS 4u    // the offsets start here
 #define BLUE_MOE_MAP_WORDS(e, pairs) (BLUE_MOE_H_WORDS + (e) + 1u + (pairs) + 2u * ((pairs) + (e)))
+// A tile's first word is its expert, plus (slot + 1) << 16 when the machine pages experts and
+// the expert sits in cache slot `slot` this run (0: read in place).
+#define BLUE_MOE_TILE_EXPERT 0xFFFFu
+#define BLUE_MOE_TILE_SLOT_SHIFT 16u
+
+// An expert cache's state (the machine's, in the control buffer; not part of a module): words
+// from its offset: slots C, experts E, the LRU clock, experts copied this run, one slot's bytes
+// (all its matrices) in 16-byte units, then per expert its slot + 1 (0: not cached) [E], per
+// slot its expert + 1 [C] and last use [C], and the copy list [C][2] (expert, slot) that the
+// MOECOPY dispatches read.
+#define BLUE_XC_SLOTS 0u
+#define BLUE_XC_EXPERTS 1u
+#define BLUE_XC_CLOCK 2u
+#define BLUE_XC_COPIES 3u
+#define BLUE_XC_TEXELS 4u
+#define BLUE_XC_HEAD 5u
+#define BLUE_XC_WORDS(e, c) (BLUE_XC_HEAD + (e) + 4u * (c))
 
 #endif  // BLUE_VM_ABI_H

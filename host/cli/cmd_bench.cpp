@@ -23,6 +23,7 @@ struct BenchArgs {
     uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0, chain_cycles = 64;
     float temp = 0;  // 0: greedy; else sampled with the default top-k, top-p and min-p
     uint64_t vram_budget = 0;
+    bool expert_cache = true;
     GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     bool json = false, no_bandwidth = false;
 };
@@ -43,6 +44,9 @@ struct Measure {
     double ms = 0;
     uint64_t submits = 0, tokens = 0;
     double expert_bytes_per_row = 0;  // MoE: expert bytes the GPU read per forward row
+    // MoE with an expert cache (GPU-counted): experts found cached of those the rows asked for
+    // (read-in-place ones count as not found), and bytes copied into the cache per row.
+    double expert_hit_rate = 0, expert_paged_per_row = 0;
 };
 
 // Runs `n_req` requests (prompt `p` tokens, `g` generated) `reps` times; best speed wins.
@@ -69,7 +73,11 @@ Result<Measure> measure(Engine& e, uint32_t n_req, uint32_t p, uint32_t g, uint3
         uint64_t rows = uint64_t(p) * n_req;
         for (const Completion& c : res.value()) rows += c.tokens.size();
         const double per_row = rows ? double(s.expert_bytes) / double(rows) : 0;
-        if (tps > best.tok_per_s) best = {tps, s.wall_ms, s.submits, tokens, per_row};
+        const uint64_t asked = s.expert_hits + s.expert_misses + s.expert_inplace;
+        if (tps > best.tok_per_s) {
+            best = {tps, s.wall_ms, s.submits, tokens, per_row, asked ? double(s.expert_hits) / double(asked) : 0,
+                    rows ? double(s.expert_paged_bytes) / double(rows) : 0};
+        }
     }
     return best;
 }
@@ -91,7 +99,7 @@ Command addBenchCommand(CLI::App& app) {
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
-    addVramBudgetOption(sub, &a->vram_budget, &a->host_weights);
+    addVramBudgetOption(sub, &a->vram_budget, &a->host_weights, &a->expert_cache);
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_flag("--json", a->json, "print one JSON object instead of the table");
     sub->add_flag("--no-ceilings,--no-bandwidth", a->no_bandwidth,
@@ -110,6 +118,7 @@ Command addBenchCommand(CLI::App& app) {
         eo.ctx = a->ctx ? a->ctx : std::max(a->prompt, 1u) + a->gen + 8;
         eo.chain_cycles = a->chain_cycles;
         eo.vram_budget = a->vram_budget;
+        eo.expert_cache = a->expert_cache;
         eo.host_weights = a->host_weights;
         ProgressBar bar("loading weights");
         eo.on_load = loadProgress(bar);
@@ -144,6 +153,13 @@ Command addBenchCommand(CLI::App& app) {
             j["memory"] = {{"vram_budget", a->vram_budget}, {"vram_bytes", s.vram_bytes},
                            {"host_weight_bytes", s.host_weight_bytes}, {"streaming", s.streaming},
                            {"stream_bytes_per_cycle", s.stream_bytes_per_cycle}};
+            if (s.expert_cache_slots > 0) {
+                j["memory"]["expert_cache"] = {{"slots_per_layer", s.expert_cache_slots}, {"bytes", s.expert_cache_bytes},
+                                               {"tg_hit_rate", tg->expert_hit_rate},
+                                               {"tg_paged_bytes_per_token", tg->expert_paged_per_row},
+                                               {"pp_hit_rate", pp->expert_hit_rate},
+                                               {"pp_paged_bytes_per_token", pp->expert_paged_per_row}};
+            }
         }
         if (all_experts > 0) {
             // Measured by the GPU (MOEROUTE counts what the chosen experts' matmuls read).
@@ -236,6 +252,13 @@ Command addBenchCommand(CLI::App& app) {
                             double(s.stream_bytes_per_cycle) / (1 << 20));
             } else {
                 std::printf("read by the GPU in place\n");
+            }
+            if (s.expert_cache_slots > 0) {
+                std::printf("expert cache: %u slots per layer (%.1f MiB device-local); hit rate tg %.1f%%, pp %.1f%%; "
+                            "paged per token tg %.2f MiB, pp %.2f MiB\n",
+                            s.expert_cache_slots, double(s.expert_cache_bytes) / (1 << 20), 100.0 * tg->expert_hit_rate,
+                            100.0 * pp->expert_hit_rate, tg->expert_paged_per_row / (1 << 20),
+                            pp->expert_paged_per_row / (1 << 20));
             }
         }
         if (all_experts > 0) {

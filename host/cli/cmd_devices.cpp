@@ -157,7 +157,7 @@ std::optional<uint64_t> parseByteSize(const std::string& text) {
     return std::nullopt;
 }
 
-void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights* mode) {
+void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights* mode, bool* expert_cache) {
     using HW = GpuOptions::HostWeights;
     sub->add_option_function<std::string>(
         "--host-weights",
@@ -169,6 +169,16 @@ void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights
         },
         "with --vram-budget: read host-memory weights in place, or stream them into two "
         "device-local slots ahead of use (auto: stream on GPUs with their own memory)");
+    sub->add_option_function<std::string>(
+        "--expert-cache",
+        [expert_cache](const std::string& v) {
+            if (v == "on") *expert_cache = true;
+            else if (v == "off") *expert_cache = false;
+            else throw CLI::ValidationError("--expert-cache", "'" + v + "': use on or off");
+        },
+        "MoE models with --vram-budget: on (default) keeps the experts in host memory and caches "
+        "the ones the GPU's routing picks in the device memory the budget leaves; off treats "
+        "them as any other weight");
     sub->add_option_function<std::string>(
         "--vram-budget",
         [bytes](const std::string& text) {

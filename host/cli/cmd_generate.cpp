@@ -31,6 +31,7 @@ struct GenerateArgs {
     bool seed_given = false;
     uint32_t instances = 1, ctx = 0, chain_cycles = 64;
     uint64_t vram_budget = 0;
+    bool expert_cache = true;
     GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     bool stats = false, ids = false, no_echo = false, profile = false;
     int32_t logprobs = -1;  // --logprobs N: alternatives per token (-1: no log-probabilities)
@@ -315,7 +316,7 @@ Command addGenerateCommand(CLI::App& app) {
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
-    addVramBudgetOption(sub, &a->vram_budget, &a->host_weights);
+    addVramBudgetOption(sub, &a->vram_budget, &a->host_weights, &a->expert_cache);
     sub->add_option("--out", a->out, "with --prompts: write the JSONL results here");
     sub->add_option("--kv-save", a->kv_save, "after the run, save the conversation's KV cache to this file");
     sub->add_option("--kv-load", a->kv_load,
@@ -361,6 +362,7 @@ Command addGenerateCommand(CLI::App& app) {
         eo.chain_cycles = a->chain_cycles;
         eo.profile = a->profile;
         eo.vram_budget = a->vram_budget;
+        eo.expert_cache = a->expert_cache;
         eo.host_weights = a->host_weights;
         eo.grammar_words = a->grammar_words;
         ProgressBar bar("loading weights");

@@ -32,6 +32,7 @@ struct RunArgs {
     int32_t siblings = -1;
     uint64_t max_cycles = 1000000;
     uint64_t vram_budget = 0;
+    bool expert_cache = true;
     GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     uint32_t chain_cycles = 64;
     double max_submit_ms = -1;  // negative: GpuOptions' default (BLUE_MAX_SUBMIT_MS or 50)
@@ -178,6 +179,7 @@ int runGpu(const Module& m, const WeightSource& w, const RunArgs& args,
     opt.profile = args.profile;
     opt.max_submit_ms = args.max_submit_ms;
     opt.vram_budget = args.vram_budget;
+    opt.expert_cache = args.expert_cache;
     opt.host_weights = args.host_weights;
     auto machine = GpuMachine::create(*dev.value(), *pipelines.value(), m, w, opt);
     if (!machine) return fail(machine.message());
@@ -280,7 +282,7 @@ Command addRunCommand(CLI::App& app) {
     sub->add_option("--instances,-n", args->instances, "instances to run")->check(CLI::Range(1u, 1u << 24));
     sub->add_option("--device", args->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
-    addVramBudgetOption(sub, &args->vram_budget, &args->host_weights);
+    addVramBudgetOption(sub, &args->vram_budget, &args->host_weights, &args->expert_cache);
     sub->add_option("--max-cycles", args->max_cycles, "stop a program that runs longer (watchdog)")->check(CLI::PositiveNumber);
     sub->add_option("--chain-cycles", args->chain_cycles, "cycles recorded per chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--max-submit-ms", args->max_submit_ms,

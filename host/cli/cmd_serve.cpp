@@ -29,6 +29,7 @@ struct ServeArgs {
     int port = 8080;
     uint32_t instances = 4, ctx = 0, queue = 0, chain_cycles = 16, threads = 0;
     uint64_t vram_budget = 0;
+    bool expert_cache = true;
     GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     bool log = false;
     bool chain_cycles_given = false;
@@ -162,6 +163,7 @@ int serve(const ServeArgs& a) {
     mo.device = a.device.empty() ? nullptr : a.device.c_str();
     mo.ctx = a.ctx;
     mo.vram_budget = a.vram_budget;
+    mo.expert_cache = a.expert_cache ? 1 : 0;
     mo.host_weights = int(a.host_weights);
     mo.grammar_words = a.grammar_words;
     bluevm_model* model = nullptr;
@@ -225,7 +227,7 @@ Command addServeCommand(CLI::App& app) {
     sub->add_option("--threads", a->threads, "HTTP worker threads (default: enough for every instance and queued request)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
-    addVramBudgetOption(sub, &a->vram_budget, &a->host_weights);
+    addVramBudgetOption(sub, &a->vram_budget, &a->host_weights, &a->expert_cache);
     sub->add_option("--alias", a->alias, "the model name reported by /v1/models");
     sub->add_option("--trace", a->trace,
                     "cascades: append one JSON line per finished request (stages, slots, preference pair) to FILE");

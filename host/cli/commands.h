@@ -34,7 +34,7 @@ int runGenerationModule(const std::string& path, const std::string& prompt, int3
 void addDeviceLimitsOption(CLI::App* sub);
 // --vram-budget SIZE (bytes, or with a unit: 512M, 2GiB; K/M/G are powers of 1024).
 // --host-weights read|stream|auto: how kernels reach the weights beyond the budget.
-void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights* mode);
+void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights* mode, bool* expert_cache);
 
 // Prints "bluevm: message" to stderr and returns 1.
 int fail(const std::string& message);

@@ -231,6 +231,7 @@ Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, ui
     opt.max_cycles = max_cycles;
     opt.profile = options_.profile;
     opt.vram_budget = options_.vram_budget;
+    opt.expert_cache = options_.expert_cache;
     opt.host_weights = options_.host_weights;
     opt.on_load = options_.on_load;
     BLUE_TRY(deviceUsable());

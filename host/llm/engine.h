@@ -45,6 +45,7 @@ struct EngineOptions {
     bool validation = false;
     uint64_t max_cycles = 0;    // watchdog (0: derived from the requests)
     uint64_t vram_budget = 0;   // GpuOptions::vram_budget (--vram-budget; 0: none)
+    bool expert_cache = true;   // GpuOptions::expert_cache (--expert-cache)
     GpuOptions::HostWeights host_weights = GpuOptions::HostWeights::AUTO;
     // Called while a machine uploads the weights (bytes done, total): progress bars.
     std::function<void(uint64_t done, uint64_t total)> on_load;

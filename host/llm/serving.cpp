@@ -437,6 +437,10 @@ void addGpuCounters(GpuStats& retired, const GpuStats& current) {
     retired.cycles += current.cycles;
     retired.resumes += current.resumes;
     retired.expert_bytes += current.expert_bytes;
+    retired.expert_hits += current.expert_hits;
+    retired.expert_misses += current.expert_misses;
+    retired.expert_inplace += current.expert_inplace;
+    retired.expert_paged_bytes += current.expert_paged_bytes;
 }
 
 void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& current) {
@@ -445,6 +449,10 @@ void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& cu
     m.cycles = retired.cycles + current.cycles;
     m.resumes = retired.resumes + current.resumes;
     m.expert_bytes = retired.expert_bytes + current.expert_bytes;
+    m.expert_hits = retired.expert_hits + current.expert_hits;
+    m.expert_misses = retired.expert_misses + current.expert_misses;
+    m.expert_inplace = retired.expert_inplace + current.expert_inplace;
+    m.expert_paged_bytes = retired.expert_paged_bytes + current.expert_paged_bytes;
 }
 
 }  // namespace blue

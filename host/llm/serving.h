@@ -85,6 +85,8 @@ struct ServeMetrics {
     uint64_t submits = 0, round_trips = 0, cycles = 0, resumes = 0;
     uint64_t recoveries = 0;  // device rebuilds after a failure
     uint64_t expert_bytes = 0;  // MoE: expert weight bytes read (GpuStats::expert_bytes)
+    // MoE under --vram-budget with an expert cache (GpuStats::expert_hits ...).
+    uint64_t expert_hits = 0, expert_misses = 0, expert_inplace = 0, expert_paged_bytes = 0;
     uint64_t prefix_hits = 0, prefix_tokens = 0;  // requests that reused KV rows; tokens not recomputed
 };
 

@@ -831,6 +831,16 @@ std::string HttpServer::Impl::metricsText() {
     metric("bluevm_expert_bytes_total", "counter",
            "MoE models: expert weight bytes read by the chosen experts' matmuls (0 for dense models).",
            double(m.expert_bytes));
+    metric("bluevm_expert_cache_hits_total", "counter",
+           "MoE under --vram-budget: experts the routing chose that were in the device-local cache.",
+           double(m.expert_hits));
+    metric("bluevm_expert_cache_misses_total", "counter",
+           "MoE under --vram-budget: experts copied into the cache from host memory.", double(m.expert_misses));
+    metric("bluevm_expert_cache_inplace_total", "counter",
+           "MoE under --vram-budget: experts read in host memory (every slot held an expert of the same run).",
+           double(m.expert_inplace));
+    metric("bluevm_expert_paged_bytes_total", "counter",
+           "MoE under --vram-budget: expert bytes copied into the cache.", double(m.expert_paged_bytes));
     metric("bluevm_gpu_resumes_total", "counter", "Submits that restarted the GPU after it idled with no request.", double(m.resumes));
     metric("bluevm_device_recoveries_total", "counter",
            "Device rebuilds after a lost device or exhausted device memory.", double(m.recoveries));

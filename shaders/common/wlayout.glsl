@@ -68,6 +68,9 @@ uint wIndex(uint base, uint bpr, uint row, uint g, uint t) {
     return base + (((row >> 3) * bpr + g) * WL_T + t) * 8u + (row & 7u);
 }
 uvec4 wTexel(uint base, uint bpr, uint row, uint g, uint t) {
+#ifdef MM_MOE_CACHE
+    [[dont_flatten]] if (g_cached) return TEXEL(BLUE_MOE_CACHE_OPERAND, wIndex(base, bpr, row, g, t));
+#endif
     return TEXEL(WL_OPERAND, wIndex(base, bpr, row, g, t));
 }
 
