@@ -22,8 +22,10 @@
 
 #include "host/server/http_server.h"
 #include "host/server/openai.h"
+#include "tests/child.h"
 #include "tests/schema_check.h"
 #include "tests/test_paths.h"
+#include "tools/synth/synth.h"
 
 namespace blue::test {
 namespace {
@@ -36,12 +38,16 @@ struct TestServer {
     std::unique_ptr<server::HttpServer> http;
     std::thread thread;
 
-    // `extra`: api_keys, cors_origins, timeouts and connection limits for the server.
-    TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue, const server::ServerOptions& extra = {}) {
+    // `extra`: api_keys, cors_origins, timeouts and connection limits for the server. `model`:
+    // another GGUF than stories260K, and `vram_budget` (bluevm_model_options) for it.
+    TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue, const server::ServerOptions& extra = {},
+               const std::string& model_path = "", uint64_t vram_budget = 0) {
         bluevm_model_options mo;
         bluevm_model_options_init(&mo);
         mo.ctx = ctx;
-        const std::string path = sharedDir() + "/models/stories260K/stories260K.gguf";
+        mo.vram_budget = vram_budget;
+        const std::string path =
+            model_path.empty() ? sharedDir() + "/models/stories260K/stories260K.gguf" : model_path;
         REQUIRE_MESSAGE(bluevm_model_open(path.c_str(), &mo, &model) == BLUEVM_OK, bluevm_last_error());
         bluevm_engine_options eo;
         bluevm_engine_options_init(&eo);
@@ -1060,6 +1066,67 @@ TEST_CASE("server: tool parameters with $defs and $ref, two tools defining the s
         }
     }
     CHECK(seen["order"] >= 6);  // the named choice, six times
+}
+
+// An MoE model served under a VRAM budget that leaves room for two of every layer's eight
+// experts: the same greedy text as without a budget, and /metrics (and the C API's metrics)
+// count what the GPU's routing found in the cache and copied into it.
+TEST_CASE("server: an MoE model under --vram-budget pages its experts on the GPU, same text, counted in /metrics") {
+    std::optional<SynthConfig> c = synthPreset("mixtral-tiny");
+    REQUIRE(c.has_value());
+    c->dim = 128;
+    c->n_layer = 2;
+    c->n_head = 4;
+    c->n_head_kv = 2;
+    c->n_ff = 128;
+    c->n_vocab = 512;
+    SynthOptions so;
+    so.type = DType::Q4_0;
+    const std::string model = "/tmp/blue_test_server_moe.gguf";
+    Status st = synthWrite(*c, so, model);
+    REQUIRE_MESSAGE(st, st.message());
+    // Device memory without a budget, and one expert's bytes (all layers), from `bluevm generate`.
+    auto stats = [&](const std::vector<std::string>& extra) {
+        std::vector<std::string> args = {std::string(BLUE_BINARY_DIR) + "/host/bluevm", "generate", "--model", model,
+                                         "-n", "1", "--ctx", "128", "--instances", "2", "--stats"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        Child ch(args);
+        INFO("stderr: " << ch.err_text);
+        REQUIRE(ch.wait() == 0);
+        return json::parse(ch.err_text.substr(ch.err_text.rfind('{')));
+    };
+    const uint64_t vram = stats({})["vram_bytes"];
+    const json almost = stats({"--vram-budget", std::to_string(vram - 1)});
+    const uint64_t per_slot = almost["expert_cache_bytes"].get<uint64_t>() / (c->n_expert - 1);
+    const uint64_t budget = vram - per_slot * (c->n_expert - 2) + per_slot / 2;
+
+    const json body = {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}};
+    std::string plain_text;
+    {
+        TestServer s(2, 128, 8, {}, model);
+        auto res = post(s, "/v1/completions", body);
+        REQUIRE(res);
+        REQUIRE(res->status == 200);
+        plain_text = json::parse(res->body)["choices"][0]["text"];
+        CHECK(s.metric("bluevm_expert_cache_misses_total") == 0);
+    }
+    TestServer s(2, 128, 8, {}, model, budget);
+    for (int i = 0; i < 2; ++i) {
+        auto res = post(s, "/v1/completions", body);
+        REQUIRE(res);
+        REQUIRE(res->status == 200);
+        CHECK(json::parse(res->body)["choices"][0]["text"] == plain_text);
+    }
+    const double misses = s.metric("bluevm_expert_cache_misses_total");
+    CHECK(misses >= 2 * c->n_layer);
+    CHECK(s.metric("bluevm_expert_cache_hits_total") > 0);
+    CHECK(s.metric("bluevm_expert_paged_bytes_total") == misses * double(per_slot / c->n_layer));
+    CHECK(s.metric("bluevm_host_round_trips_total") == 0);
+    bluevm_metrics m;
+    REQUIRE(bluevm_engine_metrics(s.engine, &m) == BLUEVM_OK);
+    CHECK(double(m.expert_misses) == misses);
+    CHECK(m.expert_hits > 0u);
+    std::remove(model.c_str());
 }
 
 }  // namespace

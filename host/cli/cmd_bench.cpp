@@ -212,6 +212,8 @@ Command addBenchCommand(CLI::App& app) {
                                     {"of_native_fma", nat_fma > 0 ? gflops / nat_fma : 0},
                                     {"ratio_to_first", base > 0 ? m->tok_per_s / base : 0},
                                     {"expert_bytes_per_token", m->expert_bytes_per_row},
+                                    {"expert_hit_rate", m->expert_hit_rate},
+                                    {"expert_paged_bytes_per_token", m->expert_paged_per_row},
                                     {"submits_per_1000_tokens", m->tokens ? 1000.0 * double(m->submits) / double(m->tokens) : 0}});
         }
         if (a->json) {
@@ -273,6 +275,10 @@ Command addBenchCommand(CLI::App& app) {
                         b["gflops"].get<double>(), fractions(b["gflops"].get<double>(), dev_fma, nat_fma).c_str(),
                         b["submits_per_1000_tokens"].get<double>());
             if (all_experts > 0) std::printf("  experts %.2f MiB/token", b["expert_bytes_per_token"].get<double>() / (1 << 20));
+            if (e.stats().expert_cache_slots > 0) {
+                std::printf(" (cache hits %.1f%%, %.2f MiB paged/token)", 100.0 * b["expert_hit_rate"].get<double>(),
+                            b["expert_paged_bytes_per_token"].get<double>() / (1 << 20));
+            }
             std::printf("\n");
         }
         return 0;
