@@ -214,8 +214,8 @@ Status GpuMachine::Impl::createDescriptors() {
         // Unused slots point at the I/O buffer; kernels never index them. Nor host pages whose
         // weights stream: only copies read those.
         bool streamed = !streams.groups.empty() && pages.page_tier[p < pages.page_tier.size() ? p : 0] == 1;
-        for (const ExpertCache& c : pages.expert_caches) {  // cached experts are read in place too
-            for (uint32_t t : c.tensors) streamed = streamed && pages.places[t].page != p;
+        for (const TensorPlace& t : pages.places) {  // experts kept for the caches are read in place
+            streamed = streamed && !(t.expert && t.page == p);
         }
         const Buffer& b = p < page_buffers.size() && !streamed ? page_buffers[p] : io;
         page_info[p] = {b.buffer, 0, VK_WHOLE_SIZE};

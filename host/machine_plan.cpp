@@ -346,8 +346,7 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
     // Weights read in full per token first, tables read a row at a time (EMBED only) last.
     // Streaming copies only matrices that MATMUL, EMBED and MOEMM read as their operand 1.
     std::vector<uint8_t> dense(m.tensors.size(), 0), streamable(m.tensors.size(), 1);
-    // MoE experts: 3-D matrices that only MOEMM reads (as its operand 1), by the map they go with.
-    // Layers are told apart by their MOEROUTE (one expert map may serve every layer): key = the
+    // MoE experts: 3-D matrices that only MOEMM reads (as its operand 1), by layer. Layers are told apart by their MOEROUTE (one expert map may serve every layer): key = the
     // MOEROUTE's ordinal in block and instruction order, as planDispatches counts them.
     std::vector<uint8_t> expert_ok(m.tensors.size(), 1), expert_layers(m.tensors.size(), 0);
     std::map<uint32_t, std::vector<uint32_t>> layer_experts;
@@ -396,9 +395,13 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
             for (uint32_t t : list) {
                 cached[t] = 1;
                 streamable[t] = 0;
+                plan.places[t].expert = true;
                 BLUE_TRY(placeTensor(t, 1));
             }
         }
+        // Other host-memory weights start a page of their own: pages that hold experts are bound
+        // to the kernels (set 0), pages that stream are read by copies only.
+        last[1] = -1;
     }
     if (stream) {
         // The slots first, then the weights that cannot stream.
@@ -602,7 +605,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 }
                 const TensorDecl& t = m.tensors[ti.args[i]];
                 const TensorPlace& p = pages.places[ti.args[i]];
-                if (i == 1 && p.repacked &&
+                if (i == 1 && p.repacked && !p.expert &&
                     (isMatmul(ti.op) || ti.op == Op::EMBED || ti.op == Op::MOEMM)) {
                     base.weight_page = p.page;
                     base.weight_offset = p.offset;
@@ -700,7 +703,6 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                             d.push[BLUE_PC_MOE_CACHE_REF + 2] = uint32_t(cp.slice);
                             d.push[BLUE_PC_MOE_CACHE_REF + 3] = xc->slots;
                             d.operand_pages[BLUE_MOE_CACHE_OPERAND] = cp.page;
-                            d.weight_page = DispatchDesc::kNoPage;  // never streamed
                         }
                     }
                     const DispatchDesc single = singleItemDispatch(d);

@@ -50,6 +50,9 @@ struct TensorPlace {
     // name the first); MATMUL and EMBED run one dispatch per piece. Empty when not split.
     std::vector<TensorPiece> pieces;
     uint8_t tier = 0;  // 0: device-local memory; 1: host memory the kernels read directly
+    // An MoE expert matrix kept in host memory for the expert caches (planPages): read in place
+    // or copied into a cache by MOECOPY, never streamed.
+    bool expert = false;
 };
 
 // An MoE layer's expert cache: under a VRAM budget that the weights do not fit, the experts'

@@ -13,6 +13,7 @@
 #include "host/machine.h"
 #include "host/machine_plan.h"
 #include "host/pipelines.h"
+#include "host/weight_layout.h"
 #include "vm/abi.h"
 #include "vm/tensor_ops.h"
 #include "vm/verify.h"
@@ -531,6 +532,117 @@ main:
     halt
 )";
     return s;
+}
+
+// Two MoE layers sharing one expert map (as lowered models do), 4 experts of [64, 32], top-2,
+// and a dense matrix.
+std::string expertBudgetSource() {
+    std::string s = ".layout regs=8 local=8 max_rows=2\n";
+    auto data = [&](const char* name, const char* shape, int n) {
+        s += strFormat(".tensor %s weight f32 %s data f32", name, shape);
+        for (int i = 0; i < n; ++i) s += i % 5 ? " 0" : " 1";
+        s += "\n";
+    };
+    data("wa", "[64, 32, 4]", 64 * 32 * 4);
+    data("wb", "[64, 32, 4]", 64 * 32 * 4);
+    data("dense", "[64, 4]", 64 * 4);
+    s += strFormat(".tensor map global i32 [%u]\n", BLUE_MOE_MAP_WORDS(4u, 4u));
+    s += R"(.tensor x rows f32 [64]
+.tensor lg rows f32 [4]
+.tensor sel rows f32 [4]
+.tensor y rows f32 [64]
+.block b args=4
+    matmul lg, dense, x
+    moeroute sel, lg, map, 2, 0
+    moemm y, wa, x, map
+    moeroute sel, lg, map, 2, 0
+    moemm y, wb, x, map
+.end
+main:
+    halt
+)";
+    return s;
+}
+
+TEST_CASE("plan: MoE experts under a budget the weights do not fit: host memory, and equal caches per layer") {
+    Module m = assembleOrFail(expertBudgetSource());
+    const uint32_t wa = 0, wb = 1, dense = 2;
+    WeightLayout wl;
+    REQUIRE(weightLayout(DType::F32, 64, 32, &wl));
+    Result<PagePlan> all = planPages(m, 1, 1 << 20);
+    REQUIRE(all.isOk());
+    CHECK(all->expert_caches.empty());
+    const uint64_t everything = all->tierBytes(0);
+    // Room for the activations, the dense matrix and two slots of each layer (plus alignment).
+    const uint64_t budget = everything - 2 * 2 * wl.bytes + 4096;
+    for (bool stream : {false, true}) {
+        CAPTURE(stream);
+        Result<PagePlan> p = planPages(m, 1, 1 << 20, budget + (stream ? 2 * 64 * 4 * 4 + 1024 : 0), stream);
+        REQUIRE_MESSAGE(p.isOk(), p.message());
+        CHECK(p->places[dense].tier == 0);
+        for (uint32_t t : {wa, wb}) {
+            CHECK(p->places[t].tier == 1);
+            CHECK(p->places[t].expert);
+            // A page with experts holds nothing else: it is bound to the kernels, not streamed.
+            for (uint32_t o = 0; o < m.tensors.size(); ++o) {
+                if (o != wa && o != wb) CHECK(p->places[o].page != p->places[t].page);
+            }
+        }
+        REQUIRE(p->expert_caches.size() == 2);  // one per MOEROUTE, though they share the map
+        for (uint32_t l = 0; l < 2; ++l) {
+            const ExpertCache& c = p->expert_caches[l];
+            CHECK(c.route == l);
+            CHECK(c.experts == 4u);
+            CHECK(c.slots == 2u);
+            REQUIRE(c.tensors == std::vector<uint32_t>{l == 0 ? wa : wb});
+            CHECK(p->page_tier[c.caches[0].page] == 0);
+            CHECK(c.caches[0].bytes == 2 * wl.bytes);
+        }
+        CHECK(p->expert_caches[1].state == BLUE_XC_WORDS(4u, 2u));
+        CHECK(p->expertStateWords() == 2 * BLUE_XC_WORDS(4u, 2u));
+        // The dispatches: each MOEROUTE says where its state is and is followed by its MOECOPY,
+        // whose items axis it writes; the MOEMMs read through the cache and never stream.
+        Result<std::vector<DispatchDesc>> d = planDispatches(m, *p, 65535);
+        REQUIRE_MESSAGE(d.isOk(), d.message());
+        std::vector<std::string> names;
+        for (const DispatchDesc& x : *d) names.push_back(x.pipeline);
+        CHECK(std::count(names.begin(), names.end(), "moecopy") == 2);
+        CHECK(std::count(names.begin(), names.end(), "moemmc_f32") == 2);
+        CHECK(std::count(names.begin(), names.end(), "moemmc_f32_b1") == 2);
+        CHECK(std::count(names.begin(), names.end(), "moemm_f32") == 0);
+        for (size_t i = 0; i < d->size(); ++i) {
+            const DispatchDesc& x = (*d)[i];
+            if (x.pipeline.rfind("moemmc", 0) == 0) CHECK(x.weight_page == DispatchDesc::kNoPage);
+            if (x.pipeline != "moeroute") continue;
+            REQUIRE(i + 1 < d->size());
+            CHECK((*d)[i + 1].pipeline == "moecopy");
+            CHECK(x.push[BLUE_PC_MOE_CACHE] != 0u);
+            const uint32_t patches = x.push[BLUE_PC_MOE_PATCH];
+            CHECK(std::count(x.push.begin() + BLUE_PC_MOE_PATCH + 1, x.push.begin() + BLUE_PC_MOE_PATCH + 1 + patches,
+                             uint32_t(i + 1) | BLUE_MOE_PATCH_COPY) == 1);
+        }
+        if (stream) {
+            StreamPlan sp = planStreams(*p, &*d, uint32_t(p->page_bytes.size()));
+            for (const StreamGroup& g : sp.groups) {
+                for (const StreamCopy& c : g.copies) CHECK(c.src_page != p->places[wa].page);
+            }
+        }
+    }
+    // No room for a slot: the experts stay in host memory, read in place; no caches.
+    Result<PagePlan> tight = planPages(m, 1, 1 << 20, everything - 4 * 2 * wl.bytes);
+    REQUIRE(tight.isOk());
+    CHECK(tight->expert_caches.empty());
+    CHECK(tight->places[wa].tier == 1);
+    // Off: experts are weights like any other.
+    Result<PagePlan> off = planPages(m, 1, 1 << 20, budget, false, false);
+    REQUIRE(off.isOk());
+    CHECK(off->expert_caches.empty());
+    CHECK_FALSE(off->places[wa].expert);
+    // Everything fits: nothing moves.
+    Result<PagePlan> fits = planPages(m, 1, 1 << 20, everything + 4096);
+    REQUIRE(fits.isOk());
+    CHECK(fits->expert_caches.empty());
+    CHECK(fits->tierBytes(1) == 0u);
 }
 
 TEST_CASE("plan: under a VRAM budget, activations stay device-local, then dense weights, then tables") {

@@ -274,6 +274,13 @@ TEST_CASE("memory: MoE experts paged into a device-local cache by the GPU's rout
     CHECK(streamed.out == plain.out);
     CHECK(streamed.stats["expert_cache_slots"].get<uint32_t>() > 0u);
     CHECK(streamed.stats["expert_misses"].get<uint64_t>() > 0u);
+    // No room left for a cache: the experts stay in host memory, read in place, not streamed.
+    args = one;
+    args.insert(args.end(), {"--vram-budget", std::to_string(vram - experts), "--host-weights", "stream"});
+    Generated no_room = generate(args);
+    CHECK(no_room.out == plain.out);
+    CHECK(no_room.stats["expert_cache_slots"] == 0);
+    CHECK(no_room.stats["host_weight_bytes"].get<uint64_t>() >= experts);
 
     // Six instances with one slot a layer: a cycle's rows want more experts than the cache holds,
     // and those are read in place.
