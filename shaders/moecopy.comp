@@ -9,6 +9,12 @@
 
 layout(local_size_x = BLUE_ITEM_WG) in;
 
+// Whole texels: slices and offsets are multiples of 16 bytes (weight layouts are texel-based),
+// and one 16-byte load per lane is what CPU-backed drivers copy fastest.
+layout(set = 0, binding = BLUE_BIND_PAGES, std430) buffer PageU4 {
+    uvec4 d[];
+} page_u4[BLUE_MAX_PAGES];
+
 void main() {
     TRef src = tref(BLUE_PC_COPY_SRC);
     TRef dst = tref(BLUE_PC_COPY_DST);
@@ -20,10 +26,10 @@ void main() {
     uint list = st + BLUE_XC_HEAD + experts + 2u * slots;
     uint e = ctl[list + 2u * c], s = ctl[list + 2u * c + 1u];
     if (e >= src.n || s >= dst.n) return;
-    uint words = src.stride / 4u;
-    uint from = src.offset / 4u + e * words, to = dst.offset / 4u + s * words;
-    uint end = min(words, (gl_WorkGroupID.y + 1u) * chunk);
-    for (uint i = gl_WorkGroupID.y * chunk + gl_LocalInvocationID.x; i < end; i += BLUE_ITEM_WG) {
-        page_u[dst.page].d[to + i] = page_u[src.page].d[from + i];
+    uint texels = src.stride / 16u, per = chunk / 4u;
+    uint from = src.offset / 16u + e * texels, to = dst.offset / 16u + s * texels;
+    uint end = min(texels, (gl_WorkGroupID.y + 1u) * per);
+    for (uint i = gl_WorkGroupID.y * per + gl_LocalInvocationID.x; i < end; i += BLUE_ITEM_WG) {
+        page_u4[dst.page].d[to + i] = page_u4[src.page].d[from + i];
     }
 }
