@@ -109,44 +109,50 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
     return g;
 }
 
-// After a MOEROUTE with an expert cache: one MOECOPY per cached matrix, which copies the
-// experts MOEROUTE listed from host memory into their slots (x: the list, which MOEROUTE sizes
-// through a patch word; y: chunks of one expert's matrix).
+// After a MOEROUTE with an expert cache: MOECOPY dispatches (one per BLUE_COPY_MAX_MATRICES of
+// its matrices: one for a layer's gate, up and down) that copy the experts MOEROUTE listed from
+// host memory into their slots (x: the list, which MOEROUTE sizes through a patch word; y: the
+// chunks of every matrix, one after another).
 Status addExpertCopies(const Module& m, const PagePlan& pages, const ExpertCache& xc, uint32_t block,
                        size_t route, std::vector<DispatchDesc>* out) {
-    for (size_t i = 0; i < xc.tensors.size(); ++i) {
-        const TensorPlace& src = pages.places[xc.tensors[i]];
-        const TensorPlace& dst = xc.caches[i];
+    for (size_t first = 0; first < xc.tensors.size(); first += BLUE_COPY_MAX_MATRICES) {
+        const size_t count = std::min<size_t>(BLUE_COPY_MAX_MATRICES, xc.tensors.size() - first);
         DispatchDesc d;
         d.block = block;
         d.pipeline = "moecopy";
         d.mode = 0;
         d.axis = 1;
         d.tile = BLUE_MAX_ROWS;
+        d.fixed = 0;
         d.operand_pages.fill(DispatchDesc::kNoPage);
         d.push[BLUE_PC_BLOCK] = block;
         d.push[BLUE_PC_MODE] = 0;
         d.push[BLUE_PC_TILE] = d.tile;
-        d.push[BLUE_PC_COPY_SRC] = src.page | BLUE_TC_WEIGHT << 16;
-        d.push[BLUE_PC_COPY_SRC + 1] = uint32_t(src.offset);
-        d.push[BLUE_PC_COPY_SRC + 2] = uint32_t(src.slice);
-        d.push[BLUE_PC_COPY_SRC + 3] = xc.experts;
-        d.push[BLUE_PC_COPY_DST] = dst.page | BLUE_TC_WEIGHT << 16;
-        d.push[BLUE_PC_COPY_DST + 1] = uint32_t(dst.offset);
-        d.push[BLUE_PC_COPY_DST + 2] = uint32_t(dst.slice);
-        d.push[BLUE_PC_COPY_DST + 3] = xc.slots;
         d.push[BLUE_PC_COPY_STATE] = xc.state + 1;
-        d.push[BLUE_PC_COPY_CHUNK] = BLUE_COPY_CHUNK_WORDS;
-        const uint64_t words = dst.slice / 4;
-        d.fixed = uint32_t((words + BLUE_COPY_CHUNK_WORDS - 1) / BLUE_COPY_CHUNK_WORDS);
+        d.push[BLUE_PC_COPY_CHUNK] = BLUE_COPY_CHUNK_TEXELS;
+        d.push[BLUE_PC_COPY_COUNT] = uint32_t(count);
+        for (size_t i = 0; i < count; ++i) {
+            const TensorPlace& src = pages.places[xc.tensors[first + i]];
+            const TensorPlace& dst = xc.caches[first + i];
+            const uint32_t at = BLUE_PC_COPY_PAIRS + 8 * uint32_t(i);
+            d.push[at] = src.page | BLUE_TC_WEIGHT << 16;
+            d.push[at + 1] = uint32_t(src.offset);
+            d.push[at + 2] = uint32_t(src.slice);
+            d.push[at + 3] = xc.experts;
+            d.push[at + 4] = dst.page | BLUE_TC_WEIGHT << 16;
+            d.push[at + 5] = uint32_t(dst.offset);
+            d.push[at + 6] = uint32_t(dst.slice);
+            d.push[at + 7] = xc.slots;
+            d.fixed += uint32_t((dst.slice / 16 + BLUE_COPY_CHUNK_TEXELS - 1) / BLUE_COPY_CHUNK_TEXELS);
+        }
         if (d.fixed > kMinGroupsY) {
-            return BLUE_ERROR("tensor '%s': one expert's matrix needs %u copy workgroups, more than %u",
-                              m.tensors[xc.tensors[i]].name.c_str(), d.fixed, kMinGroupsY);
+            return BLUE_ERROR("tensor '%s': one expert's matrices need %u copy workgroups, more than %u",
+                              m.tensors[xc.tensors[first]].name.c_str(), d.fixed, kMinGroupsY);
         }
         auto& rp = (*out)[route].push;
         if (rp[BLUE_PC_MOE_PATCH] == BLUE_MOE_MAX_PATCH) {
             return BLUE_ERROR("tensor '%s': too many dispatches read one expert map",
-                              m.tensors[xc.tensors[i]].name.c_str());
+                              m.tensors[xc.tensors[first]].name.c_str());
         }
         rp[BLUE_PC_MOE_PATCH + 1 + rp[BLUE_PC_MOE_PATCH]++] = uint32_t(out->size()) | BLUE_MOE_PATCH_COPY;
         out->push_back(d);

@@ -68,13 +68,16 @@
 // operand BLUE_MOE_CACHE_OPERAND); cached tiles read their expert's matrix from it.
 #define BLUE_PC_MOE_CACHE_REF 24
 #define BLUE_MOE_CACHE_OPERAND 4u
-// MOECOPY: the expert tensor (host memory) and its cache, then the state offset (as
-// BLUE_PC_MOE_CACHE) and the words each workgroup copies (y: chunks of one expert's matrix).
-#define BLUE_PC_COPY_SRC 4
-#define BLUE_PC_COPY_DST 8
-#define BLUE_PC_COPY_STATE 12
-#define BLUE_PC_COPY_CHUNK 13
-#define BLUE_COPY_CHUNK_WORDS 16384u
+// MOECOPY: the cache's state offset (as BLUE_PC_MOE_CACHE), the texels each workgroup copies,
+// the number of matrices it copies (a layer's gate, up and down: at most
+// BLUE_COPY_MAX_MATRICES), then per matrix two references: its expert tensor (host memory) at
+// BLUE_PC_COPY_PAIRS + 8 m, its cache at + 4.
+#define BLUE_PC_COPY_STATE 4
+#define BLUE_PC_COPY_CHUNK 5
+#define BLUE_PC_COPY_COUNT 6
+#define BLUE_PC_COPY_PAIRS 7
+#define BLUE_COPY_MAX_MATRICES 3
+#define BLUE_COPY_CHUNK_TEXELS 4096u
 // EMBED over one piece of a table split by rows: its first row, and 1 on the last piece (which
 // writes the zeros of out-of-range tokens). Unsplit tables: 0 and 1.
 #define BLUE_PC_EMBED_BASE 20

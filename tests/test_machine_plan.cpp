@@ -88,6 +88,7 @@ TEST_CASE("plan: every index word of the control and I/O headers is distinct and
     CHECK(BLUE_PC_MOE_PATCH + 1 + BLUE_MOE_MAX_PATCH <= BLUE_PUSH_WORDS);
     CHECK(BLUE_PC_MOE_CACHE_REF >= BLUE_PC_MOE_SHAPE + 4);
     CHECK(BLUE_PC_MOE_CACHE_REF + BLUE_TREF_WORDS <= BLUE_PUSH_WORDS);
+    CHECK(BLUE_PC_COPY_PAIRS + 8 * BLUE_COPY_MAX_MATRICES <= BLUE_PUSH_WORDS);
     // Push constants: the header, then up to 6 tensor operands fit.
     CHECK(BLUE_PC_OPERANDS + 6 * BLUE_TREF_WORDS <= BLUE_PUSH_WORDS);
     CHECK(BLUE_PUSH_WORDS * 4 <= 128);  // the minimum maxPushConstantsSize Vulkan guarantees
