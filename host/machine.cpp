@@ -213,10 +213,9 @@ Status GpuMachine::Impl::createDescriptors() {
     for (uint32_t p = 0; p < BLUE_MAX_PAGES; ++p) {
         // Unused slots point at the I/O buffer; kernels never index them. Nor host pages whose
         // weights stream: only copies read those.
-        bool streamed = !streams.groups.empty() && pages.page_tier[p < pages.page_tier.size() ? p : 0] == 1;
-        for (const TensorPlace& t : pages.places) {  // experts kept for the caches are read in place
-            streamed = streamed && !(t.expert && t.page == p);
-        }
+        // Experts kept for the caches are read in place: their pages stay bound.
+        const bool streamed = !streams.groups.empty() && p < pages.page_tier.size() && pages.page_tier[p] == 1 &&
+                              !(p < pages.page_experts.size() && pages.page_experts[p]);
         const Buffer& b = p < page_buffers.size() && !streamed ? page_buffers[p] : io;
         page_info[p] = {b.buffer, 0, VK_WHOLE_SIZE};
     }

@@ -403,6 +403,8 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 streamable[t] = 0;
                 plan.places[t].expert = true;
                 BLUE_TRY(placeTensor(t, 1));
+                plan.page_experts.resize(plan.page_bytes.size(), 0);
+                plan.page_experts[plan.places[t].page] = 1;
             }
         }
         // Other host-memory weights start a page of their own: pages that hold experts are bound
@@ -697,7 +699,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                                           "before it in the block fills",
                                           m.blocks[b].name.c_str(), m.tensors[ti.args[3]].name.c_str());
                     }
-                    if (const ExpertCache* xc = route_caches[ti.args[3]]) {
+                    const auto cache_of = route_caches.find(ti.args[3]);
+                    if (const ExpertCache* xc = cache_of == route_caches.end() ? nullptr : cache_of->second) {
                         // Cached experts: the `moemmc` kernels read a tile's matrix from the
                         // cache when MOEROUTE put its expert there this run, else in place.
                         const auto it = std::find(xc->tensors.begin(), xc->tensors.end(), ti.args[1]);

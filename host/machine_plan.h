@@ -74,6 +74,7 @@ struct ExpertCache {
 struct PagePlan {
     std::vector<uint64_t> page_bytes;  // size of each page
     std::vector<uint8_t> page_tier;    // per page: 0 device-local, 1 host (beyond the VRAM budget)
+    std::vector<uint8_t> page_experts; // per page (may be shorter): 1 where experts for a cache sit
     std::vector<TensorPlace> places;   // per tensor
     uint64_t slot_bytes = 0;  // streaming: the size of each of the two device-local slots
     std::vector<ExpertCache> expert_caches;

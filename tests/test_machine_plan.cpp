@@ -584,7 +584,9 @@ TEST_CASE("plan: MoE experts under a budget the weights do not fit: host memory,
         for (uint32_t t : {wa, wb}) {
             CHECK(p->places[t].tier == 1);
             CHECK(p->places[t].expert);
-            // A page with experts holds nothing else: it is bound to the kernels, not streamed.
+            // The page says so, and holds nothing else: it is bound to the kernels, not streamed.
+            REQUIRE(p->places[t].page < p->page_experts.size());
+            CHECK(p->page_experts[p->places[t].page] == 1);
             for (uint32_t o = 0; o < m.tensors.size(); ++o) {
                 if (o != wa && o != wb) CHECK(p->places[o].page != p->places[t].page);
             }
@@ -639,6 +641,7 @@ TEST_CASE("plan: MoE experts under a budget the weights do not fit: host memory,
     REQUIRE(off.isOk());
     CHECK(off->expert_caches.empty());
     CHECK_FALSE(off->places[wa].expert);
+    for (uint8_t e : off->page_experts) CHECK(e == 0);
     // Everything fits: nothing moves.
     Result<PagePlan> fits = planPages(m, 1, 1 << 20, everything + 4096);
     REQUIRE(fits.isOk());

@@ -21,6 +21,7 @@
 
 #include "compiler/gguf.h"
 #include "tests/child.h"
+#include "tests/moe_models.h"
 #include "tests/test_paths.h"
 #include "tools/synth/synth.h"
 
@@ -210,20 +211,9 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
 }
 
 TEST_CASE("memory: MoE experts paged into a device-local cache by the GPU's routing, same ids") {
-    std::optional<SynthConfig> c = synthPreset("mixtral-tiny");
-    REQUIRE(c.has_value());
-    c->dim = 128;
-    c->n_layer = 2;
-    c->n_head = 4;
-    c->n_head_kv = 2;
-    c->n_ff = 128;
-    c->n_vocab = 512;
-    SynthOptions opt;
-    opt.type = DType::Q4_0;
     const std::string model = "/tmp/blue_test_budget_moe.gguf";
-    Status s = synthWrite(*c, opt, model);
-    REQUIRE_MESSAGE(s, s.message());
-    const uint32_t E = c->n_expert, layers = c->n_layer;
+    const SynthConfig c = writeSmallMoe(model);
+    const uint32_t E = c.n_expert, layers = c.n_layer;
     std::vector<std::string> one = {"--model", model, "--prompt", "Once upon a time", "-n", "32",
                                     "--temp", "0.8", "--seed", "3", "--ids"};
     Generated plain = generate(one);
@@ -242,7 +232,7 @@ TEST_CASE("memory: MoE experts paged into a device-local cache by the GPU's rout
     CHECK(almost.stats["host_weight_bytes"].get<uint64_t>() >= experts);
 
     // A quarter of the experts: two slots a layer for top-2 routing.
-    const uint64_t budget = vram - experts + per_slot * 2 + per_slot / 2;
+    const uint64_t budget = budgetForSlots(vram, per_slot, E, 2);
     args = one;
     args.insert(args.end(), {"--vram-budget", std::to_string(budget)});
     Generated paged = generate(args);
@@ -293,7 +283,7 @@ TEST_CASE("memory: MoE experts paged into a device-local cache by the GPU's rout
                                      "-n", "16", "--temp", "0.8", "--seed", "9", "--ids"};
     Generated many_plain = generate(many);
     const uint64_t many_vram = many_plain.stats["vram_bytes"].get<uint64_t>();
-    many.insert(many.end(), {"--vram-budget", std::to_string(many_vram - experts + per_slot + per_slot / 2)});
+    many.insert(many.end(), {"--vram-budget", std::to_string(budgetForSlots(many_vram, per_slot, E, 1))});
     Generated many_paged = generate(many);
     CHECK(many_paged.out == many_plain.out);
     CHECK(many_paged.stats["expert_cache_slots"] == 1);
