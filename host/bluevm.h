@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 9
+#define BLUEVM_API_VERSION 10
 #define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
@@ -105,6 +105,9 @@ typedef struct bluevm_model_info {
     const char* device;        /* the Vulkan device it runs on */
     uint32_t n_vocab, n_ctx, n_layer, n_embd;
     uint32_t validation_errors; /* Khronos validation errors so far (with validation on) */
+    /* API 10: the chat template family the model's conversations are formatted with ("chatml",
+       "llama3", "mistral-v7", ...; "" when the file's template is not one BlueVM knows). */
+    const char* chat_template;
 } bluevm_model_info;
 
 /* Strings stay valid while the model is open. */

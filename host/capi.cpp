@@ -126,6 +126,7 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
         m->name = m->engine->modelName();
         m->architecture = m->engine->config().arch_name;
         m->device = m->engine->device().props().deviceName;
+        m->chat_template = m->engine->chatTemplateName();
         *out = m.release();
         return ok();
     });
@@ -141,6 +142,7 @@ bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info
     out->name = model->name.c_str();
     out->architecture = model->architecture.c_str();
     out->device = model->device.c_str();
+    out->chat_template = model->chat_template.c_str();
     out->n_vocab = c.n_vocab;
     out->n_ctx = model->engine->contextLength();
     out->n_layer = c.n_layer;

@@ -16,7 +16,7 @@
 
 struct bluevm_model {
     std::unique_ptr<blue::Engine> engine;
-    std::string name, architecture, device;
+    std::string name, architecture, device, chat_template;
 };
 
 namespace blue::capi {

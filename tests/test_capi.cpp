@@ -86,6 +86,7 @@ TEST_CASE("capi: stories260K greedy from BOS through submit and poll gives the e
     CHECK(std::string(info.architecture) == "llama");
     CHECK(info.n_vocab == 512);
     CHECK(info.n_ctx == 512);
+    CHECK(std::string(info.chat_template) == "chatml");  // no template in the file: ChatML
     bluevm_request r;
     bluevm_request_init(&r);
     r.prompt = "";

@@ -60,7 +60,7 @@ TEST_CASE("openai client: the official openai npm package drives bluevm serve (t
     const std::string key = "sk-bluevm-openai-client-test";
     Child server({std::string(BLUE_BINARY_DIR) + "/host/bluevm", "serve", "--model",
                   sharedDir() + "/models/stories260K/stories260K.gguf", "--port", "0",
-                  "--instances", "2", "--ctx", "512", "--api-key", key});
+                  "--instances", "2", "--ctx", "1024", "--api-key", key});
     std::smatch m;
     const std::regex listening("on http://127\\.0\\.0\\.1:([0-9]+) ");
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);

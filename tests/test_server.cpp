@@ -22,7 +22,9 @@
 
 #include "host/server/http_server.h"
 #include "host/server/openai.h"
+#include "host/server/tools.h"
 #include "tests/child.h"
+#include "tests/moe_models.h"
 #include "tests/schema_check.h"
 #include "tests/test_paths.h"
 #include "tools/synth/synth.h"
@@ -38,14 +40,16 @@ struct TestServer {
     std::unique_ptr<server::HttpServer> http;
     std::thread thread;
 
-    // `extra`: api_keys, cors_origins, timeouts and connection limits for the server. `model`:
-    // another GGUF than stories260K, and `vram_budget` (bluevm_model_options) for it.
+    // `extra`: api_keys, cors_origins, timeouts, connection limits and the tool format for the
+    // server. `model`: another GGUF than stories260K, and `vram_budget` and `grammar_words`
+    // (bluevm_model_options) for it.
     TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue, const server::ServerOptions& extra = {},
-               const std::string& model_path = "", uint64_t vram_budget = 0) {
+               const std::string& model_path = "", uint64_t vram_budget = 0, uint32_t grammar_words = 0) {
         bluevm_model_options mo;
         bluevm_model_options_init(&mo);
         mo.ctx = ctx;
         mo.vram_budget = vram_budget;
+        if (grammar_words) mo.grammar_words = grammar_words;
         const std::string path =
             model_path.empty() ? sharedDir() + "/models/stories260K/stories260K.gguf" : model_path;
         REQUIRE_MESSAGE(bluevm_model_open(path.c_str(), &mo, &model) == BLUEVM_OK, bluevm_last_error());
@@ -64,6 +68,7 @@ struct TestServer {
         so.body_timeout_ms = extra.body_timeout_ms;
         so.max_connections = extra.max_connections;
         so.max_connections_per_address = extra.max_connections_per_address;
+        so.tool_format = extra.tool_format;
         auto s = server::HttpServer::create(model, engine, so);
         REQUIRE_MESSAGE(s.isOk(), s.message());
         http = std::move(s.value());
@@ -919,7 +924,15 @@ TEST_CASE("server: response_format and grammar constrain the text on the GPU; a 
 }
 
 TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid against the tool's parameters") {
-    TestServer s(2, 1024, 0);
+    // Each tool format: stories260K's template is ChatML, so "auto" is Hermes.
+    std::string format;
+    SUBCASE("auto: hermes") { format = "auto"; }
+    SUBCASE("json") { format = "json"; }
+    SUBCASE("llama3") { format = "llama3"; }
+    CAPTURE(format);
+    server::ServerOptions extra;
+    extra.tool_format = format;
+    TestServer s(2, 1024, 0, extra);
     const json weather = {{"type", "function"},
                           {"function", {{"name", "get_weather"}, {"description", "The weather in a city"},
                                         {"parameters", {{"type", "object"},
@@ -933,49 +946,78 @@ TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid 
                                                                     {"b", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}},
                                                     {"required", {"a", "b"}}}}}}};
     const json messages = {{{"role", "user"}, {"content", "What is the weather in Paris?"}}};
+    size_t most_calls = 0;
     for (const json& choice : {json("required"), json({{"type", "function"}, {"function", {{"name", "add"}}}})}) {
         for (bool stream : {false, true}) {
             CAPTURE(choice.dump());
             CAPTURE(stream);
             json body = {{"messages", messages}, {"tools", {weather, add}}, {"tool_choice", choice},
-                         {"max_tokens", 100}, {"temperature", 0.7}, {"seed", 3}, {"stream", stream}};
+                         {"max_tokens", 400}, {"temperature", 0.7}, {"seed", 3}, {"stream", stream}};
             auto res = post(s, "/v1/chat/completions", body);
             REQUIRE(res);
             REQUIRE(res->status == 200);
-            json call;
+            json calls = json::array();
             std::string finish;
             if (!stream) {
                 json j = json::parse(res->body);
                 const json& c = j["choices"][0];
                 finish = c["finish_reason"];
                 CHECK(c["message"]["content"].is_null());
-                REQUIRE(c["message"]["tool_calls"].size() == 1);
-                call = c["message"]["tool_calls"][0];
+                calls = c["message"]["tool_calls"];
             } else {
                 for (size_t at = 0; (at = res->body.find("data: {", at)) != std::string::npos; ++at) {
                     json j = json::parse(res->body.substr(at + 6, res->body.find("\n\n", at) - at - 6));
                     const json& c = j["choices"][0];
-                    if (c["delta"].contains("tool_calls")) call = c["delta"]["tool_calls"][0];
+                    if (c["delta"].contains("tool_calls")) {
+                        for (const json& call : c["delta"]["tool_calls"]) calls.push_back(call);
+                    }
                     if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
                 }
             }
             CHECK(finish == "tool_calls");
-            REQUIRE(call.is_object());
-            CHECK(call["type"] == "function");
-            CHECK(call["id"].get<std::string>().rfind("call_", 0) == 0);
-            const std::string name = call["function"]["name"];
-            json args = json::parse(call["function"]["arguments"].get<std::string>());
-            if (choice.is_object()) CHECK(name == "add");
-            if (name == "add") {
-                CHECK(args["a"].get<int>() <= 99);
-                CHECK(args["b"].get<int>() >= 0);
-            } else {
-                REQUIRE(name == "get_weather");
-                CHECK(args["city"].is_string());
-                CHECK(args["days"].get<int>() >= 1);
-                CHECK(args["days"].get<int>() <= 7);
+            REQUIRE(calls.is_array());
+            REQUIRE(calls.size() >= 1);
+            REQUIRE(calls.size() <= server::kMaxParallelCalls);
+            if (format == "llama3") CHECK(calls.size() == 1);  // one call per answer in that format
+            most_calls = std::max(most_calls, calls.size());
+            for (size_t k = 0; k < calls.size(); ++k) {
+                const json& call = calls[k];
+                CHECK(call["type"] == "function");
+                CHECK(call["id"].get<std::string>().rfind("call_", 0) == 0);
+                if (k > 0) CHECK(call["id"] != calls[k - 1]["id"]);
+                const std::string name = call["function"]["name"];
+                json args = json::parse(call["function"]["arguments"].get<std::string>());
+                if (choice.is_object()) CHECK(name == "add");
+                if (name == "add") {
+                    CHECK(args["a"].get<int>() <= 99);
+                    CHECK(args["b"].get<int>() >= 0);
+                } else {
+                    REQUIRE(name == "get_weather");
+                    CHECK(args["city"].is_string());
+                    CHECK(args["days"].get<int>() >= 1);
+                    CHECK(args["days"].get<int>() <= 7);
+                }
             }
         }
+    }
+    // stories260K answers with calls until the bound ends them, where the format has several.
+    CHECK(most_calls == (format == "llama3" ? 1u : server::kMaxParallelCalls));
+    // /v1/models says which format the server chose.
+    auto models = s.client().Get("/v1/models");
+    REQUIRE(models);
+    const json meta = json::parse(models->body)["data"][0]["meta"];
+    CHECK(meta["chat_template"] == "chatml");
+    CHECK(meta["tool_format"] == (format == "auto" ? "hermes" : format));
+    // Without parallel calls the answer holds exactly one.
+    for (int seed = 0; seed < 3; ++seed) {
+        auto one = post(s, "/v1/chat/completions",
+                        {{"messages", messages}, {"tools", {weather, add}}, {"tool_choice", "required"},
+                         {"parallel_tool_calls", false}, {"max_tokens", 200}, {"temperature", 1.0}, {"seed", seed}});
+        REQUIRE(one);
+        REQUIRE(one->status == 200);
+        const json c = json::parse(one->body)["choices"][0];
+        CHECK(c["finish_reason"] == "tool_calls");
+        CHECK(c["message"]["tool_calls"].size() == 1);
     }
     // A conversation that carries a call and its result; "auto" may call or answer in text.
     json history = {{{"role", "user"}, {"content", "Add 2 and 3."}},
@@ -991,7 +1033,9 @@ TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid 
         CHECK(c["message"]["tool_calls"][0]["function"]["name"] == "add");
     } else {
         const std::string text = c["message"]["content"];
-        CHECK((text.empty() || text[0] != '{'));
+        // Text that cannot be taken for the start of a call in this format.
+        const std::string starts = format == "auto" ? "<" : format == "json" ? "{[" : "{";
+        CHECK((text.empty() || starts.find(text[0]) == std::string::npos));
     }
     // "none": plain text.
     res = post(s, "/v1/chat/completions", {{"messages", messages}, {"tools", {add}}, {"tool_choice", "none"}, {"max_tokens", 8}, {"temperature", 0}});
@@ -1025,6 +1069,76 @@ TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid 
     }
 }
 
+// With tool_choice "auto", an answer whose first byte shows it is text streams as it comes,
+// instead of being held to the end in case it is a call.
+TEST_CASE("server: a streamed answer to a request with tools streams as soon as it is known to be text") {
+    TestServer s(1, 1024, 0);
+    json body = {{"messages", {{{"role", "user"}, {"content", "Tell me a story about a cat."}}}},
+                 {"tools", {{{"type", "function"},
+                             {"function", {{"name", "add"},
+                                           {"parameters", {{"type", "object"},
+                                                           {"properties", {{"a", {{"type", "integer"}}}, {"b", {{"type", "integer"}}}}},
+                                                           {"required", {"a", "b"}}}}}}}}},
+                 {"max_tokens", 60}, {"temperature", 0.8}, {"seed", 1}};
+    auto whole = post(s, "/v1/chat/completions", body);
+    REQUIRE(whole);
+    REQUIRE(whole->status == 200);
+    const json c = json::parse(whole->body)["choices"][0];
+    REQUIRE_MESSAGE(c["message"]["content"].is_string(), "stories260K answered this one with text before");
+    const std::string text = c["message"]["content"];
+    REQUIRE(text.size() > 20);
+    body["stream"] = true;
+    auto streamed = post(s, "/v1/chat/completions", body);
+    REQUIRE(streamed);
+    REQUIRE(streamed->status == 200);
+    std::string joined, finish;
+    int content_chunks = 0;
+    for (size_t at = 0; (at = streamed->body.find("data: {", at)) != std::string::npos; ++at) {
+        const json j = json::parse(streamed->body.substr(at + 6, streamed->body.find("\n\n", at) - at - 6));
+        const json& ch = j["choices"][0];
+        CHECK_FALSE(ch["delta"].contains("tool_calls"));
+        if (ch["delta"].contains("content") && !ch["delta"]["content"].get<std::string>().empty()) {
+            joined += ch["delta"]["content"].get<std::string>();
+            ++content_chunks;
+        }
+        if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+    CHECK(joined == text);
+    CHECK(finish == c["finish_reason"]);
+    CHECK(content_chunks > 1);  // 60 tokens in chains of 16 cycles: sent chain by chain
+}
+
+// Several calls in one answer need an automaton several times one call's; where an instance's
+// grammar memory cannot hold it, the answer is one call instead of a refusal.
+TEST_CASE("server: parallel tool calls that do not fit the grammar memory fall back to one call") {
+    TestServer s(1, 1024, 0, {}, "", 0, 16384);
+    const json weather = {{"type", "function"},
+                          {"function", {{"name", "get_weather"},
+                                        {"parameters", {{"type", "object"},
+                                                        {"properties", {{"city", {{"type", "string"}, {"maxLength", 12}}}}},
+                                                        {"required", {"city"}}}}}}};
+    const json add = {{"type", "function"},
+                      {"function", {{"name", "add"},
+                                    {"parameters", {{"type", "object"},
+                                                    {"properties", {{"a", {{"type", "integer"}}}, {"b", {{"type", "integer"}}}}},
+                                                    {"required", {"a", "b"}}}}}}};
+    const json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris and 2 + 3?"}}}},
+                       {"tools", {weather, add}}, {"tool_choice", "required"}, {"max_tokens", 200},
+                       {"temperature", 0.7}, {"seed", 5}};
+    auto res = post(s, "/v1/chat/completions", body);
+    REQUIRE(res);
+    REQUIRE_MESSAGE(res->status == 200, res->body);
+    const json c = json::parse(res->body)["choices"][0];
+    CHECK(c["finish_reason"] == "tool_calls");
+    CHECK(c["message"]["tool_calls"].size() == 1);
+    // A single call that does not fit either is still refused, naming the memory.
+    TestServer tiny(1, 1024, 0, {}, "", 0, 1024);
+    res = post(tiny, "/v1/chat/completions", body);
+    REQUIRE(res);
+    CHECK(res->status == 400);
+    CHECK(res->body.find("--grammar-words") != std::string::npos);
+}
+
 // Parameters as pydantic writes them: definitions under "$defs" referenced by "$ref", a
 // self-reference ("#"), and two tools that each define "Unit" differently. Each tool's
 // references resolve to its own definitions once the parameters sit inside the call schema.
@@ -1048,8 +1162,8 @@ TEST_CASE("server: tool parameters with $defs and $ref, two tools defining the s
         for (const json& choice : {json("required"), json({{"type", "function"}, {"function", {{"name", "order"}}}})}) {
             CAPTURE(seed);
             CAPTURE(choice.dump());
-            json body = {{"messages", messages}, {"tools", tools}, {"tool_choice", choice},
-                         {"max_tokens", 120}, {"temperature", 1.0}, {"seed", seed}};
+            json body = {{"messages", messages}, {"tools", tools}, {"tool_choice", choice}, {"parallel_tool_calls", false},
+                         {"max_tokens", 200}, {"temperature", 1.0}, {"seed", seed}};
             auto res = post(s, "/v1/chat/completions", body);
             REQUIRE(res);
             REQUIRE_MESSAGE(res->status == 200, res->body);
@@ -1072,19 +1186,8 @@ TEST_CASE("server: tool parameters with $defs and $ref, two tools defining the s
 // experts: the same greedy text as without a budget, and /metrics (and the C API's metrics)
 // count what the GPU's routing found in the cache and copied into it.
 TEST_CASE("server: an MoE model under --vram-budget pages its experts on the GPU, same text, counted in /metrics") {
-    std::optional<SynthConfig> c = synthPreset("mixtral-tiny");
-    REQUIRE(c.has_value());
-    c->dim = 128;
-    c->n_layer = 2;
-    c->n_head = 4;
-    c->n_head_kv = 2;
-    c->n_ff = 128;
-    c->n_vocab = 512;
-    SynthOptions so;
-    so.type = DType::Q4_0;
     const std::string model = "/tmp/blue_test_server_moe.gguf";
-    Status st = synthWrite(*c, so, model);
-    REQUIRE_MESSAGE(st, st.message());
+    const SynthConfig c = writeSmallMoe(model);
     // Device memory without a budget, and one expert's bytes (all layers), from `bluevm generate`.
     auto stats = [&](const std::vector<std::string>& extra) {
         std::vector<std::string> args = {std::string(BLUE_BINARY_DIR) + "/host/bluevm", "generate", "--model", model,
@@ -1097,8 +1200,8 @@ TEST_CASE("server: an MoE model under --vram-budget pages its experts on the GPU
     };
     const uint64_t vram = stats({})["vram_bytes"];
     const json almost = stats({"--vram-budget", std::to_string(vram - 1)});
-    const uint64_t per_slot = almost["expert_cache_bytes"].get<uint64_t>() / (c->n_expert - 1);
-    const uint64_t budget = vram - per_slot * (c->n_expert - 2) + per_slot / 2;
+    const uint64_t per_slot = almost["expert_cache_bytes"].get<uint64_t>() / (c.n_expert - 1);
+    const uint64_t budget = budgetForSlots(vram, per_slot, c.n_expert, 2);
 
     const json body = {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}};
     std::string plain_text;
@@ -1118,9 +1221,9 @@ TEST_CASE("server: an MoE model under --vram-budget pages its experts on the GPU
         CHECK(json::parse(res->body)["choices"][0]["text"] == plain_text);
     }
     const double misses = s.metric("bluevm_expert_cache_misses_total");
-    CHECK(misses >= 2 * c->n_layer);
+    CHECK(misses >= 2 * c.n_layer);
     CHECK(s.metric("bluevm_expert_cache_hits_total") > 0);
-    CHECK(s.metric("bluevm_expert_paged_bytes_total") == misses * double(per_slot / c->n_layer));
+    CHECK(s.metric("bluevm_expert_paged_bytes_total") == misses * double(per_slot / c.n_layer));
     CHECK(s.metric("bluevm_host_round_trips_total") == 0);
     bluevm_metrics m;
     REQUIRE(bluevm_engine_metrics(s.engine, &m) == BLUEVM_OK);

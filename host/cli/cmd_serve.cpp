@@ -38,6 +38,7 @@ struct ServeArgs {
     double header_timeout = 10, body_timeout = 30;
     uint32_t max_connections = 1024, max_per_address = 256;
     uint32_t grammar_words = kGrammarWordsAuto;
+    std::string tool_format = "auto";
 };
 
 // Adds the keys of BLUEVM_API_KEY and of --api-key-file (one a line; blank lines and lines
@@ -100,6 +101,7 @@ server::ServerOptions serverOptions(const ServeArgs& a) {
     so.body_timeout_ms = int(a.body_timeout * 1000);
     so.max_connections = a.max_connections;
     so.max_connections_per_address = a.max_per_address;
+    so.tool_format = a.tool_format;
     return so;
 }
 
@@ -236,6 +238,10 @@ Command addServeCommand(CLI::App& app) {
                     "require `Authorization: Bearer KEY` on every endpoint but GET /health (repeatable; "
                     "also BLUEVM_API_KEY)");
     sub->add_option("--api-key-file", a->api_key_file, "file of accepted API keys, one a line");
+    sub->add_option("--tool-format", a->tool_format,
+                    "how tools are described to the model and its calls read: auto (its chat template's "
+                    "family: hermes for ChatML, llama3 for Llama 3, json otherwise), json, hermes, llama3")
+        ->check(CLI::IsMember({"auto", "json", "hermes", "llama3"}));
     sub->add_option("--cors-origin", a->cors_origins,
                     "answer CORS preflights and allow this browser origin, or * for any (repeatable; default: no CORS)");
     sub->add_option("--header-timeout", a->header_timeout,

@@ -177,6 +177,11 @@ Result<std::string> Engine::formatChat(const std::vector<ChatMessage>& messages)
     return applyChatTemplate(gguf_, messages, true);
 }
 
+std::string Engine::chatTemplateName() const {
+    Result<ChatTemplate> t = chatTemplateOf(gguf_);
+    return t ? std::string(blue::chatTemplateName(t.value())) : std::string();
+}
+
 std::string Engine::modelName() const {
     Result<std::string_view> name = gguf_.getStringOr("general.name", "");
     if (name && !name.value().empty()) return std::string(name.value());

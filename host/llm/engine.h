@@ -140,6 +140,8 @@ public:
     // A conversation formatted with the model's chat template, ending with the opening of an
     // assistant turn. Fails on roles the template cannot express.
     Result<std::string> formatChat(const std::vector<ChatMessage>& messages) const;
+    // The chat template family formatChat uses ("chatml", ...); "" when the file's is unknown.
+    std::string chatTemplateName() const;
     // general.name, or the architecture when the file has none.
     std::string modelName() const;
     // Checks a request against the context length and limits; the message names the problem.

@@ -191,6 +191,8 @@ struct Generation {
     bool logprobs = false;
     std::vector<ApiRequest::Tool> tools;   // chat: the tools offered (streamed: text held until
                                            // the end, when a call is known)
+    ToolFormat tool_format = ToolFormat::Json;  // how the model writes calls
+    bool tool_text = false;  // streamed with tools: the answer is known to be text, sent as it comes
     size_t text_offset = 0;                // completions: bytes before the next token
     std::vector<TokenLogprob> all_logprobs;  // non-streamed: every token's
     bool started = false, finished = false;
@@ -313,6 +315,7 @@ struct HttpServer::Impl {
     bluevm_cascade* cascade = nullptr;  // serving a cascade instead of a model's engine
     ServerOptions options;
     bluevm_model_info info{};
+    ToolFormat tool_format = ToolFormat::Json;  // options.tool_format, or the chat template's
     bluevm_cascade_info cascade_info{};
     FrontedHttp http;
     std::unique_ptr<ConnFront> front;
@@ -437,7 +440,9 @@ nlohmann::json HttpServer::Impl::modelMeta() const {
         return {{"architecture", info.architecture},
                 {"n_ctx", info.n_ctx},
                 {"n_vocab", info.n_vocab},
-                {"device", info.device}};
+                {"device", info.device},
+                {"chat_template", info.chat_template},
+                {"tool_format", std::string(toolFormatName(tool_format))}};
     }
     const bluevm_cascade_info& c = cascade_info;
     return {{"kind", "cascade"},
@@ -490,12 +495,12 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     bluevm_request_init(&r);
     std::string prompt;
     std::string constraint_kind, constraint;  // tools: what a call must be
-    if (auto e = toolConstraint(ar, &constraint_kind, &constraint)) {
+    if (auto e = toolConstraint(ar, tool_format, &constraint_kind, &constraint)) {
         sendError(res, *e);
         return false;
     }
     if (ar.endpoint == Endpoint::Chat) {
-        std::vector<std::pair<std::string, std::string>> messages = withTools(ar);
+        std::vector<std::pair<std::string, std::string>> messages = withTools(ar, tool_format);
         char* text = nullptr;
         auto format = [&] {
             std::vector<const char*> roles, contents;
@@ -553,6 +558,7 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     if (constraint_kind == "grammar") r.grammar = constraint.c_str();
     if (constraint_kind == "json_schema") r.json_schema = constraint.c_str();
     if (toolsOffered(ar)) g.tools = ar.tools;  // the answer is read back as tool_calls
+    g.tool_format = tool_format;
     g.logprobs = ar.logprobs;
     g.model_handle = model;
     std::vector<const char*> stops;
@@ -561,6 +567,17 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     r.n_stop = stops.size();
 
     bluevm_status st = bluevm_submit(engine, &r, &g.id);
+    if (st == BLUEVM_ERR_INVALID_ARGUMENT && toolsOffered(ar) && ar.parallel_tool_calls &&
+        std::string(bluevm_last_error()).find("automaton needs") != std::string::npos) {
+        // Several calls do not fit an instance's grammar memory: one call per answer instead.
+        if (auto e = toolConstraint(ar, tool_format, &constraint_kind, &constraint, true)) {
+            sendError(res, *e);
+            return false;
+        }
+        r.grammar = constraint_kind == "grammar" ? constraint.c_str() : nullptr;
+        r.json_schema = constraint_kind == "json_schema" ? constraint.c_str() : nullptr;
+        st = bluevm_submit(engine, &r, &g.id);
+    }
     if (st != BLUEVM_OK) {
         refuseSubmit(res, st, ar.endpoint == Endpoint::Chat ? "messages" : "prompt",
                      constraint_kind.empty() ? ar.format_param.c_str() : "tools");
@@ -583,9 +600,9 @@ bool HttpServer::Impl::submitCascade(const ApiRequest& ar, Generation& g, httpli
     }
     if (ar.endpoint == Endpoint::Chat) {
         bool found = false;
-        for (const auto& [role, content] : ar.messages) {
-            if (role != "user") continue;
-            task = content;
+        for (const ApiRequest::Message& m : ar.messages) {
+            if (m.role != "user") continue;
+            task = m.content;
             found = true;
         }
         if (!found) {
@@ -731,7 +748,7 @@ void HttpServer::Impl::answerWhole(Generation& g, const httplib::Request& req,
             if (e.status == 503) res.set_header("Retry-After", kRetryAfter);
             return sendError(res, e);
         }
-        nlohmann::json calls = toolCallsOf(g.tools, g.text, g.toolCallId());
+        nlohmann::json calls = toolCallsOf(g.tools, g.tool_format, g.text, g.toolCallId());
         res.set_content(responseBody(g.endpoint, g.response_id, g.created, g.model, g.text,
                                      calls.is_array() ? "tool_calls" : finishName(ev.reason), ev.usage, ev.extra,
                                      g.logprobsFor(g.all_logprobs), calls),
@@ -766,9 +783,18 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
         return write(": keep-alive\n\n");
     }
     if (st != BLUEVM_OK) return false;
-    if (!g.tools.empty()) {  // the text may be a call, known at the end: held until then
+    if (!g.tools.empty() && !g.tool_text) {
+        // The text may be calls, known at the end: held until then, or until its first byte
+        // says it is text.
         g.text += ev.text;
         for (TokenLogprob& t : ev.logprobs) g.all_logprobs.push_back(std::move(t));
+        if (answerIsText(g.tool_format, g.text)) {
+            g.tool_text = true;
+            if (!write(streamChunk(g.endpoint, g.response_id, g.created, g.model, g.text, "", false,
+                                   g.logprobsFor(g.all_logprobs)))) {
+                return false;
+            }
+        }
     } else if ((!ev.text.empty() || !ev.logprobs.empty()) &&
                !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, ev.text, "", false,
                                   g.logprobsFor(ev.logprobs)))) {
@@ -777,8 +803,8 @@ bool HttpServer::Impl::pump(Generation& g, httplib::DataSink& sink) {
     if (!ev.finished) return true;
     g.finished = true;
     std::string finish = finishName(ev.reason);
-    if (!g.tools.empty() && ev.reason != BLUEVM_FINISH_ERROR) {
-        nlohmann::json calls = toolCallsOf(g.tools, g.text, g.toolCallId());
+    if (!g.tools.empty() && !g.tool_text && ev.reason != BLUEVM_FINISH_ERROR) {
+        nlohmann::json calls = toolCallsOf(g.tools, g.tool_format, g.text, g.toolCallId());
         if (calls.is_array()) finish = "tool_calls";
         if ((calls.is_array() || !g.text.empty() || !g.all_logprobs.empty()) &&
             !write(streamChunk(g.endpoint, g.response_id, g.created, g.model, g.text, "", false,
@@ -902,6 +928,13 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_model* model, blue
     impl->options = options;
     if (bluevm_model_get_info(model, &impl->info) != BLUEVM_OK) return Status::error(bluevm_last_error());
     if (impl->options.model_names.empty()) impl->options.model_names.push_back(impl->info.name);
+    if (options.tool_format.empty() || options.tool_format == "auto") {
+        impl->tool_format = toolFormatForTemplate(impl->info.chat_template);
+    } else if (std::optional<ToolFormat> f = toolFormatFromName(options.tool_format)) {
+        impl->tool_format = *f;
+    } else {
+        return BLUE_ERROR("tool format '%s' is not one of auto, json, hermes, llama3", options.tool_format.c_str());
+    }
     return finishCreate(std::move(impl));
 }
 

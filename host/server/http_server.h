@@ -54,6 +54,9 @@ struct ServerOptions {
     int body_timeout_ms = 30000;
     uint32_t max_connections = 1024;
     uint32_t max_connections_per_address = 256;
+    // How tools are described and calls written (host/server/tools.h): "auto" (or ""): the format
+    // of the model's chat template family; "json", "hermes", "llama3".
+    std::string tool_format = "auto";
 };
 
 class HttpServer {

@@ -212,13 +212,14 @@ std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max
             if (!m.contains("role") || !m["role"].is_string()) {
                 return bad(param + ".role", "'" + param + ".role' must be a string");
             }
-            std::string content;
-            if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-                if (auto e = toolCallsText(m["tool_calls"], k, &content)) return e;  // the call it made
-            } else if (auto e = contentText(m.contains("content") ? m["content"] : json(), k, &content)) {
-                return e;
+            ApiRequest::Message msg;
+            msg.role = m["role"].get<std::string>();
+            const bool has_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+            if (has_calls) {
+                if (auto e = messageCalls(m["tool_calls"], k, &msg.calls)) return e;  // the calls it made
             }
-            r->messages.emplace_back(m["role"].get<std::string>(), std::move(content));
+            if (auto e = contentText(m.contains("content") ? m["content"] : json(), k, &msg.content)) return e;
+            r->messages.push_back(std::move(msg));
         }
     }
     if (auto e = boolean(j, "stream", &r->stream)) return e;

@@ -21,7 +21,13 @@ struct ApiRequest {
     std::string prompt;
     std::vector<uint32_t> prompt_ids;
     bool has_prompt_ids = false;
-    std::vector<std::pair<std::string, std::string>> messages;  // role, content
+    // A chat message. An assistant message's tool calls are kept apart from its text: each is
+    // {"name": ..., "arguments": {...}}, written back in the model's tool format (tools.h).
+    struct Message {
+        std::string role, content;
+        std::vector<nlohmann::ordered_json> calls;
+    };
+    std::vector<Message> messages;
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage
     uint32_t max_tokens = 0;     // 0: until the context is full or the model stops
@@ -54,6 +60,7 @@ struct ApiRequest {
     };
     std::vector<Tool> tools;
     std::string tool_choice;  // "none", "auto", "required", or a tool's name ("" without tools)
+    bool parallel_tool_calls = true;  // several calls in one answer (where the format has them)
 };
 
 // A client error: the HTTP status and the OpenAI error body's fields.

@@ -99,7 +99,136 @@ ordered hoistDefinitions(ordered params, size_t k, ordered* defs) {
     return params;
 }
 
+
+// A call as format `f` writes it: {"name", "arguments"} (Llama 3: "parameters").
+ordered callObject(ToolFormat f, const ordered& call) {
+    return ordered{{"name", call["name"]}, {f == ToolFormat::Llama3 ? "parameters" : "arguments", call["arguments"]}};
+}
+
+// An assistant turn's calls as the text the model would have written.
+std::string callsText(ToolFormat f, const std::vector<ordered>& calls) {
+    std::string out;
+    switch (f) {
+        case ToolFormat::Json:
+            return calls.size() == 1 ? callObject(f, calls[0]).dump() : [&] {
+                ordered a = ordered::array();
+                for (const ordered& c : calls) a.push_back(callObject(f, c));
+                return a.dump();
+            }();
+        case ToolFormat::Hermes:
+            for (const ordered& c : calls) {
+                out += (out.empty() ? "" : "\n") + std::string("<tool_call>\n") + callObject(f, c).dump() + "\n</tool_call>";
+            }
+            return out;
+        case ToolFormat::Llama3:
+            for (const ordered& c : calls) out += (out.empty() ? "" : "\n") + callObject(f, c).dump();
+            return out;
+    }
+    return out;
+}
+
+// The tools' description for the system message, in the format's words and markers.
+std::string toolsText(const ApiRequest& r, ToolFormat f) {
+    std::string text;
+    auto signature = [](const ApiRequest::Tool& t) {
+        return ordered{{"type", "function"},
+                       {"function", {{"name", t.name}, {"description", t.description}, {"parameters", ordered::parse(t.parameters)}}}}
+            .dump();
+    };
+    switch (f) {
+        case ToolFormat::Json:
+            text = "You can call tools. To call one, answer with a JSON object and nothing else: "
+                   "{\"name\": the tool's name, \"arguments\": an object valid against its parameters}.";
+            if (r.parallel_tool_calls) text += " To call several at once, answer with a JSON array of such objects.";
+            text += " After a call, its result comes back in a tool message. The tools, one a line:\n";
+            for (const ApiRequest::Tool& t : r.tools) {
+                text += ordered{{"name", t.name}, {"description", t.description}, {"parameters", ordered::parse(t.parameters)}}.dump() + "\n";
+            }
+            return text;
+        case ToolFormat::Hermes:
+            text = "# Tools\n\nYou can call functions to help with the request. Their signatures are inside "
+                   "<tools></tools>, one a line:\n<tools>\n";
+            for (const ApiRequest::Tool& t : r.tools) text += signature(t) + "\n";
+            text += "</tools>\n\nTo call a function, write its name and arguments as a JSON object inside "
+                    "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                    "<args-json-object>}\n</tool_call>";
+            text += r.parallel_tool_calls ? "\nTo call several functions, write one such block for each."
+                                          : "\nCall at most one function in an answer.";
+            return text;
+        case ToolFormat::Llama3:
+            text = "Environment: ipython\n\nYou can call functions. To call one, answer with nothing but a JSON "
+                   "object {\"name\": the function's name, \"parameters\": an object of its arguments' names "
+                   "and values}. A call's result comes back from ipython. The functions:\n\n";
+            for (const ApiRequest::Tool& t : r.tools) text += signature(t) + "\n\n";
+            return text;
+    }
+    return text;
+}
+
+// The JSON schema of one call of the tools `tool_choice` allows, in format `f`.
+ordered callSchema(const ApiRequest& r, ToolFormat f) {
+    ordered calls = ordered::array(), defs = ordered::object();
+    for (size_t k = 0; k < r.tools.size(); ++k) {
+        const ApiRequest::Tool& t = r.tools[k];
+        if (r.tool_choice != "auto" && r.tool_choice != "required" && r.tool_choice != t.name) continue;
+        ordered params = hoistDefinitions(ordered::parse(t.parameters), k, &defs);
+        const char* args = f == ToolFormat::Llama3 ? "parameters" : "arguments";
+        calls.push_back({{"type", "object"},
+                         {"properties", {{"name", {{"const", t.name}}}, {args, params}}},
+                         {"required", {"name", args}}});
+    }
+    ordered schema = calls.size() == 1 ? calls[0] : ordered{{"anyOf", calls}};
+    if (!defs.empty()) schema["$defs"] = defs;
+    return schema;
+}
+
+// A call read back: {"name", "arguments"} of an offered tool, or null.
+ordered readCall(const std::vector<ApiRequest::Tool>& offered, ToolFormat f, const ordered& call) {
+    const char* args = f == ToolFormat::Llama3 ? "parameters" : "arguments";
+    if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return nullptr;
+    if (!call.contains(args) && !call.contains("arguments")) return nullptr;
+    const std::string name = call["name"];
+    bool known = false;
+    for (const ApiRequest::Tool& t : offered) known = known || t.name == name;
+    if (!known) return nullptr;
+    return ordered{{"name", name}, {"arguments", call.contains(args) ? call[args] : call["arguments"]}};
+}
+
+bool isSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
 }  // namespace
+
+std::string_view toolFormatName(ToolFormat f) {
+    switch (f) {
+        case ToolFormat::Json: return "json";
+        case ToolFormat::Hermes: return "hermes";
+        case ToolFormat::Llama3: return "llama3";
+    }
+    return "json";
+}
+
+std::optional<ToolFormat> toolFormatFromName(std::string_view name) {
+    for (ToolFormat f : {ToolFormat::Json, ToolFormat::Hermes, ToolFormat::Llama3}) {
+        if (toolFormatName(f) == name) return f;
+    }
+    return std::nullopt;
+}
+
+ToolFormat toolFormatForTemplate(std::string_view chat_template) {
+    if (chat_template == "chatml") return ToolFormat::Hermes;
+    if (chat_template == "llama3") return ToolFormat::Llama3;
+    return ToolFormat::Json;
+}
+
+bool answerIsText(ToolFormat f, std::string_view text) {
+    if (text.empty()) return false;
+    switch (f) {
+        case ToolFormat::Hermes: return text[0] != '<';
+        case ToolFormat::Json: return text[0] != '{' && text[0] != '[';
+        case ToolFormat::Llama3: return text[0] != '{';
+    }
+    return false;
+}
 
 bool toolsOffered(const ApiRequest& r) { return !r.tools.empty() && r.tool_choice != "none"; }
 
@@ -138,6 +267,10 @@ std::optional<ApiError> parseTools(const json& body, const ordered& ordered_body
             r->tools.push_back(std::move(tool));
         }
     }
+    if (auto p = body.find("parallel_tool_calls"); p != body.end() && !p->is_null()) {
+        if (!p->is_boolean()) return badTool("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
+        r->parallel_tool_calls = p->get<bool>();
+    }
     auto c = body.find("tool_choice");
     if (c == body.end() || c->is_null()) {
         r->tool_choice = r->tools.empty() ? "" : "auto";
@@ -166,36 +299,53 @@ std::optional<ApiError> parseTools(const json& body, const ordered& ordered_body
     return badTool("tool_choice", "'tool_choice' names '" + name + "', which is not among 'tools'");
 }
 
-std::optional<ApiError> toolCallsText(const json& calls, size_t index, std::string* out) {
+std::optional<ApiError> messageCalls(const json& calls, size_t index, std::vector<ordered>* out) {
     const std::string p = strFormat("messages[%zu].tool_calls", index);
-    if (!calls.is_array() || calls.empty() || !calls[0].is_object() || !calls[0].contains("function") ||
-        !calls[0]["function"].is_object() || !calls[0]["function"].contains("name") ||
-        !calls[0]["function"]["name"].is_string()) {
-        return badTool(p, "'" + p + "' must be an array of {\"function\": {\"name\": ..., \"arguments\": ...}}");
+    if (!calls.is_array() || calls.empty()) {
+        return badTool(p, "'" + p + "' must be a non-empty array of {\"function\": {\"name\": ..., \"arguments\": ...}}");
     }
-    const json& f = calls[0]["function"];
-    json args = json::object();
-    if (f.contains("arguments") && f["arguments"].is_string()) {
-        args = json::parse(f["arguments"].get<std::string>(), nullptr, false);
-        if (args.is_discarded()) return badTool(p, "'" + p + "[0].function.arguments' must be JSON text");
-    } else if (f.contains("arguments") && f["arguments"].is_object()) {
-        args = f["arguments"];
+    out->clear();
+    for (size_t k = 0; k < calls.size(); ++k) {
+        const json& c = calls[k];
+        const std::string pk = strFormat("%s[%zu]", p.c_str(), k);
+        if (!c.is_object() || !c.contains("function") || !c["function"].is_object() || !c["function"].contains("name") ||
+            !c["function"]["name"].is_string()) {
+            return badTool(p, "'" + pk + "' must be {\"function\": {\"name\": ..., \"arguments\": ...}}");
+        }
+        const json& f = c["function"];
+        ordered args = ordered::object();
+        if (f.contains("arguments") && f["arguments"].is_string()) {
+            args = ordered::parse(f["arguments"].get<std::string>(), nullptr, false);
+            if (args.is_discarded()) return badTool(p, "'" + pk + ".function.arguments' must be JSON text");
+        } else if (f.contains("arguments") && f["arguments"].is_object()) {
+            args = ordered::parse(f["arguments"].dump());
+        }
+        out->push_back(ordered{{"name", f["name"]}, {"arguments", args}});
     }
-    *out = ordered{{"name", f["name"]}, {"arguments", args}}.dump();
     return std::nullopt;
 }
 
-std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r) {
-    std::vector<std::pair<std::string, std::string>> out = r.messages;
-    if (!toolsOffered(r)) return out;
-    std::string text =
-        "You can call tools. To call one, answer with a JSON object and nothing else: "
-        "{\"name\": the tool's name, \"arguments\": an object valid against its parameters}. "
-        "After a call, its result comes back in a tool message. The tools, one a line:\n";
-    for (const ApiRequest::Tool& t : r.tools) {
-        ordered line = {{"name", t.name}, {"description", t.description}, {"parameters", ordered::parse(t.parameters)}};
-        text += line.dump() + "\n";
+std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r, ToolFormat f) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (size_t i = 0; i < r.messages.size(); ++i) {
+        const ApiRequest::Message& m = r.messages[i];
+        std::string content = m.content;
+        if (!m.calls.empty()) content += (content.empty() ? "" : "\n") + callsText(f, m.calls);
+        if (m.role == "tool" && f == ToolFormat::Hermes) {
+            // Results go back in a user turn, one <tool_response> block each; results that follow
+            // one another share the turn.
+            const std::string block = "<tool_response>\n" + content + "\n</tool_response>";
+            if (i > 0 && r.messages[i - 1].role == "tool") {
+                out.back().second += "\n" + block;
+            } else {
+                out.emplace_back("user", block);
+            }
+            continue;
+        }
+        out.emplace_back(m.role == "tool" && f == ToolFormat::Llama3 ? "ipython" : m.role, std::move(content));
     }
+    if (!toolsOffered(r)) return out;
+    const std::string text = toolsText(r, f);
     if (!out.empty() && out[0].first == "system") {
         out[0].second += "\n\n" + text;
     } else {
@@ -204,47 +354,85 @@ std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r) 
     return out;
 }
 
-std::optional<ApiError> toolConstraint(const ApiRequest& r, std::string* kind, std::string* text) {
+std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::string* kind, std::string* text,
+                                       bool single) {
     kind->clear();
     text->clear();
     if (!toolsOffered(r)) return std::nullopt;
-    ordered calls = ordered::array(), defs = ordered::object();
-    for (size_t k = 0; k < r.tools.size(); ++k) {
-        const ApiRequest::Tool& t = r.tools[k];
-        if (r.tool_choice != "auto" && r.tool_choice != "required" && r.tool_choice != t.name) continue;
-        ordered params = hoistDefinitions(ordered::parse(t.parameters), k, &defs);
-        ordered call = {{"type", "object"},
-                        {"properties", {{"name", {{"const", t.name}}}, {"arguments", params}}},
-                        {"required", {"name", "arguments"}}};
-        calls.push_back(call);
+    ordered schema = callSchema(r, f);
+    const bool several = r.parallel_tool_calls && f != ToolFormat::Llama3 && !single;
+    if (f == ToolFormat::Json && several) {
+        // One call, or an array of one or more.
+        ordered array = {{"type", "array"}, {"items", schema}, {"minItems", 1}, {"maxItems", kMaxParallelCalls}};
+        if (schema.contains("$defs")) {
+            array["items"].erase("$defs");
+            schema = ordered{{"anyOf", {array["items"], array}}, {"$defs", schema["$defs"]}};
+        } else {
+            schema = ordered{{"anyOf", {schema, array}}};
+        }
     }
-    ordered schema = calls.size() == 1 ? calls[0] : ordered{{"anyOf", calls}};
-    if (!defs.empty()) schema["$defs"] = defs;
-    if (r.tool_choice != "auto") {
+    const bool required = r.tool_choice != "auto";
+    if (required && f != ToolFormat::Hermes) {
         *kind = "json_schema";
         *text = schema.dump();
         return std::nullopt;
     }
-    // "auto": a call, or text that does not start with '{'.
     Result<std::string> g = jsonSchemaToGbnf(schema);
     if (!g) return badTool("tools", "tools: " + g.message());
+    std::string calls, free_text;
+    if (f == ToolFormat::Hermes) {
+        calls = "tool-calls ::= tool-block";
+        if (several) calls += strFormat(" ( \"\\n\" tool-block ){0,%u}", kMaxParallelCalls - 1);
+        calls += "\ntool-block ::= \"<tool_call>\\n\" tool-call \"\\n</tool_call>\"\n";
+        free_text = "free-text ::= [^<] [^\\x00]*\n";  // not the start of a <tool_call>
+    } else {
+        calls = "tool-calls ::= tool-call\n";
+        free_text = f == ToolFormat::Json ? "free-text ::= [^\\x7B\\x5B] [^\\x00]*\n" : "free-text ::= [^\\x7B] [^\\x00]*\n";
+    }
     *kind = "grammar";
-    *text = "root ::= tool-call | free-text\nfree-text ::= [^{] [^\\x00]*\n" + renameRule(g.value(), "root", "tool-call");
+    *text = std::string(required ? "root ::= tool-calls\n" : "root ::= tool-calls | free-text\n" + free_text) + calls +
+            renameRule(g.value(), "root", "tool-call");
     return std::nullopt;
 }
 
-json toolCallsOf(const std::vector<ApiRequest::Tool>& offered, const std::string& text, const std::string& id) {
-    if (offered.empty() || text.empty() || text[0] != '{') return nullptr;
-    ordered call = ordered::parse(text, nullptr, false);
-    if (call.is_discarded() || !call.is_object() || !call.contains("name") || !call["name"].is_string() ||
-        !call.contains("arguments")) {
-        return nullptr;
+json toolCallsOf(const std::vector<ApiRequest::Tool>& offered, ToolFormat f, const std::string& text,
+                 const std::string& id) {
+    if (offered.empty()) return nullptr;
+    std::vector<ordered> calls;
+    size_t at = 0;
+    while (at < text.size() && isSpace(text[at])) ++at;
+    if (f == ToolFormat::Hermes) {
+        static const std::string open = "<tool_call>", close = "</tool_call>";
+        while (at < text.size()) {
+            if (text.compare(at, open.size(), open) != 0) return nullptr;
+            const size_t end = text.find(close, at + open.size());
+            if (end == std::string::npos) return nullptr;
+            ordered call = ordered::parse(text.substr(at + open.size(), end - at - open.size()), nullptr, false);
+            if (call.is_discarded()) return nullptr;
+            calls.push_back(std::move(call));
+            at = end + close.size();
+            while (at < text.size() && isSpace(text[at])) ++at;
+        }
+    } else {
+        if (at == text.size() || (text[at] != '{' && !(f == ToolFormat::Json && text[at] == '['))) return nullptr;
+        ordered v = ordered::parse(text.substr(at), nullptr, false);
+        if (v.is_discarded()) return nullptr;
+        if (v.is_array()) {
+            for (ordered& c : v) calls.push_back(std::move(c));
+        } else {
+            calls.push_back(std::move(v));
+        }
     }
-    const std::string name = call["name"];
-    bool known = false;
-    for (const ApiRequest::Tool& t : offered) known = known || t.name == name;
-    if (!known) return nullptr;
-    return json::array({{{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", call["arguments"].dump()}}}}});
+    if (calls.empty()) return nullptr;
+    json out = json::array();
+    for (size_t k = 0; k < calls.size(); ++k) {
+        ordered call = readCall(offered, f, calls[k]);
+        if (call.is_null()) return nullptr;
+        out.push_back({{"id", id + "_" + std::to_string(k)},
+                       {"type", "function"},
+                       {"function", {{"name", call["name"].get<std::string>()}, {"arguments", call["arguments"].dump()}}}});
+    }
+    return out;
 }
 
 }  // namespace blue::server

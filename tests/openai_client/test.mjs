@@ -234,8 +234,10 @@ test('chat: response_format json_schema gives JSON valid against the schema', as
   assert.ok(o.choices[0].message.content.startsWith('{'));
 });
 
-// Tools: a required call comes back as tool_calls, its arguments valid against the parameters.
-test('chat: tools with tool_choice required answer a tool call', async () => {
+// Tools: a required answer comes back as tool_calls (several, parallel calls being the default),
+// each with its own id and arguments valid against the parameters; with parallel_tool_calls
+// false, exactly one.
+test('chat: tools with tool_choice required answer tool calls, one without parallel calls', async () => {
   const tools = [{
     type: 'function',
     function: {
@@ -243,17 +245,24 @@ test('chat: tools with tool_choice required answer a tool call', async () => {
       parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 10 } }, required: ['city'] },
     },
   }];
-  const r = await client.chat.completions.create({
-    model: 'stories260K', messages: [{ role: 'user', content: 'Weather?' }], tools, tool_choice: 'required',
-    max_tokens: 60, temperature: 0.7, seed: 2,
-  });
-  assert.equal(r.choices[0].finish_reason, 'tool_calls');
-  const call = r.choices[0].message.tool_calls[0];
-  assert.equal(call.type, 'function');
-  assert.equal(call.function.name, 'get_weather');
-  const args = JSON.parse(call.function.arguments);
-  assert.equal(typeof args.city, 'string');
-  assert.ok([...args.city].length <= 10);
+  for (const parallel of [true, false]) {
+    const r = await client.chat.completions.create({
+      model: 'stories260K', messages: [{ role: 'user', content: 'Weather?' }], tools, tool_choice: 'required',
+      parallel_tool_calls: parallel, max_tokens: 300, temperature: 0.7, seed: 2,
+    });
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    const calls = r.choices[0].message.tool_calls;
+    assert.ok(calls.length >= 1);
+    if (!parallel) assert.equal(calls.length, 1);
+    assert.equal(new Set(calls.map((c) => c.id)).size, calls.length);
+    for (const call of calls) {
+      assert.equal(call.type, 'function');
+      assert.equal(call.function.name, 'get_weather');
+      const args = JSON.parse(call.function.arguments);
+      assert.equal(typeof args.city, 'string');
+      assert.ok([...args.city].length <= 10);
+    }
+  }
 });
 
 // A schema the server cannot follow is refused with 400 naming the field, never ignored.
