@@ -169,10 +169,12 @@ void main() {
         }
     }
 #elif (defined(WTYPE_Q6_K) && defined(MM_SINGLE)) || defined(WTYPE_Q4_0)
-    // Masked decode (Q6_K: decode of one item only; Q4_0: one item or a 4-item tile): quants stay in place in their words and are masked per byte, and x is
-    // pre-scaled by each byte's place value (exact powers of two), so no shifts per element.
+    // Masked decode (Q6_K: one item only, its 4-item tile measured slower this way; Q4_0: one
+    // item or a 4-item tile): quants stay in place in their words and are masked per byte, and x
+    // is pre-scaled by each byte's place value (exact powers of two), so no shifts per element.
     // Q6_K's groups are walked so that every texel of a block is fetched once per row.
     const uvec4 kNib = uvec4(0xFu, 0xF00u, 0xF0000u, 0xF000000u);
+    const uvec4 kByte = uvec4(0xFFu, 0xFF00u, 0xFF0000u, 0xFF000000u);
     const vec4 kPlace = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
     for (uint g = 0u; g < bpr; ++g) {
         WHead head[MM_R];
@@ -194,17 +196,17 @@ void main() {
                     uint k = kb + 2u * kh, s = 4u * hh + k;
                     uint xt = g * 64u + s * 8u;
                     if (xt >= g_xt) continue;
+                    // Each quant word's four 6-bit values are put together in place (the nibbles
+                    // of ql at ls, the crumbs of qh at hs moved above them) with scalar integer
+                    // ops, so one masked dot per 4 elements serves both parts.
                     uint ls = 4u * kh, hs = 2u * k;
-                    uvec4 mlo = kNib << ls, mhi = uvec4(0x3u, 0x300u, 0x30000u, 0x3000000u) << hs;
-                    vec4 plo = kPlace / float(1u << ls), phi = 16.0 * kPlace / float(1u << hs);
-                    vec4 xl[MM_BT][8], xh[MM_BT][8];
+                    vec4 xl[MM_BT][8];
                     vec2 xsum[MM_BT];
                     for (uint c = 0u; c < MM_BT; ++c) {
                         vec4 lo = vec4(0.0), hi = vec4(0.0);
                         for (uint j = 0u; j < 8u; ++j) {
                             vec4 xv = xLoad(xb[c], xt + j);
-                            xl[c][j] = xv * plo;
-                            xh[c][j] = xv * phi;
+                            xl[c][j] = xv * kPlace;
                             if (j < 4u) lo += xv; else hi += xv;
                         }
                         xsum[c] = vec2(dot(lo, vec4(1.0)), dot(hi, vec4(1.0)));
@@ -214,11 +216,13 @@ void main() {
                         uint si = 8u * hh + 2u * k;
                         vec2 sc = d * vec2(float(int(byteOf(head[r].t0, si) << 24) >> 24),
                                            float(int(byteOf(head[r].t0, si + 1u) << 24) >> 24));
+                        uvec4 qa = ((la[r] >> ls) & 0x0F0F0F0Fu) | (((ha[r] >> hs) & 0x03030303u) << 4);
+                        uvec4 qb = ((lb[r] >> ls) & 0x0F0F0F0Fu) | (((hb[r] >> hs) & 0x03030303u) << 4);
                         for (uint c = 0u; c < MM_BT; ++c) {
                             float p0 = 0.0, p1 = 0.0;
                             for (uint j = 0u; j < 4u; ++j) {
-                                p0 += dot(vec4(uvec4(la[r][j]) & mlo), xl[c][j]) + dot(vec4(uvec4(ha[r][j]) & mhi), xh[c][j]);
-                                p1 += dot(vec4(uvec4(lb[r][j]) & mlo), xl[c][j + 4u]) + dot(vec4(uvec4(hb[r][j]) & mhi), xh[c][j + 4u]);
+                                p0 += dot(vec4(uvec4(qa[j]) & kByte), xl[c][j]);
+                                p1 += dot(vec4(uvec4(qb[j]) & kByte), xl[c][j + 4u]);
                             }
                             acc[r][c] += sc.x * (p0 - 32.0 * xsum[c].x) + sc.y * (p1 - 32.0 * xsum[c].y);
                         }
