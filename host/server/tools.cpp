@@ -99,7 +99,6 @@ ordered hoistDefinitions(ordered params, size_t k, ordered* defs) {
     return params;
 }
 
-
 // A call as format `f` writes it: {"name", "arguments"} (Llama 3: "parameters").
 ordered callObject(ToolFormat f, const ordered& call) {
     return ordered{{"name", call["name"]}, {f == ToolFormat::Llama3 ? "parameters" : "arguments", call["arguments"]}};
