@@ -1128,9 +1128,20 @@ TEST_CASE("server: parallel tool calls that do not fit the grammar memory fall b
     auto res = post(s, "/v1/chat/completions", body);
     REQUIRE(res);
     REQUIRE_MESSAGE(res->status == 200, res->body);
-    const json c = json::parse(res->body)["choices"][0];
+    const json j = json::parse(res->body);
+    const json c = j["choices"][0];
     CHECK(c["finish_reason"] == "tool_calls");
     CHECK(c["message"]["tool_calls"].size() == 1);
+    // It ran as the same request with parallel_tool_calls false: the same prompt (the tools text
+    // asks for one call), the same answer.
+    json single = body;
+    single["parallel_tool_calls"] = false;
+    auto one = post(s, "/v1/chat/completions", single);
+    REQUIRE(one);
+    REQUIRE(one->status == 200);
+    const json j1 = json::parse(one->body);
+    CHECK(j1["usage"]["prompt_tokens"] == j["usage"]["prompt_tokens"]);
+    CHECK(j1["choices"][0]["message"]["tool_calls"][0]["function"] == c["message"]["tool_calls"][0]["function"]);
     // A single call that does not fit either is still refused, naming the memory.
     TestServer tiny(1, 1024, 0, {}, "", 0, 1024);
     res = post(tiny, "/v1/chat/completions", body);

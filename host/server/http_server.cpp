@@ -569,14 +569,11 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     bluevm_status st = bluevm_submit(engine, &r, &g.id);
     if (st == BLUEVM_ERR_INVALID_ARGUMENT && toolsOffered(ar) && ar.parallel_tool_calls &&
         std::string(bluevm_last_error()).find("automaton needs") != std::string::npos) {
-        // Several calls do not fit an instance's grammar memory: one call per answer instead.
-        if (auto e = toolConstraint(ar, tool_format, &constraint_kind, &constraint, true)) {
-            sendError(res, *e);
-            return false;
-        }
-        r.grammar = constraint_kind == "grammar" ? constraint.c_str() : nullptr;
-        r.json_schema = constraint_kind == "json_schema" ? constraint.c_str() : nullptr;
-        st = bluevm_submit(engine, &r, &g.id);
+        // Several calls do not fit an instance's grammar memory: the request again with one call
+        // per answer, its tools text saying so too.
+        ApiRequest single = ar;
+        single.parallel_tool_calls = false;
+        return submitModel(single, g, res);
     }
     if (st != BLUEVM_OK) {
         refuseSubmit(res, st, ar.endpoint == Endpoint::Chat ? "messages" : "prompt",

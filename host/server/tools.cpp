@@ -353,13 +353,12 @@ std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r, 
     return out;
 }
 
-std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::string* kind, std::string* text,
-                                       bool single) {
+std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::string* kind, std::string* text) {
     kind->clear();
     text->clear();
     if (!toolsOffered(r)) return std::nullopt;
     ordered schema = callSchema(r, f);
-    const bool several = r.parallel_tool_calls && f != ToolFormat::Llama3 && !single;
+    const bool several = r.parallel_tool_calls && f != ToolFormat::Llama3;
     if (f == ToolFormat::Json && several) {
         // One call, or an array of one or more.
         ordered array = {{"type", "array"}, {"items", schema}, {"minItems", 1}, {"maxItems", kMaxParallelCalls}};

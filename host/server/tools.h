@@ -68,10 +68,9 @@ constexpr uint32_t kMaxParallelCalls = 4;
 
 // What the text must be in format `f`: kind "json_schema" (text: a schema) or "grammar" (GBNF);
 // "" when no tool is offered. Up to kMaxParallelCalls calls with parallel_tool_calls (where the
-// format has them), else, or with `single`, one. Fails on parameters structured output cannot
+// format has them), else one. Fails on parameters structured output cannot
 // follow, naming the keyword.
-std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::string* kind, std::string* text,
-                                       bool single = false);
+std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::string* kind, std::string* text);
 
 // Whether an answer whose text so far is `text` is text, not calls, in format `f`: its first
 // byte cannot start a call ("auto" allows text only where it cannot). A stream sends such an
