@@ -99,9 +99,22 @@ ordered hoistDefinitions(ordered params, size_t k, ordered* defs) {
     return params;
 }
 
+// The key of a call's arguments in format `f`.
+const char* argumentsKey(ToolFormat f) { return f == ToolFormat::Llama3 ? "parameters" : "arguments"; }
+
+// The bytes a call can start with in format `f`; with "auto", text starts with none of them.
+std::string_view callFirstBytes(ToolFormat f) {
+    switch (f) {
+        case ToolFormat::Hermes: return "<";  // <tool_call>
+        case ToolFormat::Json: return "{[";   // a call, or an array of them
+        case ToolFormat::Llama3: return "{";
+    }
+    return "{";
+}
+
 // A call as format `f` writes it: {"name", "arguments"} (Llama 3: "parameters").
 ordered callObject(ToolFormat f, const ordered& call) {
-    return ordered{{"name", call["name"]}, {f == ToolFormat::Llama3 ? "parameters" : "arguments", call["arguments"]}};
+    return ordered{{"name", call["name"]}, {argumentsKey(f), call["arguments"]}};
 }
 
 // An assistant turn's calls as the text the model would have written.
@@ -171,7 +184,7 @@ ordered callSchema(const ApiRequest& r, ToolFormat f) {
         const ApiRequest::Tool& t = r.tools[k];
         if (r.tool_choice != "auto" && r.tool_choice != "required" && r.tool_choice != t.name) continue;
         ordered params = hoistDefinitions(ordered::parse(t.parameters), k, &defs);
-        const char* args = f == ToolFormat::Llama3 ? "parameters" : "arguments";
+        const char* args = argumentsKey(f);
         calls.push_back({{"type", "object"},
                          {"properties", {{"name", {{"const", t.name}}}, {args, params}}},
                          {"required", {"name", args}}});
@@ -183,7 +196,7 @@ ordered callSchema(const ApiRequest& r, ToolFormat f) {
 
 // A call read back: {"name", "arguments"} of an offered tool, or null.
 ordered readCall(const std::vector<ApiRequest::Tool>& offered, ToolFormat f, const ordered& call) {
-    const char* args = f == ToolFormat::Llama3 ? "parameters" : "arguments";
+    const char* args = argumentsKey(f);
     if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return nullptr;
     if (!call.contains(args) && !call.contains("arguments")) return nullptr;
     const std::string name = call["name"];
@@ -220,13 +233,7 @@ ToolFormat toolFormatForTemplate(std::string_view chat_template) {
 }
 
 bool answerIsText(ToolFormat f, std::string_view text) {
-    if (text.empty()) return false;
-    switch (f) {
-        case ToolFormat::Hermes: return text[0] != '<';
-        case ToolFormat::Json: return text[0] != '{' && text[0] != '[';
-        case ToolFormat::Llama3: return text[0] != '{';
-    }
-    return false;
+    return !text.empty() && callFirstBytes(f).find(text[0]) == std::string_view::npos;
 }
 
 bool toolsOffered(const ApiRequest& r) { return !r.tools.empty() && r.tool_choice != "none"; }
@@ -377,16 +384,18 @@ std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::s
     }
     Result<std::string> g = jsonSchemaToGbnf(schema);
     if (!g) return badTool("tools", "tools: " + g.message());
-    std::string calls, free_text;
+    std::string calls;
     if (f == ToolFormat::Hermes) {
         calls = "tool-calls ::= tool-block";
         if (several) calls += strFormat(" ( \"\\n\" tool-block ){0,%u}", kMaxParallelCalls - 1);
         calls += "\ntool-block ::= \"<tool_call>\\n\" tool-call \"\\n</tool_call>\"\n";
-        free_text = "free-text ::= [^<] [^\\x00]*\n";  // not the start of a <tool_call>
     } else {
         calls = "tool-calls ::= tool-call\n";
-        free_text = f == ToolFormat::Json ? "free-text ::= [^\\x7B\\x5B] [^\\x00]*\n" : "free-text ::= [^\\x7B] [^\\x00]*\n";
     }
+    // "auto": text whose first byte no call starts with.
+    std::string free_text = "free-text ::= [^";
+    for (char c : callFirstBytes(f)) free_text += strFormat("\\x%02X", unsigned(c));
+    free_text += "] [^\\x00]*\n";
     *kind = "grammar";
     *text = std::string(required ? "root ::= tool-calls\n" : "root ::= tool-calls | free-text\n" + free_text) + calls +
             renameRule(g.value(), "root", "tool-call");
@@ -412,7 +421,7 @@ json toolCallsOf(const std::vector<ApiRequest::Tool>& offered, ToolFormat f, con
             while (at < text.size() && isSpace(text[at])) ++at;
         }
     } else {
-        if (at == text.size() || (text[at] != '{' && !(f == ToolFormat::Json && text[at] == '['))) return nullptr;
+        if (at == text.size() || callFirstBytes(f).find(text[at]) == std::string_view::npos) return nullptr;
         ordered v = ordered::parse(text.substr(at), nullptr, false);
         if (v.is_discarded()) return nullptr;
         if (v.is_array()) {
