@@ -1,6 +1,7 @@
-// The small MoE model the expert-cache tests page under a budget (tests/test_memory.cpp through
-// `bluevm generate`, tests/test_server.cpp over HTTP), and the budget that leaves a given number
-// of cache slots per layer.
+// Small MoE models for tests: presets shrunk to test size (tests/test_moe.cpp), the model the
+// expert-cache tests page under a budget (tests/test_memory.cpp through `bluevm generate`,
+// tests/test_server.cpp over HTTP), and the budget that leaves a given number of cache slots per
+// layer.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -13,22 +14,29 @@
 
 namespace blue::test {
 
-// mixtral-tiny's experts (8, top-2) at dim 128, 2 layers, ff 128, vocab 512, Q4_0: written to
-// `path`; its config returned.
-inline SynthConfig writeSmallMoe(const std::string& path) {
-    std::optional<SynthConfig> c = synthPreset("mixtral-tiny");
-    REQUIRE(c.has_value());
-    c->dim = 128;
+// A preset shrunk to test size, keeping its experts and the rest of its shape: 2 layers, 4 heads
+// (2 KV heads), the given width, FFN width and vocabulary (dims that quantized blocks divide).
+inline SynthConfig shrunkPreset(const char* preset, uint32_t dim, uint32_t ff, uint32_t vocab) {
+    std::optional<SynthConfig> c = synthPreset(preset);
+    REQUIRE_MESSAGE(c.has_value(), preset);
+    c->dim = dim;
     c->n_layer = 2;
     c->n_head = 4;
     c->n_head_kv = 2;
-    c->n_ff = 128;
-    c->n_vocab = 512;
+    c->n_ff = ff;
+    c->n_vocab = vocab;
+    return *c;
+}
+
+// mixtral-tiny's experts (8, top-2) at dim 128, 2 layers, ff 128, vocab 512, Q4_0: written to
+// `path`; its config returned.
+inline SynthConfig writeSmallMoe(const std::string& path) {
+    const SynthConfig c = shrunkPreset("mixtral-tiny", 128, 128, 512);
     SynthOptions opt;
     opt.type = DType::Q4_0;
-    Status s = synthWrite(*c, opt, path);
+    Status s = synthWrite(c, opt, path);
     REQUIRE_MESSAGE(s, s.message());
-    return *c;
+    return c;
 }
 
 // A budget that leaves `slots` cache slots per layer (and half a slot to spare): `vram` is the

@@ -12,6 +12,7 @@
 #include "host/weight_layout.h"
 #include "tests/generation_runs.h"
 #include "tests/gpu_fixture.h"
+#include "tests/moe_models.h"
 #include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 #include "tools/synth/synth.h"
@@ -22,18 +23,8 @@
 namespace blue::test {
 namespace {
 
-// A preset shrunk to test size (dims that quantized blocks divide), keeping its experts.
-SynthConfig small(const char* preset) {
-    std::optional<SynthConfig> c = synthPreset(preset);
-    REQUIRE_MESSAGE(c.has_value(), preset);
-    c->dim = 64;
-    c->n_layer = 2;
-    c->n_head = 4;
-    c->n_head_kv = 2;
-    c->n_ff = 64;
-    c->n_vocab = 300;
-    return *c;
-}
+// A preset at dim 64, ff 64, vocab 300, keeping its experts.
+SynthConfig small(const char* preset) { return shrunkPreset(preset, 64, 64, 300); }
 
 struct Lowered {
     GgufFile gguf;
