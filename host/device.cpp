@@ -209,6 +209,7 @@ DeviceInfo readDevice(VkPhysicalDevice pd, uint32_t index) {
     info.index = index;
     info.name = p.deviceName;
     info.type = typeName(p.deviceType);
+    info.cpu = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
     info.driver = std::string(driver.driverName) + " " + driver.driverInfo;
     info.api_version = p.apiVersion;
     info.api = strFormat("%u.%u.%u", VK_API_VERSION_MAJOR(p.apiVersion),

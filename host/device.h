@@ -64,6 +64,7 @@ struct DeviceInfo {
     uint32_t max_bound_sets = 0;             // maxBoundDescriptorSets
     uint32_t max_push_constants = 0;         // maxPushConstantsSize (bytes)
     bool unified_memory = false;             // device-local memory the host can map
+    bool cpu = false;                        // a CPU driver (VK_PHYSICAL_DEVICE_TYPE_CPU: lavapipe)
     // Features (Vulkan names in comments).
     bool dynamic_indexing = false;     // shaderStorageBufferArrayDynamicIndexing
     bool nonuniform_indexing = false;  // shaderStorageBufferArrayNonUniformIndexing

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -330,6 +331,26 @@ Status GpuMachine::Impl::readInstances(RunReport* report, GpuStats* stats) {
 GpuMachine::GpuMachine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuMachine::~GpuMachine() = default;
 
+namespace {
+
+// Whether a single item's MATMUL takes the split-K kernel (GpuOptions::decode_kernel).
+Result<bool> splitDecode(GpuOptions::DecodeKernel kernel, const DeviceInfo& info) {
+    using DK = GpuOptions::DecodeKernel;
+    if (kernel == DK::AUTO) {
+        const char* env = std::getenv("BLUE_DECODE_KERNEL");
+        const std::string want = env ? env : "";
+        if (want == "rows") return false;
+        if (want == "split") return true;
+        if (!want.empty()) {
+            return BLUE_ERROR("BLUE_DECODE_KERNEL is '%s': it takes 'rows' or 'split'", want.c_str());
+        }
+        return !info.cpu;
+    }
+    return kernel == DK::SPLIT;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& pipelines,
                                                        const Module& m, const WeightSource& weights,
                                                        const GpuOptions& options) {
@@ -346,7 +367,9 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     Result<PagePlan> pages = planPages(m, options.instances, page_limit);
     if (!pages) return pages.status();
     impl->pages = std::move(pages.value());
-    auto dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0]);
+    const Result<bool> split_decode = splitDecode(options.decode_kernel, dev.info());
+    if (!split_decode.isOk()) return split_decode.status();
+    auto dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], split_decode.value());
     if (!dispatches) return dispatches.status();
     impl->dispatches = std::move(dispatches.value());
     auto layout = planControl(m, options, uint32_t(impl->dispatches.size()), dev.maxBindingBytes());
@@ -383,7 +406,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
             if (!pages) return pages.status();
         }
         impl->pages = std::move(pages.value());
-        dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0]);
+        dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], split_decode.value());
         if (!dispatches) return dispatches.status();
         impl->dispatches = std::move(dispatches.value());
         if (stream) {

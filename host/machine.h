@@ -53,6 +53,13 @@ struct GpuOptions {
     // other weights leave caches them, decided on the GPU (ExpertCache in host/machine_plan.h).
     // Off: experts are weights like any other (read in place or streamed whole).
     bool expert_cache = true;
+    // The kernel of a single item's MATMUL (decode of one instance): ROWS gives each lane whole
+    // rows (lavapipe's shape: its SIMD lanes are the rows), SPLIT gives each group of 8 rows a
+    // workgroup whose lanes split K (a GPU's shape: many workgroups, contiguous reads). AUTO:
+    // the BLUE_DECODE_KERNEL environment variable (rows or split) if set, else SPLIT on GPUs
+    // and ROWS on CPU drivers.
+    enum class DecodeKernel { AUTO, ROWS, SPLIT };
+    DecodeKernel decode_kernel = DecodeKernel::AUTO;
     // Keep clock(): one point per drained chain (one-shot runs; a server would grow it forever).
     bool record_clock = false;
 };

@@ -189,9 +189,10 @@ uint32_t matmulRowsPerInvocation(DType type);
 // enables one per cycle). Fails naming the instruction when no kernel exists for its operand types, its kernel
 // cannot run its shape (an odd ROPE head size, an F16 KV cache with odd rows, an ATTN head larger
 // than BLUE_ATTN_MAX_HEAD) or its fixed grid exceeds the device: `max_groups_x` along x, and along y (MATMUL's rows) the 65535 workgroups
-// every Vulkan device allows.
+// every Vulkan device allows. `split_decode`: a single item's MATMUL takes the split-K kernel
+// (`_b1s`, for GPUs) instead of the lanes-over-rows `_b1` (for CPU drivers).
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
-                                                 uint32_t max_groups_x);
+                                                 uint32_t max_groups_x, bool split_decode = false);
 
 // The kernel name for a tensor instruction: "<op>_<type of operand 1>" when such a kernel is
 // built in, else "<op>".

@@ -37,6 +37,13 @@
 #define BLUE_MM_R_PLAIN 2     // F32, F16, BF16
 #define BLUE_MM_R_SMALLQ 4    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL
 #define BLUE_MM_R_KQ 4        // Q2_K .. Q6_K, IQ4_XS
+// MATMUL variants for GPUs (split K; `_b1s` for one item, `_s` for the 4-item tile): a
+// workgroup of BLUE_MATMUL_SPLIT_WG lanes owns one group of 8 interleaved rows, WG / 8 lanes per
+// row taking every (WG/8)-th group of 32 elements. The lanes-over-rows `_b1` gives a GPU only
+// N / 256 workgroups of lanes walking all of K alone: an NVIDIA H100 read 14 GB/s of its 2367
+// that way (README). On lavapipe the lanes-over-rows kernels stay: `_b1s` measured 4x slower.
+#define BLUE_MATMUL_SPLIT_WG 128
+#define BLUE_MATMUL_SPLIT_ROWS 8
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 #define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)
 

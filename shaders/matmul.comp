@@ -28,11 +28,78 @@ bool g_cached;
 #define MM_R BLUE_MM_R_KQ
 #endif
 
+#ifdef MM_SPLITK
+layout(local_size_x = BLUE_MATMUL_SPLIT_WG) in;
+#else
 layout(local_size_x = BLUE_MATMUL_WG) in;
+#endif
 
 uint g_xt;  // texels in an x row (zero beyond)
 
 vec4 xLoad(uint base, uint t) { return t < g_xt ? TEXELF(2, base + t) : vec4(0.0); }
+
+#ifdef MM_SPLITK
+// Split K, for GPUs (blue_config.h): `_b1s` for one item, `_s` for a tile of MM_BT items.
+// Workgroup y owns the 8 rows of one interleaved row group; lane l computes row (l & 7) over
+// every (WG/8)-th unit of K (a texel of a plain type, a group of 32 elements of a block type), so
+// the 8 lanes of a unit read 8 adjacent texels and a step of the workgroup one contiguous run of
+// the row group's weights; each unit's weights are decoded once for the tile's items. The lanes
+// of a row then add their sums in shared memory. Nothing here depends on the subgroup size.
+shared float s_part[MM_BT][BLUE_MATMUL_SPLIT_WG];
+
+void splitMatmul(uint K, uint N, uint xb[MM_BT], uint out_at[MM_BT], uint count, uint wbase,
+                 uint dpage, bool accumulate) {
+    const uint lid = gl_LocalInvocationID.x, lanes = BLUE_MATMUL_SPLIT_WG / BLUE_MATMUL_SPLIT_ROWS;
+    const uint row = min(gl_WorkGroupID.y * BLUE_MATMUL_SPLIT_ROWS + (lid & 7u), N - 1u);
+    const uint bpr = (K + WL_E - 1u) / WL_E;
+    float acc[MM_BT];
+    for (uint c = 0u; c < MM_BT; ++c) acc[c] = 0.0;
+#ifdef WL_PLAIN
+    for (uint g = lid >> 3u; g < bpr; g += lanes) {
+        vec4 a, b;
+        plainTexel(wTexel(wbase, bpr, row, g, 0u), a, b);
+        for (uint c = 0u; c < MM_BT; ++c) {
+            acc[c] += dot(a, xLoad(xb[c], g * (WL_E / 4u)));
+            if (WL_E == 8u) acc[c] += dot(b, xLoad(xb[c], g * 2u + 1u));
+        }
+    }
+#else
+    const uint units = (K + 31u) / 32u;
+    for (uint u = lid >> 3u; u < units; u += lanes) {
+        const uint g = u >> 3u, s = u & 7u, xt = u * 8u;
+        WHead head;
+        wHead(wbase, bpr, row, g, head);
+        vec4 q[8];
+        vec2 sc, mn;
+        wGroup(wbase, bpr, row, g, s, head, q, sc, mn);
+        for (uint c = 0u; c < MM_BT; ++c) {
+            vec4 x0 = xLoad(xb[c], xt), x1 = xLoad(xb[c], xt + 1u), x2 = xLoad(xb[c], xt + 2u), x3 = xLoad(xb[c], xt + 3u);
+            vec4 x4 = xLoad(xb[c], xt + 4u), x5 = xLoad(xb[c], xt + 5u), x6 = xLoad(xb[c], xt + 6u), x7 = xLoad(xb[c], xt + 7u);
+            float lo = dot(q[0], x0) + dot(q[1], x1) + dot(q[2], x2) + dot(q[3], x3);
+            float hi = dot(q[4], x4) + dot(q[5], x5) + dot(q[6], x6) + dot(q[7], x7);
+            vec2 xsum = vec2(dot((x0 + x1) + (x2 + x3), vec4(1.0)), dot((x4 + x5) + (x6 + x7), vec4(1.0)));
+            acc[c] += sc.x * lo + sc.y * hi + dot(mn, xsum);
+        }
+    }
+#endif
+    for (uint c = 0u; c < MM_BT; ++c) s_part[c][lid] = acc[c];
+    barrier();
+    for (uint h = BLUE_MATMUL_SPLIT_WG / 2u; h >= BLUE_MATMUL_SPLIT_ROWS; h >>= 1u) {
+        if (lid < h) {
+            for (uint c = 0u; c < MM_BT; ++c) s_part[c][lid] += s_part[c][lid + h];
+        }
+        barrier();
+    }
+    const uint out_row = gl_WorkGroupID.y * BLUE_MATMUL_SPLIT_ROWS + lid;
+    if (lid < BLUE_MATMUL_SPLIT_ROWS && out_row < N) {
+        for (uint c = 0u; c < count; ++c) {
+            float v = s_part[c][lid];
+            if (accumulate) v += page_f[dpage].d[out_at[c] + out_row];
+            page_f[dpage].d[out_at[c] + out_row] = v;
+        }
+    }
+}
+#endif
 
 void main() {
     TRef dst = tref(BLUE_PC_OPERANDS);
@@ -84,6 +151,10 @@ void main() {
     uint wbase = w.offset / 16u;
 #endif
     g_xt = (K + 3u) / 4u;
+#ifdef MM_SPLITK
+    splitMatmul(K, N, xb, out_at, count, wbase, dst.page, pc.w[BLUE_PC_MM_ACCUMULATE] != 0u);
+    return;
+#endif
     uint lid = gl_LocalInvocationID.x;
     uint row0 = gl_WorkGroupID.y * BLUE_MATMUL_WG * MM_R + lid;
     uint rows[MM_R];

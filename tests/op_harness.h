@@ -121,9 +121,11 @@ struct BothMachines {
 // Null when an emulated device profile refuses the module (a tensor larger than its page).
 // `on` picks another device than the shared one (with its pipelines).
 // `vram_budget`: GpuOptions::vram_budget (0: none), to run a module's weights from host memory
-// (and MoE experts through an expert cache).
+// (and MoE experts through an expert cache), read in place on every device.
+// `decode`: GpuOptions::decode_kernel (AUTO: the device's own choice).
 std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on = nullptr,
-                                        uint64_t vram_budget = 0);
+                                        uint64_t vram_budget = 0,
+                                        GpuOptions::DecodeKernel decode = GpuOptions::DecodeKernel::AUTO);
 
 // max |gpu - ref| and max |ref| over the compared elements; a NaN or infinity where the other
 // machine has none counts as an infinite error.

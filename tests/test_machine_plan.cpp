@@ -353,6 +353,18 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     tref(sum, 1, 3);
     CHECK(kernelName(m, uint32_t(Op::MATMUL), {3, 0, 1}) == "matmul_f32");
     CHECK(kernelName(m, uint32_t(Op::TADD), {2, 1, 1}) == "tadd");
+    // As on a GPU: the single item and the 4-item tile take the split-K kernels, a workgroup per
+    // 8 rows.
+    Result<std::vector<DispatchDesc>> gpu = planDispatches(m, pages.value(), 65535, true);
+    REQUIRE_MESSAGE(gpu.isOk(), gpu.message());
+    REQUIRE(gpu.value().size() == 5);
+    CHECK(gpu.value()[2].pipeline == "matmul_f32_b1s");
+    CHECK(gpu.value()[2].fixed == 17);  // ceil(130 / 8)
+    CHECK(gpu.value()[2].axis == 1);
+    CHECK(gpu.value()[2].max_items == 1);
+    CHECK(gpu.value()[3].pipeline == "matmul_f32_s");
+    CHECK(gpu.value()[3].fixed == 17);
+    CHECK(gpu.value()[3].tile == BLUE_MATMUL_TILE);
 }
 
 TEST_CASE("plan: an absent optional tensor and a HEADS grid") {

@@ -4,7 +4,8 @@
 //     (`--device-limits`) runs split by rows across pages, with the ids of the unsplit run;
 //   - `--vram-budget`: weights beyond the budget stay in host memory that the GPU reads directly;
 //     the ids are those of the run without a budget, for F32 and Q4_0 files, on 1 and 16
-//     instances, and `--stats` shows what went where;
+//     instances, and `--stats` shows what went where (the cases that size a budget for reading
+//     in place say `--host-weights read`: the default streams on a GPU with its own memory);
 //   - MoE under a budget the weights do not fit: the experts stay in host memory and the GPU's
 //     routing pages the ones it picks into a device-local cache; the ids are those of the run
 //     without a budget, and the GPU's counters add up.
@@ -117,7 +118,7 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
     std::vector<std::string> one = {"--model", stories, "--prompt", "", "-n", "48", "--ids", "--temp", "0"};
     Generated plain = generate(one);
     std::vector<std::string> budget = one;
-    budget.insert(budget.end(), {"--vram-budget", "1.9M"});
+    budget.insert(budget.end(), {"--vram-budget", "1.9M", "--host-weights", "read"});
     Generated paged = generate(budget);
     CHECK(paged.out == plain.out);
     CHECK(plain.stats["host_weight_bytes"] == 0);
@@ -157,13 +158,13 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
     std::vector<std::string> many = {"--model", stories, "--prompts", prompts, "--instances", "16",
                                      "-n", "24", "--temp", "0", "--grammar-words", "0"};
     Generated many_plain = generate(many);
-    many.insert(many.end(), {"--vram-budget", "2.6M"});
+    many.insert(many.end(), {"--vram-budget", "2.6M", "--host-weights", "read"});
     Generated many_paged = generate(many);
     CHECK(many_paged.out == many_plain.out);
     CHECK(std::count(many_plain.out.begin(), many_plain.out.end(), '\n') == 16);
     CHECK(many_paged.stats["host_weight_bytes"].get<uint64_t>() > 600000u);
     CHECK(many_paged.stats["vram_bytes"].get<uint64_t>() <= uint64_t(2.6 * 1048576));
-    many.insert(many.end(), {"--host-weights", "stream"});
+    many.back() = "stream";
     Generated many_streamed = generate(many);
     CHECK(many_streamed.out == many_plain.out);
     CHECK(many_streamed.stats["streamed_bytes"].get<uint64_t>() > 0u);
@@ -186,21 +187,21 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
                                   "--temp", "0.8", "--seed", "5", "--ids"};
     Generated q_plain = generate(q);
     const uint64_t q_vram = q_plain.stats["vram_bytes"].get<uint64_t>();
-    q.insert(q.end(), {"--vram-budget", std::to_string(q_vram * 3 / 4)});
-    Generated q_paged = generate(q);
+    std::vector<std::string> q_read = q;
+    q_read.insert(q_read.end(), {"--vram-budget", std::to_string(q_vram * 3 / 4), "--host-weights", "read"});
+    Generated q_paged = generate(q_read);
     CHECK(q_paged.out == q_plain.out);
     CHECK(q_paged.stats["host_weight_bytes"].get<uint64_t>() > 0u);
     CHECK(q_paged.stats["vram_bytes"].get<uint64_t>() <= q_vram * 3 / 4);
     // Streaming reserves two slots as large as the largest matrix (the 0.9 MiB Q6_K table): with
     // the unbudgeted run's device memory as the budget, the rest of the weights partly stream.
-    q.back() = std::to_string(q_vram);
-    q.insert(q.end(), {"--host-weights", "stream"});
+    q.insert(q.end(), {"--vram-budget", std::to_string(q_vram), "--host-weights", "stream"});
     Generated q_streamed = generate(q);
     CHECK(q_streamed.out == q_plain.out);
     CHECK(q_streamed.stats["streamed_bytes"].get<uint64_t>() > 0u);
 
     // A budget below what the activations need is refused with the numbers; a bad size too.
-    Child small({binary("host/bluevm"), "generate", "--model", stories, "-n", "1", "--vram-budget", "1M"});
+    Child small({binary("host/bluevm"), "generate", "--model", stories, "-n", "1", "--vram-budget", "1M", "--host-weights", "read"});
     CHECK(small.wait() == 1);
     CHECK(small.err_text.find("more than the VRAM budget of 1.0 MiB (weights could go to host memory; "
                               "these cannot)") != std::string::npos);
@@ -222,7 +223,7 @@ TEST_CASE("memory: MoE experts paged into a device-local cache by the GPU's rout
 
     // One byte short of everything: the experts go to host memory and E - 1 slots per layer fit.
     std::vector<std::string> args = one;
-    args.insert(args.end(), {"--vram-budget", std::to_string(vram - 1)});
+    args.insert(args.end(), {"--vram-budget", std::to_string(vram - 1), "--host-weights", "read"});
     Generated almost = generate(args);
     CHECK(almost.out == plain.out);
     REQUIRE(almost.stats["expert_cache_slots"] == E - 1);
@@ -234,7 +235,7 @@ TEST_CASE("memory: MoE experts paged into a device-local cache by the GPU's rout
     // A quarter of the experts: two slots a layer for top-2 routing.
     const uint64_t budget = budgetForSlots(vram, per_slot, E, 2);
     args = one;
-    args.insert(args.end(), {"--vram-budget", std::to_string(budget)});
+    args.insert(args.end(), {"--vram-budget", std::to_string(budget), "--host-weights", "read"});
     Generated paged = generate(args);
     CHECK(paged.out == plain.out);
     CHECK(paged.stats["expert_cache_slots"] == 2);
@@ -283,7 +284,7 @@ TEST_CASE("memory: MoE experts paged into a device-local cache by the GPU's rout
                                      "-n", "16", "--temp", "0.8", "--seed", "9", "--ids"};
     Generated many_plain = generate(many);
     const uint64_t many_vram = many_plain.stats["vram_bytes"].get<uint64_t>();
-    many.insert(many.end(), {"--vram-budget", std::to_string(budgetForSlots(many_vram, per_slot, E, 1))});
+    many.insert(many.end(), {"--vram-budget", std::to_string(budgetForSlots(many_vram, per_slot, E, 1)), "--host-weights", "read"});
     Generated many_paged = generate(many);
     CHECK(many_paged.out == many_plain.out);
     CHECK(many_paged.stats["expert_cache_slots"] == 1);

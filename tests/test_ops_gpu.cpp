@@ -156,17 +156,24 @@ void elementwiseCase(Op op, double bound) {
 // MATMUL with a [K, N] weight of type t: K = 172 rounded up to the type's block, N = 172 (three
 // 64-row workgroups, the last partial); a ROWS and an INSTANCE destination. Run twice: 11 rows in
 // 5 instances (three 4-item tiles, the last partial: the batched kernel), and one row in one
-// instance (the plan kernel picks the single-item `_b1` variant when one item asks). Types with
+// instance (the plan kernel picks the single-item `_b1` variant when one item asks). Both run once
+// more as on a GPU, where the plan gives them the split-K kernels (`_s`, `_b1s`: 22 row groups of
+// 8, the last partial, and more lanes per row than K has units). Types with
 // a GEMM kernel (`_g`) run a third time: 21 rows (a full 16-item tile and a partial one) against
 // N = 300 (two workgroups of 256 rows, the second partial), which the plan gives to `_g`.
 void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
         uint32_t n;
+        GpuOptions::DecodeKernel decode;  // the single item's kernel: `_b1` (ROWS) or `_b1s` (SPLIT)
     };
-    std::vector<Run> runs = {{{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, kWide}, {{1}, {3}, kWide}};
+    using DK = GpuOptions::DecodeKernel;
+    std::vector<Run> runs = {{{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, kWide, DK::ROWS},
+                             {{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, kWide, DK::SPLIT},
+                             {{1}, {3}, kWide, DK::ROWS},
+                             {{1}, {3}, kWide, DK::SPLIT}};
     const std::string gemm = "matmul_" + lowerName(t) + "_g";
-    if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300});
+    if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::AUTO});
     for (const Run& run : runs) {
         const uint32_t k = roundUp(kWide, dtypeInfo(t)->block_elems), n = run.n;
         OpModule om(kVocab, 24, kTokens + 8, 0x3A7 + uint32_t(t));
@@ -183,11 +190,14 @@ void matmulCase(DType t) {
         om.step(Op::MATMULADD, {acc, w, x});
         std::vector<InstancePlan> plans = raggedPlans(om, run.rows, run.starts);
         Module m = om.build(plans);
-        auto both = runOnBoth(m, uint32_t(plans.size()));
+        auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0, run.decode);
         if (!both) return;
         const uint32_t items = totalRows(plans);
         const bool single = items == 1, tiled = items >= BLUE_MATMUL_GEMM_TILE;
-        if (single) kernelsRun().insert(kernelName(m, uint32_t(Op::MATMUL), {y, w, x}) + "_b1");
+        const bool split = run.decode == DK::SPLIT;
+        const std::string kernel = kernelName(m, uint32_t(Op::MATMUL), {y, w, x});
+        if (single) kernelsRun().insert(kernel + (split ? "_b1s" : "_b1"));
+        if (!single && !tiled) kernelsRun().insert(split ? kernel + "_s" : kernel);
         if (tiled) kernelsRun().insert(gemm);
         // The GPU accumulates K products in float, the reference in double. Recursive summation
         // errs by at most K * 2^-24 * sum |w x| (~1.1e-5 * 48 for K = 192, |w|, |x| <= 1),
@@ -195,7 +205,7 @@ void matmulCase(DType t) {
         // exactly (d * q has at most 19 significant bits) on both machines.
         const double bound = 1e-4;
         const std::string name =
-            "MATMUL " + lowerName(t) + (single ? " single item" : tiled ? " GEMM tile" : "");
+            "MATMUL " + lowerName(t) + (single ? " single item" : tiled ? " GEMM tile" : "") + (split ? " split-K" : "");
         expectClose(*both, y, items, bound, name + " rows");
         expectClose(*both, yi, 0, bound, name + " instance");
         expectClose(*both, acc, items, 2 * bound, name + " accumulated (MATMULADD)");
