@@ -349,6 +349,19 @@ Result<bool> splitDecode(GpuOptions::DecodeKernel kernel, const DeviceInfo& info
     return kernel == DK::SPLIT;
 }
 
+// Whether ATTN takes the split kernel (GpuOptions::attn_kernel).
+Result<bool> splitAttn(GpuOptions::AttnKernel kernel) {
+    using AK = GpuOptions::AttnKernel;
+    if (kernel == AK::AUTO) {
+        const char* env = std::getenv("BLUE_ATTN_KERNEL");
+        const std::string want = env ? env : "";
+        if (want == "split") return true;
+        if (want.empty() || want == "lanes") return false;
+        return BLUE_ERROR("BLUE_ATTN_KERNEL is '%s': it takes 'lanes' or 'split'", want.c_str());
+    }
+    return kernel == AK::SPLIT;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& pipelines,
@@ -369,7 +382,10 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     impl->pages = std::move(pages.value());
     const Result<bool> split_decode = splitDecode(options.decode_kernel, dev.info());
     if (!split_decode.isOk()) return split_decode.status();
-    auto dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], split_decode.value());
+    const Result<bool> split_attn = splitAttn(options.attn_kernel);
+    if (!split_attn.isOk()) return split_attn.status();
+    const KernelChoice kernels{split_decode.value(), split_attn.value()};
+    auto dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], kernels);
     if (!dispatches) return dispatches.status();
     impl->dispatches = std::move(dispatches.value());
     auto layout = planControl(m, options, uint32_t(impl->dispatches.size()), dev.maxBindingBytes());
@@ -406,7 +422,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
             if (!pages) return pages.status();
         }
         impl->pages = std::move(pages.value());
-        dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], split_decode.value());
+        dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], kernels);
         if (!dispatches) return dispatches.status();
         impl->dispatches = std::move(dispatches.value());
         if (stream) {

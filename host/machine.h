@@ -60,6 +60,12 @@ struct GpuOptions {
     // and ROWS on CPU drivers.
     enum class DecodeKernel { AUTO, ROWS, SPLIT };
     DecodeKernel decode_kernel = DecodeKernel::AUTO;
+    // The ATTN/ATTNX kernel: LANES gives each head one lane walking the positions (measured on
+    // lavapipe and an H100), SPLIT gives each head a workgroup whose lanes split the positions
+    // (for GPUs with few instances or long contexts; not yet measured on a GPU, so AUTO means the
+    // BLUE_ATTN_KERNEL environment variable, lanes or split, else LANES on every device).
+    enum class AttnKernel { AUTO, LANES, SPLIT };
+    AttnKernel attn_kernel = AttnKernel::AUTO;
     // Keep clock(): one point per drained chain (one-shot runs; a server would grow it forever).
     bool record_clock = false;
 };

@@ -574,7 +574,8 @@ std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>
 }
 
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
-                                                 uint32_t max_groups_x, bool split_decode) {
+                                                 uint32_t max_groups_x, const KernelChoice& kernels) {
+    const bool split_decode = kernels.split_matmul;
     std::vector<DispatchDesc> out;
     uint32_t route_ordinal = 0;  // MOEROUTEs so far (ExpertCache::route)
     for (uint32_t b = 0; b < m.blocks.size(); ++b) {
@@ -653,6 +654,10 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                         size_t first_u = info.format.find('u');
                         uint32_t heads = first_u == std::string_view::npos ? 1 : ti.args[first_u];
                         d.fixed = (heads + BLUE_ATTN_WG - 1) / BLUE_ATTN_WG;
+                        if (kernels.split_attn && Pipelines::exists(d.pipeline + "_split")) {
+                            d.pipeline += "_split";
+                            d.fixed = heads;  // a workgroup per head
+                        }
                         break;
                     }
                     case Grid::ONE:  // one workgroup for the whole run

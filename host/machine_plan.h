@@ -189,10 +189,18 @@ uint32_t matmulRowsPerInvocation(DType type);
 // enables one per cycle). Fails naming the instruction when no kernel exists for its operand types, its kernel
 // cannot run its shape (an odd ROPE head size, an F16 KV cache with odd rows, an ATTN head larger
 // than BLUE_ATTN_MAX_HEAD) or its fixed grid exceeds the device: `max_groups_x` along x, and along y (MATMUL's rows) the 65535 workgroups
-// every Vulkan device allows. `split_decode`: a single item's MATMUL takes the split-K kernel
-// (`_b1s`, for GPUs) instead of the lanes-over-rows `_b1` (for CPU drivers).
+// every Vulkan device allows.
+// Which kernel shapes the plan picks where there is a choice (GpuOptions decides them per device).
+struct KernelChoice {
+    // MATMUL of one item and of 2..15 items: split K (`_b1s`, `_s`: GPUs) instead of lanes over
+    // rows (`_b1` and the 4-item tile: CPU drivers).
+    bool split_matmul = false;
+    // ATTN/ATTNX: a workgroup per head whose lanes split the positions (`_split`) instead of one
+    // lane per head.
+    bool split_attn = false;
+};
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
-                                                 uint32_t max_groups_x, bool split_decode = false);
+                                                 uint32_t max_groups_x, const KernelChoice& kernels = {});
 
 // The kernel name for a tensor instruction: "<op>_<type of operand 1>" when such a kernel is
 // built in, else "<op>".

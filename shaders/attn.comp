@@ -3,7 +3,8 @@
 // ATTN: causal attention, one invocation per (query head, item): it walks the positions 0..pos
 // with an online softmax (running max m, normaliser l, output o), reading K and V through texel
 // views. No shared memory, no barriers, no cross-lane reductions: the fast shape on CPU-backed
-// drivers, and plenty of parallelism on GPUs once many instances decode together.
+// drivers, and plenty of parallelism on GPUs once many instances decode together. Built a second
+// time (ATTN_SPLIT, below) with a workgroup per head whose lanes split the positions.
 // Head size must be a multiple of 8 (F16 caches) or 4 (F32). CACHE_F16: caches hold halves.
 // ATTNX (built with ATTN_EXT): positions start at the sliding window's first, and the scaled
 // logits are soft-capped.
@@ -11,7 +12,17 @@
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
 
+#ifdef ATTN_SPLIT
+// `_split` (for GPUs, chosen by GpuOptions::attn_kernel): one workgroup per (query head, item),
+// its lanes taking every BLUE_ATTN_SPLIT_WG-th position with an online softmax each; then the
+// lanes' (m, l, o) merge in shared memory, ATTN_SPLIT_QUADS output quads at a time (8 KiB).
+layout(local_size_x = BLUE_ATTN_SPLIT_WG) in;
+#define ATTN_SPLIT_QUADS 16u
+shared float s_m[BLUE_ATTN_SPLIT_WG], s_l[BLUE_ATTN_SPLIT_WG];
+shared vec4 s_o[BLUE_ATTN_SPLIT_WG][ATTN_SPLIT_QUADS];
+#else
 layout(local_size_x = BLUE_ATTN_WG) in;
+#endif
 
 #define MAX_HEAD BLUE_ATTN_MAX_HEAD
 #ifdef CACHE_F16
@@ -46,7 +57,11 @@ void main() {
     uint window = pc.w[BLUE_PC_OPERANDS + 20u];
     float cap = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 21u]);
 #endif
+#ifdef ATTN_SPLIT
+    uint h = gl_WorkGroupID.x, item = gl_WorkGroupID.y, lane = gl_LocalInvocationID.x;
+#else
     uint h = gl_GlobalInvocationID.x, item = gl_WorkGroupID.y;
+#endif
     if (h >= n_head || item >= itemCount()) return;
     uint head = dst.n / n_head, kv_dim = head * n_kv, ctx = kc.n / kv_dim;
     uint quads = head / 4u;
@@ -66,7 +81,11 @@ void main() {
 #ifdef ATTN_EXT
     if (window != 0u && last + 1u > window) first = last + 1u - window;
 #endif
+#ifdef ATTN_SPLIT
+    for (uint t = first + lane; t <= last; t += BLUE_ATTN_SPLIT_WG) {
+#else
     for (uint t = first; t <= last; ++t) {
+#endif
         float s = 0.0;
         for (uint j = 0u; j < quads; ++j) s += dot(qv[j], CACHE4(1, kbase + t * row_texels, j));
 #ifdef ATTN_EXT
@@ -79,6 +98,31 @@ void main() {
         m = m_new;
     }
     uint d = sliceOffset(dst, item) / 4u + h * head;
+#ifdef ATTN_SPLIT
+    // Merge: every lane's sums rescaled to the largest running max M (a lane with no position
+    // has m = -inf and weighs 0).
+    s_m[lane] = m;
+    barrier();
+    float mm = -1.0 / 0.0;
+    for (uint i = 0u; i < BLUE_ATTN_SPLIT_WG; ++i) mm = max(mm, s_m[i]);
+    float w = m == -1.0 / 0.0 ? 0.0 : exp(m - mm);
+    s_l[lane] = l * w;
+    barrier();
+    float ll = 0.0;
+    for (uint i = 0u; i < BLUE_ATTN_SPLIT_WG; ++i) ll += s_l[i];
+    for (uint c = 0u; c < quads; c += ATTN_SPLIT_QUADS) {
+        for (uint j = 0u; j < ATTN_SPLIT_QUADS; ++j) s_o[lane][j] = c + j < quads ? o[c + j] * w : vec4(0.0);
+        barrier();
+        if (lane < ATTN_SPLIT_QUADS && c + lane < quads) {
+            vec4 r = vec4(0.0);
+            for (uint i = 0u; i < BLUE_ATTN_SPLIT_WG; ++i) r += s_o[i][lane];
+            r /= ll;
+            for (uint k = 0u; k < 4u; ++k) page_f[dst.page].d[d + 4u * (c + lane) + k] = r[k];
+        }
+        barrier();
+    }
+    return;
+#endif
     for (uint j = 0u; j < quads; ++j) {
         vec4 r = o[j] / l;
         for (uint c = 0u; c < 4u; ++c) page_f[dst.page].d[d + 4u * j + c] = r[c];

@@ -45,6 +45,7 @@
 #define BLUE_MATMUL_SPLIT_WG 128
 #define BLUE_MATMUL_SPLIT_ROWS 8
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
+#define BLUE_ATTN_SPLIT_WG 32   // ATTN `_split` (GPUs): lanes, over positions, per (head, item)
 #define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)
 
 // ---- push constants (u32 words) ----------------------------------------------------------

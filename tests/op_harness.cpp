@@ -224,7 +224,7 @@ const std::vector<uint8_t>& BothMachines::refBytes(uint32_t tensor) const {
 }
 
 std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on, uint64_t vram_budget,
-                                        GpuOptions::DecodeKernel decode) {
+                                        const std::function<void(GpuOptions&)>& tweak) {
     auto b = std::make_unique<BothMachines>();
     b->module = &m;
     Result<WeightSource> w = WeightSource::open(m, "");
@@ -238,10 +238,10 @@ std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu
     opt.max_cycles = kMaxCycles;
     opt.chain_cycles = 8;
     opt.vram_budget = vram_budget;
-    opt.decode_kernel = decode;
     // One plan on every device: AUTO streams on a discrete GPU, whose two stream slots would take
     // the budget the cases size for their expert caches (seen on an H100: one cache slot, not two).
     if (vram_budget) opt.host_weights = GpuOptions::HostWeights::READ;
+    if (tweak) tweak(opt);
     Gpu& dev = on ? *on : gpu();
     auto g = GpuMachine::create(*dev.device, *dev.pipelines, m, *b->weights, opt);
     // Under an emulated device profile (BLUE_DEVICE_LIMITS) a test tensor may be larger than the

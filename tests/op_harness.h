@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -122,10 +123,10 @@ struct BothMachines {
 // `on` picks another device than the shared one (with its pipelines).
 // `vram_budget`: GpuOptions::vram_budget (0: none), to run a module's weights from host memory
 // (and MoE experts through an expert cache), read in place on every device.
-// `decode`: GpuOptions::decode_kernel (AUTO: the device's own choice).
+// `tweak`: changes the GPU machine's options (e.g. the kernel shapes) before it is made.
 std::unique_ptr<BothMachines> runOnBoth(const Module& m, uint32_t instances, Gpu* on = nullptr,
                                         uint64_t vram_budget = 0,
-                                        GpuOptions::DecodeKernel decode = GpuOptions::DecodeKernel::AUTO);
+                                        const std::function<void(GpuOptions&)>& tweak = nullptr);
 
 // max |gpu - ref| and max |ref| over the compared elements; a NaN or infinity where the other
 // machine has none counts as an infinite error.

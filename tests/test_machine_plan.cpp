@@ -355,7 +355,7 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(kernelName(m, uint32_t(Op::TADD), {2, 1, 1}) == "tadd");
     // As on a GPU: the single item and the 4-item tile take the split-K kernels, a workgroup per
     // 8 rows.
-    Result<std::vector<DispatchDesc>> gpu = planDispatches(m, pages.value(), 65535, true);
+    Result<std::vector<DispatchDesc>> gpu = planDispatches(m, pages.value(), 65535, KernelChoice{true, false});
     REQUIRE_MESSAGE(gpu.isOk(), gpu.message());
     REQUIRE(gpu.value().size() == 5);
     CHECK(gpu.value()[2].pipeline == "matmul_f32_b1s");
@@ -409,6 +409,13 @@ halt
     CHECK(attn.fixed == 1);  // one invocation per query head, BLUE_ATTN_WG heads per group
     CHECK(attn.tile == 1);
     CHECK(attn.mode == 0);
+    // The split kernel: a workgroup per query head (2 heads).
+    Result<std::vector<DispatchDesc>> split = planDispatches(m, pages.value(), 65535, KernelChoice{false, true});
+    REQUIRE_MESSAGE(split.isOk(), split.message());
+    REQUIRE(split.value().size() == 3);
+    CHECK(split.value()[2].pipeline == "attn_f16_split");
+    CHECK(split.value()[2].fixed == 2);
+    CHECK(split.value()[0].pipeline == "rope");
 }
 
 // Instructions the op's rules accept (the reference machine runs them) but whose kernel cannot:

@@ -190,7 +190,8 @@ void matmulCase(DType t) {
         om.step(Op::MATMULADD, {acc, w, x});
         std::vector<InstancePlan> plans = raggedPlans(om, run.rows, run.starts);
         Module m = om.build(plans);
-        auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0, run.decode);
+        auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0,
+                              [&](GpuOptions& o) { o.decode_kernel = run.decode; });
         if (!both) return;
         const uint32_t items = totalRows(plans);
         const bool single = items == 1, tiled = items >= BLUE_MATMUL_GEMM_TILE;

@@ -89,7 +89,7 @@ struct AttnShape {
 
 // Each instance first stores `prefill` positions (the fill block), then runs rows at the
 // positions after them: the step block stores their K and V and attends over everything.
-void attnShapeCase(DType cache, AttnShape s) {
+void attnShapeCase(DType cache, AttnShape s, GpuOptions::AttnKernel kernel) {
     const uint32_t q_dim = s.head * s.n_head, kv_dim = s.head * s.n_kv;
     const std::vector<uint32_t> prefill = {300, 5, 520}, rows = {1, 3, 2};
     constexpr uint32_t kCtx = 600, kVocab = 1024, kMaxRows = 832;
@@ -119,15 +119,20 @@ void attnShapeCase(DType cache, AttnShape s) {
     }
     REQUIRE(token <= 900);
     Module m = om.build(plans);
-    auto both = runOnBoth(m, uint32_t(plans.size()));
+    auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0, [&](GpuOptions& o) { o.attn_kernel = kernel; });
     if (!both) return;
+    const bool split = kernel == GpuOptions::AttnKernel::SPLIT;
+    if (split) {
+        kernelsRun().insert(std::string(s.ext ? "attnx_" : "attn_") + lowerName(cache) + "_split");
+    }
     // F32 caches: the GPU's float scores, exp (3 + 2|x| ULP, |x| < 20) and float sums over at
     // most 522 positions, rescaled per 256-position chunk, against the reference's double:
     // ~1e-5 relative at worst; 1e-4. F16 caches may also differ by one half ULP where the
     // conversion rounds differently (2^-10 relative in K and V): 2e-3.
     const double bound = cache == DType::F32 ? 1e-4 : 2e-3;
-    const std::string name = strFormat("%s %s head %u, %u/%u heads, window %u, cap %g", s.ext ? "ATTNX" : "ATTN",
-                                       lowerName(cache).c_str(), s.head, s.n_head, s.n_kv, s.window, double(s.cap));
+    const std::string name = strFormat("%s %s head %u, %u/%u heads, window %u, cap %g%s", s.ext ? "ATTNX" : "ATTN",
+                                       lowerName(cache).c_str(), s.head, s.n_head, s.n_kv, s.window, double(s.cap),
+                                       split ? " split" : "");
     expectClose(*both, out, totalRows(plans), bound, name);
     expectClose(*both, kc, 0, cache == DType::F32 ? 0.0 : 1e-3, name + " K cache");
     expectClose(*both, vc, 0, cache == DType::F32 ? 0.0 : 1e-3, name + " V cache");
@@ -136,17 +141,22 @@ void attnShapeCase(DType cache, AttnShape s) {
 }  // namespace
 
 // Head size 8 with 4 query heads over 2 KV heads (ratio 2); head size 64 with 8 over 2 (ratio 4).
+// Each once more with the split kernel (a workgroup per head, lanes over positions).
 void attnCase(DType cache) {
-    attnShapeCase(cache, {8, 4, 2});
-    attnShapeCase(cache, {64, 8, 2});
+    for (auto kernel : {GpuOptions::AttnKernel::LANES, GpuOptions::AttnKernel::SPLIT}) {
+        attnShapeCase(cache, {8, 4, 2}, kernel);
+        attnShapeCase(cache, {64, 8, 2}, kernel);
+    }
 }
 
 // ATTNX: a window shorter than every instance's positions (37), one longer than some (400), and
 // none; soft caps that bend the logits (0.75: scores of a few units) or leave them (0).
 void attnxCase(DType cache) {
-    attnShapeCase(cache, {8, 4, 2, 37, 0.75f, true});
-    attnShapeCase(cache, {64, 8, 2, 400, 0.0f, true});
-    attnShapeCase(cache, {64, 8, 2, 0, 2.5f, true});
+    for (auto kernel : {GpuOptions::AttnKernel::LANES, GpuOptions::AttnKernel::SPLIT}) {
+        attnShapeCase(cache, {8, 4, 2, 37, 0.75f, true}, kernel);
+        attnShapeCase(cache, {64, 8, 2, 400, 0.0f, true}, kernel);
+        attnShapeCase(cache, {64, 8, 2, 0, 2.5f, true}, kernel);
+    }
 }
 
 }  // namespace blue::test
