@@ -364,6 +364,16 @@ Result<bool> splitAttn(GpuOptions::AttnKernel kernel) {
 
 }  // namespace
 
+Result<std::string> describeKernelShapes(const GpuOptions& options, const DeviceInfo& info) {
+    const Result<bool> split_decode = splitDecode(options.decode_kernel, info);
+    if (!split_decode.isOk()) return split_decode.status();
+    const Result<bool> split_attn = splitAttn(options.attn_kernel);
+    if (!split_attn.isOk()) return split_attn.status();
+    return std::string("matmul of 1-15 items: ") +
+           (split_decode.value() ? "split K (GPU shape)" : "lanes over rows (CPU-driver shape)") +
+           "; attention: " + (split_attn.value() ? "a workgroup per head" : "a lane per head");
+}
+
 Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& pipelines,
                                                        const Module& m, const WeightSource& weights,
                                                        const GpuOptions& options) {

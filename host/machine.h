@@ -128,6 +128,11 @@ std::string formatProfile(const GpuStats& stats);
 
 using OutputSink = std::function<void(std::span<const OutputRecord>)>;
 
+// The kernel shapes a machine made with `options` on this device uses where there is a choice
+// (GpuOptions::decode_kernel and attn_kernel, with their environment variables), in words, for
+// `bluevm devices` and `bluevm bench`; an error for a bad BLUE_DECODE_KERNEL/BLUE_ATTN_KERNEL.
+Result<std::string> describeKernelShapes(const GpuOptions& options, const DeviceInfo& info);
+
 class GpuMachine {
 public:
     ~GpuMachine();

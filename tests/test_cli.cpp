@@ -128,6 +128,43 @@ TEST_CASE("cli: bluevm serve and generate refuse bad input with one line and exi
     CHECK(bad_prompts.err_text == "bluevm: /nonexistent.txt: cannot open prompts file\n");
 }
 
+// The kernel shapes are the device's (lavapipe, a CPU driver: lanes over rows, a lane per head)
+// unless BLUE_DECODE_KERNEL / BLUE_ATTN_KERNEL choose; a bad value is named, and refused at load.
+TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL and BLUE_ATTN_KERNEL choose") {
+    auto shapes = [](const std::vector<std::string>& env) {
+        std::vector<std::string> args = {"/usr/bin/env"};
+        args.insert(args.end(), env.begin(), env.end());
+        args.insert(args.end(), {binary("host/bluevm"), "devices"});
+        Child c(args);
+        REQUIRE(c.wait() == 0);
+        const size_t at = c.out_text.find("kernel shapes: ");
+        REQUIRE(at != std::string::npos);
+        return c.out_text.substr(at, c.out_text.find('\n', at) - at);
+    };
+    const std::string native = shapes({});
+    std::string device;
+    {
+        Child d({binary("host/bluevm"), "devices"});
+        REQUIRE(d.wait() == 0);
+        device = d.out_text;
+    }
+    if (device.find("(CPU)") != std::string::npos) {
+        CHECK(native == "kernel shapes: matmul of 1-15 items: lanes over rows (CPU-driver shape); attention: a lane per head");
+    } else {  // a GPU
+        CHECK(native == "kernel shapes: matmul of 1-15 items: split K (GPU shape); attention: a lane per head");
+    }
+    CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_ATTN_KERNEL=split"}) ==
+          "kernel shapes: matmul of 1-15 items: split K (GPU shape); attention: a workgroup per head");
+    CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_ATTN_KERNEL=lanes"}) ==
+          "kernel shapes: matmul of 1-15 items: lanes over rows (CPU-driver shape); attention: a lane per head");
+    CHECK(shapes({"BLUE_DECODE_KERNEL=fast"}).find("BLUE_DECODE_KERNEL is 'fast': it takes 'rows' or 'split'") !=
+          std::string::npos);
+    Child refused({"/usr/bin/env", "BLUE_ATTN_KERNEL=wide", binary("host/bluevm"), "generate", "--model", stories(),
+                   "-n", "1"});
+    CHECK(refused.wait() == 1);
+    CHECK(refused.err_text.find("BLUE_ATTN_KERNEL is 'wide': it takes 'lanes' or 'split'") != std::string::npos);
+}
+
 TEST_CASE("cli: bluevm generate --prompts runs many prompts on many instances and writes JSONL") {
     const std::string file = "/tmp/blue_test_prompts.jsonl";
     {

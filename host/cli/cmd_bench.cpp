@@ -129,6 +129,7 @@ Command addBenchCommand(CLI::App& app) {
         j["model"] = a->model;
         j["device"] = e.device().info().name;
         j["lavapipe_threads"] = std::getenv("LP_NUM_THREADS") ? std::getenv("LP_NUM_THREADS") : "default";
+        if (auto shapes = describeKernelShapes(GpuOptions{}, e.device().info())) j["kernel_shapes"] = shapes.value();
         j["temperature"] = a->temp;
         auto pp = measure(e, 1, a->prompt, 1, a->reps, true, a->temp);
         if (!pp) return fail(pp.message());
@@ -220,8 +221,10 @@ Command addBenchCommand(CLI::App& app) {
             std::printf("%s\n", j.dump().c_str());
             return 0;
         }
-        std::printf("model   %s\ndevice  %s (LP_NUM_THREADS=%s)\n", a->model.c_str(),
-                    e.device().info().name.c_str(), j["lavapipe_threads"].get<std::string>().c_str());
+        std::printf("model   %s\ndevice  %s", a->model.c_str(), e.device().info().name.c_str());
+        if (e.device().info().cpu) std::printf(" (LP_NUM_THREADS=%s)", j["lavapipe_threads"].get<std::string>().c_str());
+        std::printf("\n");
+        if (j.contains("kernel_shapes")) std::printf("kernels %s\n", j["kernel_shapes"].get<std::string>().c_str());
         if (a->temp > 0) std::printf("sampling: temperature %g, top-k 40, top-p 0.95, min-p 0.05\n", double(a->temp));
         const bool ceilings = j.contains("ceilings");
         if (ceilings) {

@@ -13,6 +13,7 @@
 #include "host/bench.h"
 #include "host/cli/commands.h"
 #include "host/device.h"
+#include "host/machine.h"
 #include "host/peak.h"
 #include "host/device_profile.h"
 #include "host/pipelines.h"
@@ -68,6 +69,8 @@ void printDevice(const DeviceInfo& d) {
     }
     std::printf("   sequencer kernel: %s (%s)\n", kernelVariant("sequencer", d).c_str(),
                 kernelVariantReason("sequencer", d).c_str());
+    const Result<std::string> shapes = describeKernelShapes(GpuOptions{}, d);
+    std::printf("   kernel shapes: %s\n", shapes ? shapes.value().c_str() : shapes.message().c_str());
     std::printf("   usable by BlueVM: %s\n",
                 d.missing.empty() ? "yes" : ("no, lacks " + d.missing).c_str());
 }
