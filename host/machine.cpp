@@ -333,45 +333,48 @@ GpuMachine::~GpuMachine() = default;
 
 namespace {
 
-// Whether a single item's MATMUL takes the split-K kernel (GpuOptions::decode_kernel).
-Result<bool> splitDecode(GpuOptions::DecodeKernel kernel, const DeviceInfo& info) {
-    using DK = GpuOptions::DecodeKernel;
-    if (kernel == DK::AUTO) {
-        const char* env = std::getenv("BLUE_DECODE_KERNEL");
-        const std::string want = env ? env : "";
-        if (want == "rows") return false;
-        if (want == "split") return true;
-        if (!want.empty()) {
-            return BLUE_ERROR("BLUE_DECODE_KERNEL is '%s': it takes 'rows' or 'split'", want.c_str());
-        }
-        return !info.cpu;
-    }
-    return kernel == DK::SPLIT;
+// A kernel choice left to the environment: `var` set to `no` or `yes` decides, unset leaves
+// `fallback`, anything else is refused naming the variable.
+Result<bool> envChoice(const char* var, const char* no, const char* yes, bool fallback) {
+    const char* env = std::getenv(var);
+    const std::string want = env ? env : "";
+    if (want.empty()) return fallback;
+    if (want == no) return false;
+    if (want == yes) return true;
+    return BLUE_ERROR("%s is '%s': it takes '%s' or '%s'", var, want.c_str(), no, yes);
 }
 
-// Whether ATTN takes the split kernel (GpuOptions::attn_kernel).
-Result<bool> splitAttn(GpuOptions::AttnKernel kernel) {
+// The kernel shapes of a machine with `options` on this device (GpuOptions::decode_kernel: split
+// K on GPUs, lanes over rows on CPU drivers; attn_kernel: a lane per head unless asked).
+Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& info) {
+    using DK = GpuOptions::DecodeKernel;
     using AK = GpuOptions::AttnKernel;
-    if (kernel == AK::AUTO) {
-        const char* env = std::getenv("BLUE_ATTN_KERNEL");
-        const std::string want = env ? env : "";
-        if (want == "split") return true;
-        if (want.empty() || want == "lanes") return false;
-        return BLUE_ERROR("BLUE_ATTN_KERNEL is '%s': it takes 'lanes' or 'split'", want.c_str());
+    KernelChoice k;
+    if (options.decode_kernel == DK::AUTO) {
+        Result<bool> split = envChoice("BLUE_DECODE_KERNEL", "rows", "split", !info.cpu);
+        if (!split) return split.status();
+        k.split_matmul = split.value();
+    } else {
+        k.split_matmul = options.decode_kernel == DK::SPLIT;
     }
-    return kernel == AK::SPLIT;
+    if (options.attn_kernel == AK::AUTO) {
+        Result<bool> split = envChoice("BLUE_ATTN_KERNEL", "lanes", "split", false);
+        if (!split) return split.status();
+        k.split_attn = split.value();
+    } else {
+        k.split_attn = options.attn_kernel == AK::SPLIT;
+    }
+    return k;
 }
 
 }  // namespace
 
 Result<std::string> describeKernelShapes(const GpuOptions& options, const DeviceInfo& info) {
-    const Result<bool> split_decode = splitDecode(options.decode_kernel, info);
-    if (!split_decode.isOk()) return split_decode.status();
-    const Result<bool> split_attn = splitAttn(options.attn_kernel);
-    if (!split_attn.isOk()) return split_attn.status();
+    const Result<KernelChoice> k = chooseKernels(options, info);
+    if (!k) return k.status();
     return std::string("matmul of 1-15 items: ") +
-           (split_decode.value() ? "split K (GPU shape)" : "lanes over rows (CPU-driver shape)") +
-           "; attention: " + (split_attn.value() ? "a workgroup per head" : "a lane per head");
+           (k->split_matmul ? "split K (GPU shape)" : "lanes over rows (CPU-driver shape)") +
+           "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head");
 }
 
 Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& pipelines,
@@ -390,11 +393,9 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     Result<PagePlan> pages = planPages(m, options.instances, page_limit);
     if (!pages) return pages.status();
     impl->pages = std::move(pages.value());
-    const Result<bool> split_decode = splitDecode(options.decode_kernel, dev.info());
-    if (!split_decode.isOk()) return split_decode.status();
-    const Result<bool> split_attn = splitAttn(options.attn_kernel);
-    if (!split_attn.isOk()) return split_attn.status();
-    const KernelChoice kernels{split_decode.value(), split_attn.value()};
+    const Result<KernelChoice> chosen = chooseKernels(options, dev.info());
+    if (!chosen) return chosen.status();
+    const KernelChoice kernels = chosen.value();
     auto dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], kernels);
     if (!dispatches) return dispatches.status();
     impl->dispatches = std::move(dispatches.value());

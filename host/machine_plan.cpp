@@ -86,25 +86,28 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
     return {};
 }
 
-// The GEMM variant of a batched MATMUL dispatch over `rows` weight rows, when its type has one
-// and the matrix fills at least one of its workgroups (fewer rows would leave most lanes computing
-// clamped duplicates).
+// A MATMUL dispatch over `rows` weight rows made split-K (GPUs): the kernel named with
+// `suffix` added, one workgroup per BLUE_MATMUL_SPLIT_ROWS rows; unchanged when that kernel
+// does not exist or the grid would pass the 65535 workgroups along y.
+void splitMatmul(DispatchDesc* d, uint64_t rows, const char* suffix) {
+    const uint64_t groups = (rows + BLUE_MATMUL_SPLIT_ROWS - 1) / BLUE_MATMUL_SPLIT_ROWS;
+    if (groups > kMinGroupsY || !Pipelines::exists(d->pipeline + suffix)) return;
+    d->pipeline += suffix;
+    d->fixed = uint32_t(groups);
+}
+
 // The single-item (`_b1`) variant of a MATMUL or MOEMM dispatch: runs when one item asks.
-// `split_rows`: a MATMUL over that many rows on a GPU takes the split-K kernel (`_b1s`) instead,
-// one workgroup per BLUE_MATMUL_SPLIT_ROWS rows (0: the lanes-over-rows `_b1`).
-DispatchDesc singleItemDispatch(const DispatchDesc& d, uint64_t split_rows = 0) {
+DispatchDesc singleItemDispatch(const DispatchDesc& d) {
     DispatchDesc single = d;
     single.pipeline += "_b1";
-    const uint64_t groups = (split_rows + BLUE_MATMUL_SPLIT_ROWS - 1) / BLUE_MATMUL_SPLIT_ROWS;
-    if (split_rows > 0 && groups <= kMinGroupsY && Pipelines::exists(single.pipeline + "s")) {
-        single.pipeline += "s";
-        single.fixed = uint32_t(groups);
-    }
     single.max_items = 1;
     single.push[BLUE_PC_TILE] = 1;
     return single;
 }
 
+// The GEMM variant of a batched MATMUL dispatch over `rows` weight rows, when its type has one
+// and the matrix fills at least one of its workgroups (fewer rows would leave most lanes computing
+// clamped duplicates).
 std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t rows) {
     const uint32_t wg_rows = BLUE_MATMUL_WG * BLUE_MM_R_GEMM;
     DispatchDesc g = batched;
@@ -575,7 +578,6 @@ std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>
 
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
                                                  uint32_t max_groups_x, const KernelChoice& kernels) {
-    const bool split_decode = kernels.split_matmul;
     std::vector<DispatchDesc> out;
     uint32_t route_ordinal = 0;  // MOEROUTEs so far (ExpertCache::route)
     for (uint32_t b = 0; b < m.blocks.size(); ++b) {
@@ -691,16 +693,14 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 if (info.grid == Grid::MATMUL) {
                     // One item (decode of one instance): the single-item kernel; more: tiles of 4;
                     // many (a prompt, a large batch), where the type has one: the GEMM tile.
-                    // On a GPU (split_decode) the single item and the 4-item tile split K.
-                    out.push_back(singleItemDispatch(d, split_decode ? n : 0));
+                    // On a GPU (split_matmul) the single item and the 4-item tile split K.
+                    DispatchDesc single = singleItemDispatch(d);
+                    if (kernels.split_matmul) splitMatmul(&single, n, "s");
+                    out.push_back(single);
                     d.min_items = 2;
                     d.tile = BLUE_MATMUL_TILE;
                     std::optional<DispatchDesc> gemm = gemmDispatch(d, n);
-                    const uint64_t split_groups = (n + BLUE_MATMUL_SPLIT_ROWS - 1) / BLUE_MATMUL_SPLIT_ROWS;
-                    if (split_decode && split_groups <= kMinGroupsY && Pipelines::exists(d.pipeline + "_s")) {
-                        d.pipeline += "_s";
-                        d.fixed = uint32_t(split_groups);
-                    }
+                    if (kernels.split_matmul) splitMatmul(&d, n, "_s");
                     if (gemm) {
                         d.max_items = gemm->min_items - 1;
                         d.push[BLUE_PC_TILE] = d.tile;

@@ -165,7 +165,7 @@ void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
         uint32_t n;
-        GpuOptions::DecodeKernel decode;  // the single item's kernel: `_b1` (ROWS) or `_b1s` (SPLIT)
+        GpuOptions::DecodeKernel decode;  // one item's and the 4-item tile's kernels: `_b1`/tile (ROWS), `_b1s`/`_s` (SPLIT)
     };
     using DK = GpuOptions::DecodeKernel;
     std::vector<Run> runs = {{{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, kWide, DK::ROWS},
