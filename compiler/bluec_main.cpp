@@ -3,7 +3,8 @@
 //   bluec dis prog.bir                  print bytecode as text
 //   bluec check prog.bir                parse and verify only
 //   bluec lower --model M.gguf -o M.bir [--ctx N] [--max-rows N] [--chunk N] [--kv f16|f32]
-//               [--grammar-words N]     compile a GGUF model into a generation program
+//               [--grammar-words N] [--pooling mean|cls|last|none]
+//                                       compile a GGUF model into a generation program
 //   bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...]
 //                                       compile a cascade (compiler/cascade/cascade.h)
 #include <cstdio>
@@ -27,7 +28,8 @@ constexpr const char* kUsage =
     "       bluec check FILE.bir             parse and verify a module\n"
     "       bluec lower --model M.gguf -o OUT.bir [--ctx N] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32] [--grammar-words N (structured output: automaton words per\n"
-    "                   instance, default 65536; 0: none)]\n"
+    "                   instance, default 65536; 0: none)] [--pooling mean|cls|last|none (embeddings;\n"
+    "                   default: the file's pooling type)]\n"
     "                                        compile a GGUF model into a generation program\n"
     "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32] [--forks N (fork stages in flight at once, default 16)]\n"
@@ -79,6 +81,7 @@ int lower(int argc, char** argv) {
         else if (a == "--max-rows") ok = parseU32(v, &opt.max_rows);
         else if (a == "--chunk") ok = parseU32(v, &opt.chunk);
         else if (a == "--grammar-words") ok = parseU32(v, &opt.grammar_words);
+        else if (a == "--pooling" && blue::parsePooling(v)) opt.pooling = blue::parsePooling(v);
         else if (a == "--kv" && (v == "f16" || v == "f32")) opt.kv_type = v == "f16" ? blue::DType::F16 : blue::DType::F32;
         else return fail("lower: unknown or incomplete option '" + a + "'\n" + kUsage);
         if (!ok) return fail("lower: " + a + " needs a number, got '" + v + "'");

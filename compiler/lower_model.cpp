@@ -30,6 +30,8 @@ struct Lowering {
     uint32_t extern_index = 0;  // the model's file among the module's externs
     std::map<std::string, uint32_t> ids;
     uint32_t grammar = kNone, token_bytes = kNone;  // SAMPLEG's operands (structured output)
+    Pooling pooling = Pooling::None;                  // embeddings: the embed block pools so
+    uint32_t embed_block = kNone, pooled = kNone;     // ... and writes `pooled`
 
     // A WEIGHT tensor read from the GGUF file, by its GGUF name.
     uint32_t weight(const std::string& name) {
@@ -133,7 +135,7 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     }
     uint32_t eps = floatBits(cfg.rms_norm_eps);
 
-    static const char* kNames[] = {"forward", "draft", "verify", "score"};
+    static const char* kNames[] = {"forward", "draft", "verify", "score", "embed"};
     uint32_t block = cb.beginBlock(prefix + kNames[int(head)], head == ForwardHead::Verify ? BLUE_FA_COUNT + 1 : BLUE_FA_COUNT);
     cb.tensor(Op::EMBED, {a["x"], weight("token_embd.weight"), BLUE_FA_TOKENS});
     if (cfg.scale_embeddings) cb.tensor(Op::TSCALE, {a["x"], a["x"], floatBits(std::sqrt(float(dim)))});
@@ -153,6 +155,19 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
         } else {
             feedForward(cb, l, a);
         }
+    }
+    if (head == ForwardHead::Embed) {  // `table` is the Pooling
+        const uint32_t out_norm = weight("output_norm.weight");
+        pooled = activation("pooled", BLUE_TC_INSTANCE, DType::F32, {dim});
+        if (Pooling(table) == Pooling::Last) {  // an INSTANCE destination reads the last row
+            cb.tensor(Op::RMSNORM, {pooled, a["x"], out_norm, eps, 0});
+        } else {
+            cb.tensor(Op::RMSNORM, {a["xb"], a["x"], out_norm, eps, 0});
+            cb.tensor(Op::POOL, {pooled, a["xb"], Pooling(table) == Pooling::Mean ? BLUE_POOL_MEAN : BLUE_POOL_FIRST,
+                                 BLUE_FA_POS});
+        }
+        cb.endBlock();
+        return block;
     }
     const uint32_t cap = cfg.final_softcap > 0 ? floatBits(cfg.final_softcap) : 0;
     uint32_t lm_head = weight(cfg.tied_output ? "token_embd.weight" : "output.weight");
@@ -320,7 +335,7 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
 enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
     kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kIid, kCancelMark, kFlagWord,
-    kStart, kLp, kReuse,
+    kStart, kLp, kReuse, kEmbed,
 };
 
 // Where SAMPLE writes the top log-probabilities: after the history.
@@ -360,6 +375,10 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.op(Op::INLD, {kMaxNew, kSlot, kTmp});
     cb.li(kTmp, BLUE_REQ_FLAGS);
     cb.op(Op::INLD, {kFlags, kSlot, kTmp});  // all flags until prefix reuse read its own
+    // An embedding request runs the embed block and emits the pooled vector; a program lowered
+    // without one rejects it.
+    cb.op(Op::ANDI, {kEmbed, kFlags}, BLUE_REQ_FLAG_EMBED);
+    if (embed_block == kNone) cb.jump(Op::BNEZ, {kEmbed}, reject);
     // Log-probabilities: kLp = 0 (none) or 1 + N alternatives, which SAMPLE writes when N > 0.
     cb.li(kTmp, BLUE_REQ_LOGPROBS);
     cb.op(Op::INLD, {kLp, kSlot, kTmp});
@@ -427,6 +446,8 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.jump(Op::BNEZ, {kStart}, no_reuse);
     cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_NO_PREFIX);
     cb.jump(Op::BNEZ, {kWord}, no_reuse);
+    // Mean and first-token pooling need every prompt row computed in this request.
+    if (pooling == Pooling::Mean || pooling == Pooling::Cls) cb.jump(Op::BNEZ, {kEmbed}, no_reuse);
     cb.li(kReuse, BLUE_LM_HISTORY);
     cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
     cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
@@ -459,8 +480,31 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     // The RNG counter is the position of the token being sampled, so a seed draws the same
     // numbers however the sequence was split into chunks, requests or restored snapshots.
     cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
-    cb.op(Op::RUN, {kArgRows}, block);
+    if (embed_block != kNone) {
+        auto run_embed = cb.newLabel("run_embed"), ran = cb.newLabel("ran");
+        cb.jump(Op::BNEZ, {kEmbed}, run_embed);
+        cb.op(Op::RUN, {kArgRows}, block);
+        cb.jump(Op::JMP, {}, ran);
+        cb.bind(run_embed);
+        cb.op(Op::RUN, {kArgRows}, embed_block);
+        cb.bind(ran);
+    } else {
+        cb.op(Op::RUN, {kArgRows}, block);
+    }
     cb.jump(Op::BLTU, {kPos, kPrompt}, prefill);
+    if (embed_block != kNone) {  // the pooled vector, one OUTF per element, ends the request
+        auto embedded = cb.newLabel("generate_or_embed"), emit_pooled = cb.newLabel("emit_pooled");
+        cb.jump(Op::BEQZ, {kEmbed}, embedded);
+        cb.li(kI, 0);
+        cb.li(kN, cfg.n_embd);
+        cb.bind(emit_pooled);
+        cb.op(Op::TLD, {kWord, kI}, pooled);
+        cb.op(Op::OUTF, {kWord});
+        cb.op(Op::ADDI, {kI, kI}, 1);
+        cb.jump(Op::BLTU, {kI, kN}, emit_pooled);
+        cb.jump(Op::JMP, {}, finish);
+        cb.bind(embedded);
+    }
     cb.li(kGenerated, 0);
     // Decode: check the sampled token, emit it, feed it back.
     cb.bind(gen);
@@ -560,6 +604,35 @@ Result<uint32_t> checkGenerationModule(const Module& m, const std::string& path)
     return uint32_t(n);
 }
 
+const char* poolingName(Pooling p) {
+    switch (p) {
+        case Pooling::Mean: return "mean";
+        case Pooling::Cls: return "cls";
+        case Pooling::Last: return "last";
+        default: return "none";
+    }
+}
+
+std::optional<Pooling> parsePooling(std::string_view name) {
+    for (Pooling p : {Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last}) {
+        if (name == poolingName(p)) return p;
+    }
+    return std::nullopt;
+}
+
+Result<Pooling> poolingOf(const GgufFile& gguf, const ModelConfig& cfg) {
+    const std::string key = cfg.arch_name + ".pooling_type";
+    if (!gguf.has(key)) return Pooling::None;
+    Result<uint32_t> v = gguf.getU32(key);
+    if (!v) return v.status();
+    if (v.value() == 4) return Pooling::None;  // rank: a reranker's head, which is not lowered
+    if (v.value() > uint32_t(Pooling::Last)) {
+        return BLUE_ERROR("%s: key '%s': pooling type %u is not supported (0 none, 1 mean, 2 cls, 3 last; "
+                          "4, a reranker's, gives none)", gguf.name().c_str(), key.c_str(), v.value());
+    }
+    return Pooling(v.value());
+}
+
 Status checkLowerable(const ModelConfig& cfg) {
     if (cfg.isMoe() && (cfg.n_expert > BLUE_MOE_MAX_EXPERTS || cfg.n_expert_used > BLUE_MOE_MAX_SLOTS)) {
         return BLUE_ERROR("%u experts with %u per token: at most %u experts and %u per token are supported",
@@ -639,15 +712,20 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
         lw.token_bytes = lw.constant("token_bytes", DType::I32, tokenBytesTable(tok.value(), cfg.n_vocab));
         lw.grammar = lw.activation("grammar", BLUE_TC_INSTANCE, DType::I32, {opt.grammar_words});
     }
+    Result<Pooling> file_pooling = poolingOf(gguf, cfg);
+    if (!opt.pooling && !file_pooling) return file_pooling.status();
+    lw.pooling = opt.pooling ? *opt.pooling : file_pooling.value();
     CodeBuilder cb(&m);
     uint32_t block = lw.forwardBlock(cb, ctx);
+    if (lw.pooling != Pooling::None) lw.embed_block = lw.forwardBlock(cb, ctx, ForwardHead::Embed, uint32_t(lw.pooling));
     lw.generationProgram(cb, block, ctx, chunk);
     BLUE_TRY(cb.finish());
     m.meta = {{kMetaKind, "llm-generate"},
               {kMetaArch, std::string(modelArchName(cfg.arch))},
               {kMetaCtx, std::to_string(ctx)},
               {kMetaRequest, std::to_string(BLUE_REQ_LAYOUT)},
-              {kMetaGrammarWords, std::to_string(opt.grammar_words)}};
+              {kMetaGrammarWords, std::to_string(opt.grammar_words)},
+              {kMetaPooling, poolingName(lw.pooling)}};
     Status s = verifyModule(m);
     if (!s) return s.prefix("lowered module fails verification (compiler bug)");
     return m;

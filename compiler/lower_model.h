@@ -10,7 +10,9 @@
 //     take the next request when done. All of it runs on the GPU.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler/gguf.h"
@@ -24,6 +26,18 @@ inline constexpr uint32_t kDefaultGrammarWords = 1u << 16;  // 256 KiB per insta
 // not fit one page of the device (Mali-class texel limits: 1 MiB pages, 16384 words).
 inline constexpr uint32_t kGrammarWordsAuto = 0xFFFFFFFFu;
 
+// How an embedding pools a prompt's hidden states (after the output norm) into one vector, as
+// llama.cpp's `<arch>.pooling_type` numbers them: mean over the tokens, the first token's (CLS), the
+// last token's. None: the program has no embed block and embeddings are refused. (Its RANK, a
+// reranker's classification head, is not supported.)
+enum class Pooling : uint8_t { None = 0, Mean = 1, Cls = 2, Last = 3 };
+const char* poolingName(Pooling p);  // "none", "mean", "cls", "last"
+// "none", "mean", "cls", "last" (a --pooling value); nullopt for anything else.
+std::optional<Pooling> parsePooling(std::string_view name);
+// The file's `<arch>.pooling_type` (None when absent, and for 4, a reranker's); fails on values
+// llama.cpp does not define, naming the key and the value.
+Result<Pooling> poolingOf(const GgufFile& gguf, const ModelConfig& config);
+
 struct LowerOptions {
     uint32_t ctx = 0;        // context length per instance (0: min(trained context, 2048))
     uint32_t max_rows = 0;   // rows one forward step takes over all instances (0: 512)
@@ -34,6 +48,8 @@ struct LowerOptions {
     // by as much.
     uint32_t grammar_words = kDefaultGrammarWords;
     DType kv_type = DType::F16;
+    // Embeddings: an `embed` forward block pooling as this says (nullopt: the file's pooling type).
+    std::optional<Pooling> pooling;
     // The GGUF path as the module records it (relative to the module's folder, or absolute).
     std::string model_path;
 };
@@ -52,7 +68,9 @@ class CodeBuilder;
 // SPEC against `table` (a speculative target; the block takes BLUE_FA_SPEC as a fifth argument).
 // Score: every row's logits and SCORE into `table` (an INSTANCE [1] result: the log-likelihood
 // of the rows' tokens after the first).
-enum class ForwardHead { Sample, SampleQ, Verify, Score };
+// Embed: the output norm of every row (last pooling: of the last row) pooled by POOL into the
+// INSTANCE tensor `pooled` [n_embd]; no LM head (`table` is the Pooling).
+enum class ForwardHead { Sample, SampleQ, Verify, Score, Embed };
 
 // Adds one model's forward block (vm/llm_abi.h: BLUE_FA_* arguments) and its tensors to `m`:
 // weights read from extern `extern_index`, activations and KV caches (`ctx` positions, `kv_type`)
@@ -73,6 +91,7 @@ inline constexpr const char* kMetaCtx = "llm.context";         // decimal
 inline constexpr const char* kMetaArch = "llm.architecture";
 inline constexpr const char* kMetaRequest = "llm.request";     // BLUE_REQ_LAYOUT, decimal
 inline constexpr const char* kMetaGrammarWords = "llm.grammar_words";  // LowerOptions::grammar_words
+inline constexpr const char* kMetaPooling = "llm.pooling";     // poolingName; absent: none
 
 // The model's token bytes as SAMPLEG reads them (vm/llm_abi.h BLUE_TB_*): one info word per
 // token, then the bytes of the text tokens as decoding writes them.

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 10
+#define BLUEVM_API_VERSION 11
 #define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
@@ -90,6 +90,11 @@ typedef struct bluevm_model_options {
     int expert_cache;       /* API 9: MoE models with vram_budget: nonzero (the default) keeps
                                the experts in host memory and caches those the GPU's routing
                                picks in the device memory left; 0 treats them as other weights */
+    const char* pooling;    /* API 11: embeddings (bluevm_request.embed): how a prompt's hidden
+                               states (after the output norm) pool into one vector, "mean",
+                               "cls" (the first token's), "last" or "none" (no embeddings);
+                               NULL (the default): the file's <arch>.pooling_type, none without
+                               it. A .bir keeps the pooling it was lowered with. */
 } bluevm_model_options;
 
 void bluevm_model_options_init(bluevm_model_options* o);
@@ -108,6 +113,9 @@ typedef struct bluevm_model_info {
     /* API 10: the chat template family the model's conversations are formatted with ("chatml",
        "llama3", "mistral-v7", ...; "" when the file's template is not one BlueVM knows). */
     const char* chat_template;
+    /* API 11: how embeddings pool ("mean", "cls", "last"; "none": bluevm_request.embed is
+       refused) */
+    const char* pooling;
 } bluevm_model_info;
 
 /* Strings stay valid while the model is open. */
@@ -190,6 +198,11 @@ typedef struct bluevm_request {
     const char* grammar;
     const char* json_schema;
     int json_object;
+    /* API 11: nonzero: an embedding of the prompt instead of generation. The prompt runs through
+     * the model (no token is generated; the sampling fields, stop strings and constraints are not
+     * used) and the finished event carries the pooled vector (bluevm_event.embedding). Refused
+     * with BLUEVM_ERR_INVALID_ARGUMENT when the model's pooling is "none". */
+    int embed;
 } bluevm_request;
 
 void bluevm_request_init(bluevm_request* r);
@@ -225,6 +238,10 @@ typedef struct bluevm_event {
     /* API 7: leading prompt tokens the instance did not recompute (prefix reuse); known from the
      * first event on */
     uint32_t cached_tokens;
+    /* API 11, on the finished event of a bluevm_request.embed request that ran to its end (else
+     * NULL and 0): the pooled vector, n_embd floats, not normalised */
+    const float* embedding;
+    uint32_t n_embedding;
 } bluevm_event;
 
 /* Waits up to timeout_ms (negative: without limit, 0: not at all) for new text or the end of a

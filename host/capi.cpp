@@ -46,6 +46,7 @@ struct RequestState {
     bluevm_status error = BLUEVM_OK;  // with BLUEVM_FINISH_ERROR
     std::string error_message;
     uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+    std::vector<float> embedding;  // an embedding request's, with the finish
 };
 
 }  // namespace
@@ -92,7 +93,7 @@ int bluevm_api_version(void) {
 }
 
 void bluevm_model_options_init(bluevm_model_options* o) {
-    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0, BLUEVM_GRAMMAR_WORDS_AUTO, 1};
+    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0, BLUEVM_GRAMMAR_WORDS_AUTO, 1, nullptr};
 }
 
 bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* options,
@@ -116,6 +117,13 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
                 return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "host_weights must be 0 (auto), 1 (read) or 2 (stream)");
             }
             eo.host_weights = blue::GpuOptions::HostWeights(options->host_weights);
+            if (options->pooling) {
+                eo.pooling = blue::parsePooling(options->pooling);
+                if (!eo.pooling) {
+                    return failWith(BLUEVM_ERR_INVALID_ARGUMENT, std::string("pooling '") + options->pooling +
+                                                                     "' is not one of mean, cls, last, none");
+                }
+            }
         }
         bool device_failed = false;
         blue::clearVkFailure();
@@ -127,6 +135,7 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
         m->architecture = m->engine->config().arch_name;
         m->device = m->engine->device().props().deviceName;
         m->chat_template = m->engine->chatTemplateName();
+        m->pooling = blue::poolingName(m->engine->pooling());
         *out = m.release();
         return ok();
     });
@@ -143,6 +152,7 @@ bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info
     out->architecture = model->architecture.c_str();
     out->device = model->device.c_str();
     out->chat_template = model->chat_template.c_str();
+    out->pooling = model->pooling.c_str();
     out->n_vocab = c.n_vocab;
     out->n_ctx = model->engine->contextLength();
     out->n_layer = c.n_layer;
@@ -336,6 +346,7 @@ bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request
                 state->cached_tokens = std::max(state->cached_tokens, ev.cached_tokens);
                 if (ev.finished) {
                     state->finished = true;
+                    state->embedding = ev.embedding;
                     state->reason = finishOf(ev.reason);
                     if (ev.reason == blue::FinishReason::Error) {
                         state->error =
@@ -407,6 +418,10 @@ bluevm_status bluevm_poll(bluevm_engine* engine, uint64_t id, int timeout_ms, bl
         out->prompt_tokens = st->prompt_tokens;
         out->completion_tokens = st->completion_tokens;
         out->cached_tokens = st->cached_tokens;
+        if (st->finished && !st->embedding.empty()) {
+            out->embedding = st->embedding.data();
+            out->n_embedding = uint32_t(st->embedding.size());
+        }
         if (st->logprobs && st->taken_lp.size() == st->taken_tokens.size()) {
             out->logprobs = st->taken_lp.data();
             out->n_top = st->n_top;

@@ -16,7 +16,7 @@
 
 struct bluevm_model {
     std::unique_ptr<blue::Engine> engine;
-    std::string name, architecture, device, chat_template;
+    std::string name, architecture, device, chat_template, pooling;
 };
 
 namespace blue::capi {
@@ -36,6 +36,7 @@ inline void setRequestParams(const bluevm_request& in, GenerationRequest* r) {
     r->logprobs = in.logprobs != 0;
     r->top_logprobs = in.top_logprobs;
     r->prefix_reuse = in.no_prefix_reuse == 0;
+    r->embed = in.embed != 0;
 }
 
 // The request's structured-output constraint (API 8), compiled into r->grammar; the message

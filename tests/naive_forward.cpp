@@ -90,8 +90,8 @@ void rope(Vec& v, const ModelConfig& c, double pos, double base, double freq_sca
 
 }  // namespace
 
-std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const ModelConfig& c,
-                                               uint32_t ctx, const std::vector<uint32_t>& tokens) {
+std::vector<std::vector<double>> naiveHidden(const GgufFile& file, const ModelConfig& c, uint32_t ctx,
+                                             const std::vector<uint32_t>& tokens) {
     const Weights w{file};
     const bool gemma = c.arch == ModelArch::Gemma2 || c.arch == ModelArch::Gemma3;
     const bool phi3 = c.arch == ModelArch::Phi3;
@@ -196,10 +196,18 @@ std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const Model
         }
     }
     const std::vector<float> out_norm = w.get("output_norm.weight");
-    const std::vector<float> head = c.tied_output ? embd : w.get("output.weight");
-    std::vector<Vec> out(T);
-    for (size_t t = 0; t < T; ++t) {
-        Vec logits = matvec(head, rmsNorm(x[t], out_norm, eps, E), 0, c.n_vocab);
+    for (size_t t = 0; t < T; ++t) x[t] = rmsNorm(x[t], out_norm, eps, E);
+    return x;
+}
+
+std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const ModelConfig& c,
+                                               uint32_t ctx, const std::vector<uint32_t>& tokens) {
+    const Weights w{file};
+    const std::vector<float> head = w.get(c.tied_output ? "token_embd.weight" : "output.weight");
+    const std::vector<Vec> hidden = naiveHidden(file, c, ctx, tokens);
+    std::vector<Vec> out(hidden.size());
+    for (size_t t = 0; t < hidden.size(); ++t) {
+        Vec logits = matvec(head, hidden[t], 0, c.n_vocab);
         if (c.arch == ModelArch::Gemma2) {
             for (double& e : logits) e = c.final_softcap * std::tanh(e / c.final_softcap);
         }

@@ -17,4 +17,8 @@ namespace blue::test {
 std::vector<std::vector<double>> naiveLogProbs(const GgufFile& file, const ModelConfig& cfg,
                                                uint32_t ctx, const std::vector<uint32_t>& tokens);
 
+// The hidden state after the output norm at every position (what embeddings pool).
+std::vector<std::vector<double>> naiveHidden(const GgufFile& file, const ModelConfig& cfg, uint32_t ctx,
+                                             const std::vector<uint32_t>& tokens);
+
 }  // namespace blue::test

@@ -1,6 +1,6 @@
 // The official `openai` npm package as a client of `bluevm serve`: the test starts the server on a
 // free port with stories260K and an API key, and runs tests/openai_client/test.mjs under Node.js
-// against it (models, completions and chat plain and streamed, log-probabilities, seeds, stops and
+// against it (models, completions and chat plain and streamed, embeddings, log-probabilities, seeds, stops and
 // the client's typed errors). Without node or tests/openai_client/node_modules
 // (tools/install_deps.sh runs `npm ci` there) the case says why and passes, unless
 // BLUE_REQUIRE_OPENAI_CLIENT=1 (set by tools/test.sh when the client was installed) makes that a
@@ -60,7 +60,7 @@ TEST_CASE("openai client: the official openai npm package drives bluevm serve (t
     const std::string key = "sk-bluevm-openai-client-test";
     Child server({std::string(BLUE_BINARY_DIR) + "/host/bluevm", "serve", "--model",
                   sharedDir() + "/models/stories260K/stories260K.gguf", "--port", "0",
-                  "--instances", "2", "--ctx", "1024", "--api-key", key});
+                  "--instances", "2", "--ctx", "1024", "--pooling", "mean", "--api-key", key});
     std::smatch m;
     const std::regex listening("on http://127\\.0\\.0\\.1:([0-9]+) ");
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);

@@ -280,6 +280,33 @@ void tsumCase() {
     expectClose(*both, sl, 0, 1e-5, "TSUM last row per instance");
 }
 
+// POOL in its three modes over ragged instances, some at position 0 (mean and first start afresh)
+// and some later (mean folds the rows into the slice's earlier mean, first keeps it), the slices
+// seeded with values of their own.
+void poolCase() {
+    constexpr uint32_t kWidth = 200;
+    OpModule om(kVocab, 16, kTokens + 8, 0x9001);
+    uint32_t a = om.rowsInput("a", kWidth, -2, 2);
+    uint32_t mean = om.tensor("mean", BLUE_TC_INSTANCE, DType::F32, {kWidth});
+    uint32_t first = om.tensor("first", BLUE_TC_INSTANCE, DType::F32, {kWidth});
+    uint32_t last = om.tensor("last", BLUE_TC_INSTANCE, DType::F32, {kWidth});
+    om.step(Op::POOL, {mean, a, BLUE_POOL_MEAN, BLUE_FA_POS});
+    om.step(Op::POOL, {first, a, BLUE_POOL_FIRST, BLUE_FA_POS});
+    om.step(Op::POOL, {last, a, BLUE_POOL_LAST, BLUE_FA_POS});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 5, 3, 4}, {0, 0, 7, 2});
+    for (InstancePlan& p : plans) {
+        for (uint32_t t : {mean, first, last}) p.tensor_words.push_back({t, om.random(kWidth, -2, 2)});
+    }
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
+    // first and last copy a row: exact. mean: a float sum of at most 5 rows plus the scaled old
+    // mean, then one division (Vulkan: 2.5 ULP), against doubles: a few 1e-7 relative.
+    expectClose(*both, first, 0, 0.0, "POOL first");
+    expectClose(*both, last, 0, 0.0, "POOL last");
+    expectClose(*both, mean, 0, 1e-6, "POOL mean");
+}
+
 // RMSNORM over whole 172-wide rows, over groups of 64 and of 32 (the latter with a weight that is
 // itself a ROWS tensor, read per row), and into an INSTANCE destination.
 void rmsnormCase() {
@@ -368,6 +395,9 @@ void runOpCase(Op op) {
             return;
         case Op::SCORE:
             scoreCase();
+            return;
+        case Op::POOL:
+            poolCase();
             return;
         case Op::MOEROUTE:
             moerouteCase();

@@ -26,6 +26,7 @@
 #include "tests/child.h"
 #include "tests/moe_models.h"
 #include "tests/schema_check.h"
+#include "tests/server_fixture.h"
 #include "tests/test_paths.h"
 #include "tools/synth/synth.h"
 
@@ -33,77 +34,6 @@ namespace blue::test {
 namespace {
 
 using json = nlohmann::json;
-
-struct TestServer {
-    bluevm_model* model = nullptr;
-    bluevm_engine* engine = nullptr;
-    std::unique_ptr<server::HttpServer> http;
-    std::thread thread;
-
-    // `extra`: api_keys, cors_origins, timeouts, connection limits and the tool format for the
-    // server. `model`: another GGUF than stories260K, and `vram_budget` and `grammar_words`
-    // (bluevm_model_options) for it.
-    TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue, const server::ServerOptions& extra = {},
-               const std::string& model_path = "", uint64_t vram_budget = 0, uint32_t grammar_words = 0) {
-        bluevm_model_options mo;
-        bluevm_model_options_init(&mo);
-        mo.ctx = ctx;
-        mo.vram_budget = vram_budget;
-        if (grammar_words) mo.grammar_words = grammar_words;
-        const std::string path =
-            model_path.empty() ? sharedDir() + "/models/stories260K/stories260K.gguf" : model_path;
-        REQUIRE_MESSAGE(bluevm_model_open(path.c_str(), &mo, &model) == BLUEVM_OK, bluevm_last_error());
-        bluevm_engine_options eo;
-        bluevm_engine_options_init(&eo);
-        eo.instances = instances;
-        eo.max_queue = max_queue;
-        REQUIRE_MESSAGE(bluevm_engine_create(model, &eo, &engine) == BLUEVM_OK, bluevm_last_error());
-        server::ServerOptions so;
-        so.port = 0;
-        so.model_names = {"stories260K"};
-        so.max_body_bytes = 1 << 20;
-        so.api_keys = extra.api_keys;
-        so.cors_origins = extra.cors_origins;
-        so.header_timeout_ms = extra.header_timeout_ms;
-        so.body_timeout_ms = extra.body_timeout_ms;
-        so.max_connections = extra.max_connections;
-        so.max_connections_per_address = extra.max_connections_per_address;
-        so.tool_format = extra.tool_format;
-        auto s = server::HttpServer::create(model, engine, so);
-        REQUIRE_MESSAGE(s.isOk(), s.message());
-        http = std::move(s.value());
-        REQUIRE(http->bind().isOk());
-        thread = std::thread([this] { (void)http->run(); });
-    }
-    ~TestServer() {
-        http->stop();
-        thread.join();
-        http.reset();
-        bluevm_model_info info;
-        bluevm_model_get_info(model, &info);
-        CHECK(info.validation_errors == 0u);
-        bluevm_engine_destroy(engine);
-        bluevm_model_close(model);
-    }
-    httplib::Client client() const {
-        httplib::Client c("127.0.0.1", http->port());
-        c.set_read_timeout(120, 0);
-        return c;
-    }
-    // The value of a metric line "name value" in /metrics.
-    double metric(const std::string& name) const {
-        auto res = client().Get("/metrics");
-        REQUIRE(res);
-        const std::string& body = res->body;
-        size_t at = body.find("\n" + name + " ");
-        REQUIRE_MESSAGE(at != std::string::npos, name);
-        return std::stod(body.substr(at + name.size() + 2));
-    }
-};
-
-httplib::Result post(const TestServer& s, const std::string& path, const json& body) {
-    return s.client().Post(path.c_str(), body.dump(), "application/json");
-}
 
 // The text of a streamed response: the concatenated deltas; checks the event framing.
 struct Streamed {

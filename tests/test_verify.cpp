@@ -939,4 +939,41 @@ halt
     }
 }
 
+// POOL: an INSTANCE F32 destination as long as the ROWS F32 rows it pools, a mode of 0..2 and a
+// block argument that exists.
+TEST_CASE("verify: POOL operand rules") {
+    const char* src = R"(.layout regs=4 max_rows=2
+.tensor x rows f32 [8]
+.tensor p instance f32 [8]
+.tensor q instance f32 [4]
+.block b args=2
+    pool p, x, 0, 1
+.end
+halt
+)";
+    Result<Module> good = assemble(src, "pool");
+    REQUIRE_MESSAGE(good.isOk(), good.message());
+    REQUIRE(verifyModule(good.value()).isOk());
+    Result<Module> again = assemble(disassemble(good.value()), "pool");
+    REQUIRE_MESSAGE(again.isOk(), again.message());
+    CHECK(again.value().tcode == good.value().tcode);
+    struct Case {
+        std::string to, message;
+    };
+    const Case cases[] = {
+        {"pool p, x, 3, 1", "POOL at TCODE word 0: pooling mode 3 is not 0 (mean), 1 (first) or 2 (last)"},
+        {"pool p, x, 2, 40", "POOL at TCODE word 0: block argument 40 does not exist"},
+        {"pool x, x, 0, 1", "POOL at TCODE word 0: operand 0 (tensor 'x'): the pooled vector must be an INSTANCE tensor"},
+        {"pool q, x, 0, 1", "POOL at TCODE word 0: operand 1 (tensor 'x'): has 8 elements per item, expected 4"},
+        {"pool p, p, 0, 1", "POOL at TCODE word 0: operand 1 (tensor 'p'): must be a ROWS tensor (one row per token)"},
+    };
+    for (const Case& c : cases) {
+        std::string bad = src;
+        bad.replace(bad.find("pool p, x, 0, 1"), 15, c.to);
+        Result<Module> m = assemble(bad, "pool");
+        REQUIRE(!m.isOk());
+        CHECK(m.message() == "pool: block 0 'b': " + c.message);
+    }
+}
+
 }  // namespace blue::test

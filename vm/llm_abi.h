@@ -36,6 +36,15 @@
 #define BLUE_REQ_FLAG_IGNORE_EOG 1u  // do not stop at the model's end-of-generation tokens (benchmarks)
 #define BLUE_REQ_FLAG_NO_PREFIX 2u   // recompute the whole prompt: do not reuse the KV rows of the
                                      // tokens it shares with what the instance processed last
+#define BLUE_REQ_FLAG_EMBED 4u       // an embedding: run the prompt through the program's embed
+                                     // block (module metadata llm.pooling says how it pools) and
+                                     // emit the pooled vector (OUTF per element) instead of
+                                     // generating; MEAN and FIRST pooling also recompute the prompt
+
+// ---- POOL's modes (embeddings: the output-normed hidden states of a prompt pooled to one vector)
+#define BLUE_POOL_MEAN 0u
+#define BLUE_POOL_FIRST 1u
+#define BLUE_POOL_LAST 2u
 
 // ---- structured output: a request's grammar automaton (SAMPLEG), u32 words -------------------
 // A deterministic automaton over UTF-8 bytes (compiler/grammar/dfa.h builds it): a token is

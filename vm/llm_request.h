@@ -35,6 +35,9 @@ struct GenerationRequest {
     std::shared_ptr<const std::vector<uint32_t>> grammar;
     bool prefix_reuse = true;           // the instance may skip the leading prompt tokens whose KV
                                         // rows it still holds (same output either way)
+    bool embed = false;                 // an embedding of the prompt instead of generation
+                                        // (BLUE_REQ_FLAG_EMBED): the pooled vector's elements
+                                        // come out as float records
 };
 
 // The input-ring message for a request. Stop tokens beyond the limit are dropped (callers check).

@@ -1,5 +1,5 @@
 // Reference semantics of the LLM tensor ops: RMSNORM, EMBED, ROPE, KVSTORE, ATTN (and ATTNX, its
-// sliding-window, soft-capped form), SWIGLU, GEGLU and SAMPLE. Written for clarity, accumulating in double; the GPU kernels match them within the
+// sliding-window, soft-capped form), SWIGLU, GEGLU, SAMPLE and POOL. Written for clarity, accumulating in double; the GPU kernels match them within the
 // tolerances tests/test_ops_gpu.cpp states.
 #include <algorithm>
 #include <cstring>
@@ -440,6 +440,36 @@ void maskGrammar(const GrammarWalk& w, std::vector<float>& l) {
     if (!any && !l.empty()) l[0] = 0;
 }
 
+// POOL: the instance's rows of a in this run into dst (mean so far, first, or last row).
+Status checkPool(const Checker& c) {
+    if (c.t(0).cls != BLUE_TC_INSTANCE) return c.fail(0, "the pooled vector must be an INSTANCE tensor");
+    BLUE_TRY(c.dtype(0, DType::F32));
+    BLUE_TRY(rowsDst(c, 1));
+    BLUE_TRY(c.elements(1, c.t(0).elements()));
+    if (c.ti.args[2] > BLUE_POOL_LAST) return BLUE_ERROR("pooling mode %u is not 0 (mean), 1 (first) or 2 (last)", c.ti.args[2]);
+    return argSlot(c.ti.args[3]);
+}
+
+void refPool(const Items& it, const TensorInstr& ti) {
+    const uint64_t n = it.decl(ti.args[0]).elements();
+    const uint32_t mode = ti.args[2];
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        float* dst = it.f32(ti.args[0], item);
+        const uint32_t first = it.firstRow(item), rows = it.rowCount(item), p = it.arg(item, ti.args[3]);
+        if (mode == BLUE_POOL_FIRST && p != 0) continue;
+        if (mode != BLUE_POOL_MEAN) {
+            const float* row = it.rowF32(ti.args[1], mode == BLUE_POOL_FIRST ? first : first + rows - 1);
+            std::copy(row, row + n, dst);
+            continue;
+        }
+        for (uint64_t i = 0; i < n; ++i) {
+            double sum = p ? double(dst[i]) * p : 0.0;
+            for (uint32_t r = 0; r < rows; ++r) sum += it.rowF32(ti.args[1], first + r)[i];
+            dst[i] = float(sum / (double(p) + rows));
+        }
+    }
+}
+
 // SAMPLEG's grammar step for one item, before the penalties: the token the program emitted
 // since the last sample (BLUE_GR_PENDING) advances the instance's automaton, then the tokens it
 // does not allow are masked in `l`. Nothing without an automaton.
@@ -509,6 +539,7 @@ Status checkLlmOp(const Checker& c) {
         case Op::GEGLU: return checkGated(c);
         case Op::SAMPLE:
         case Op::SAMPLEG: return checkSample(c);
+        case Op::POOL: return checkPool(c);
         case Op::SAMPLEQ:
         case Op::SCORE:
         case Op::SPEC: return checkSpecOp(c);
@@ -532,6 +563,7 @@ bool runLlmOpRef(const Items& it, const TensorInstr& ti) {
         case Op::SAMPLEG: refSample(it, ti, false, true); return true;
         case Op::SPEC: refSpec(it, ti); return true;
         case Op::SCORE: refScore(it, ti); return true;
+        case Op::POOL: refPool(it, ti); return true;
         default: return false;
     }
 }

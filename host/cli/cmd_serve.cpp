@@ -39,6 +39,7 @@ struct ServeArgs {
     uint32_t max_connections = 1024, max_per_address = 256;
     uint32_t grammar_words = kGrammarWordsAuto;
     std::string tool_format = "auto";
+    std::string pooling;  // "": the file's
 };
 
 // Adds the keys of BLUEVM_API_KEY and of --api-key-file (one a line; blank lines and lines
@@ -168,6 +169,7 @@ int serve(const ServeArgs& a) {
     mo.expert_cache = a.expert_cache ? 1 : 0;
     mo.host_weights = int(a.host_weights);
     mo.grammar_words = a.grammar_words;
+    mo.pooling = a.pooling.empty() ? nullptr : a.pooling.c_str();
     bluevm_model* model = nullptr;
     if (bluevm_model_open(model_path.c_str(), &mo, &model) != BLUEVM_OK) return fail(bluevm_last_error());
     bluevm_engine_options eo;
@@ -199,9 +201,11 @@ int serve(const ServeArgs& a) {
     so.model_names.push_back(stem);
     so.model_names.push_back(std::filesystem::path(model_path).filename().string());
     int code = runServer(server::HttpServer::create(model, engine, so), signals, [&](int port) {
-        return strFormat("bluevm: serving '%s' on http://%s:%d (%u instances, context %u, %s); Ctrl-C stops",
+        const std::string embeddings =
+            std::string(info.pooling) == "none" ? "" : strFormat(", embeddings: %s pooling", info.pooling);
+        return strFormat("bluevm: serving '%s' on http://%s:%d (%u instances, context %u%s, %s); Ctrl-C stops",
                          so.model_names.front().c_str(), a.host.c_str(), port, a.instances, info.n_ctx,
-                         info.device);
+                         embeddings.c_str(), info.device);
     });
     bluevm_engine_destroy(engine);
     bluevm_model_close(model);
@@ -224,6 +228,10 @@ Command addServeCommand(CLI::App& app) {
     sub->add_option("--grammar-words", a->grammar_words,
                     "structured output: grammar automaton words per instance (default: 65536, or "
                     "what 16 instances fit in one device page; 0: no grammars)");
+    sub->add_option("--pooling", a->pooling,
+                    "/v1/embeddings: pool a prompt's output-normed hidden states by mean, cls (the first "
+                    "token's), last, or none (no embeddings); default: the file's <arch>.pooling_type, else none")
+        ->check(CLI::IsMember({"none", "mean", "cls", "last"}));
     sub->add_option("--queue", a->queue, "requests that may wait for an instance before 429 (default 8 per instance)");
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per submitted chain (fewer: tokens stream sooner)")->check(CLI::Range(2u, 4096u));
     sub->add_option("--threads", a->threads, "HTTP worker threads (default: enough for every instance and queued request)");

@@ -77,6 +77,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         lo.max_rows = options.max_rows;
         lo.kv_type = options.kv_type;
         lo.grammar_words = options.grammar_words;
+        lo.pooling = options.pooling;
         if (lo.grammar_words == kGrammarWordsAuto) {
             // 16 instances' automata in one page of the device (1 MiB pages: 16384 words each);
             // none on a device whose pages cannot hold 4096 words for each.
@@ -93,6 +94,11 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     }
     if (const std::string* words = e->module_.metaValue(kMetaGrammarWords)) {
         e->grammar_words_ = uint32_t(std::strtoul(words->c_str(), nullptr, 10));
+    }
+    if (const std::string* p = e->module_.metaValue(kMetaPooling)) {
+        std::optional<Pooling> pooling = parsePooling(*p);
+        if (!pooling) return BLUE_ERROR("%s: %s '%s' is not a pooling type", path.c_str(), kMetaPooling, p->c_str());
+        e->pooling_ = *pooling;
     }
     auto w = WeightSource::open(e->module_, module_dir);
     if (!w) return w.status();
@@ -200,6 +206,14 @@ Status Engine::validate(const GenerationRequest& r) const {
     }
     for (uint32_t t : r.prompt) {
         if (t >= config_.n_vocab) return BLUE_ERROR("prompt token %u is outside the vocabulary (%u)", t, config_.n_vocab);
+    }
+    if (r.embed && pooling_ == Pooling::None) {
+        return BLUE_ERROR("this model has no pooling type for embeddings (the file has no '%s.pooling_type'): "
+                          "choose one with --pooling mean|cls|last",
+                          config_.arch_name.c_str());
+    }
+    if (r.embed && (r.start > 0 || r.logprobs || r.top_logprobs || (r.grammar && !r.grammar->empty()))) {
+        return Status::error("an embedding takes no restored conversation, log-probabilities or grammar");
     }
     if (r.stop_tokens.size() > BLUE_REQ_MAX_STOP) {
         return BLUE_ERROR("at most %u stop tokens per request", BLUE_REQ_MAX_STOP);
@@ -365,7 +379,8 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
     }
     uint64_t budget = 16;
     for (const GenerationRequest& r : requests) {
-        budget += r.prompt.size() + r.max_new + 4;
+        // An embedding emits n_embd records, 4 control steps each (layout.max_steps a cycle).
+        budget += r.prompt.size() + (r.embed ? config_.n_embd / 256 + 1 : r.max_new) + 4;
     }
     const uint32_t instances = with_kv ? 1 : options_.instances;
     auto machine = createMachine(instances, options_.chain_cycles,
@@ -394,6 +409,8 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
                 serving[rec.inst] = rec.value < out.size() ? rec.value : 0xFFFFFFFFu;
             } else if (rec.kind == BLUE_OUT_UINT && req != 0xFFFFFFFFu) {
                 out[req].cached_tokens = rec.value;  // prefix reuse (vm/llm_abi.h)
+            } else if (rec.kind == BLUE_OUT_FLOAT && req != 0xFFFFFFFFu && requests[req].embed) {
+                out[req].embedding.push_back(std::bit_cast<float>(rec.value));
             } else if (req != 0xFFFFFFFFu && lps[rec.inst].take(rec)) {
                 continue;
             } else if (rec.kind == BLUE_OUT_TOKEN && req != 0xFFFFFFFFu) {

@@ -41,6 +41,10 @@ struct EngineOptions {
     uint32_t max_rows = 0;      // forward rows per step (0: the compiler's default)
     uint32_t grammar_words = kGrammarWordsAuto;  // structured output: automaton words per instance (0: none)
     DType kv_type = DType::F16;
+    // Embeddings (GenerationRequest::embed): how the program pools, when lowering a GGUF
+    // (nullopt: the file's `<arch>.pooling_type`; Pooling::None: no embeddings). A .bir module
+    // keeps the pooling it was lowered with.
+    std::optional<Pooling> pooling;
     bool profile = false;
     bool validation = false;
     uint64_t max_cycles = 0;    // watchdog (0: derived from the requests)
@@ -77,6 +81,7 @@ struct Completion {
     std::string text;
     bool finished = false;         // its end marker arrived
     uint32_t cached_tokens = 0;    // leading prompt tokens whose KV rows the instance reused
+    std::vector<float> embedding;  // an embedding request's pooled vector (n_embd; not normalised)
 };
 
 // Called from the engine's thread as tokens arrive (once per chain, in order per request).
@@ -116,6 +121,8 @@ public:
     uint32_t contextLength() const { return ctx_; }
     // Words of a grammar automaton an instance holds (0: the program has no grammar support).
     uint32_t grammarWords() const { return grammar_words_; }
+    // How embedding requests pool (Pooling::None: the program has no embed block).
+    Pooling pooling() const { return pooling_; }
     // The device; only while hasDevice() (after open, and after a resetDevice that succeeded).
     Device& device() { return *device_; }
     const Device& device() const { return *device_; }
@@ -207,6 +214,7 @@ private:
     uint32_t retired_validation_errors_ = 0;  // of devices resetDevice() destroyed
     uint32_t ctx_ = 0;
     uint32_t grammar_words_ = 0;
+    Pooling pooling_ = Pooling::None;
     uint64_t model_hash_ = 0;  // kvModelHash of the GGUF
     GpuStats stats_;
 };

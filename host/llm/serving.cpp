@@ -2,6 +2,7 @@
 #include "host/llm/serving.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 
@@ -39,6 +40,8 @@ struct ServingEngine::Active {
     bool finished = false;  // the callback got its finish (the GPU may still be ending it)
     std::vector<StreamEvent> pending;  // events to deliver outside the lock
     LogprobRecords logprobs;           // of the token on its way (when asked)
+    bool embed = false;                // an embedding request: the program's float records
+    std::vector<float> embedding;      // ... collected here, delivered with the finish
 
     Active(const Tokenizer& tok, bool fresh) : decoder(tok, false, fresh) {}
 };
@@ -98,6 +101,7 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
     a->tag = request.tag;
     a->max_new = request.max_new;
     a->prompt_tokens = uint32_t(request.prompt.size());
+    a->embed = request.embed;
     a->callback = std::move(callback);
     for (std::string& s : stop) {
         if (!s.empty()) a->stop.push_back(std::move(s));
@@ -157,6 +161,7 @@ void ServingEngine::finishRequest(Active& a, FinishReason reason) {
     ev.prompt_tokens = a.prompt_tokens;
     ev.cached_tokens = a.cached_tokens;
     ev.completion_tokens = a.tokens;
+    ev.embedding = std::move(a.embedding);
     a.pending.push_back(std::move(ev));
     ++metrics_.requests_finished;
     if (reason == FinishReason::Cancelled) ++metrics_.requests_cancelled;
@@ -209,6 +214,10 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
                 metrics_.prefix_tokens += rec.value;
                 continue;
             }
+            if (a.embed && rec.kind == BLUE_OUT_FLOAT) {
+                a.embedding.push_back(std::bit_cast<float>(rec.value));
+                continue;
+            }
             if (a.logprobs.take(rec)) continue;
             if (rec.kind == BLUE_OUT_TOKEN && !a.finished) {
                 ++a.tokens;
@@ -251,8 +260,8 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
                         a.pending.push_back(std::move(ev));
                     }
                     // Length: max_new reached, or the context filled (the program stops there).
-                    const bool full = a.tokens >= a.max_new ||
-                                      a.prompt_tokens + a.tokens + 1 >= engine_.contextLength();
+                    const bool full = !a.embed && (a.tokens >= a.max_new ||
+                                                   a.prompt_tokens + a.tokens + 1 >= engine_.contextLength());
                     finishRequest(a, a.cancel_requested ? FinishReason::Cancelled
                                      : full             ? FinishReason::Length
                                                         : FinishReason::Stop);

@@ -44,6 +44,8 @@ struct StreamEvent {
     uint32_t prompt_tokens = 0;
     uint32_t completion_tokens = 0;  // total so far
     uint32_t cached_tokens = 0;      // leading prompt tokens the instance did not recompute
+    std::vector<float> embedding;    // with the finish of an embedding request: the pooled vector
+                                     // (n_embd elements when it ran to its end; not normalised)
     // With FinishReason::Error: what failed and what was running, and whether it was the device
     // (the engine is rebuilding it: the request may be sent again).
     std::string error;

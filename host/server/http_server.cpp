@@ -11,11 +11,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "host/server/conn_front.h"
+#include "host/server/embeddings.h"
 #include "host/server/openai.h"
 #include "host/server/tools.h"
 
@@ -142,25 +145,29 @@ ApiError finishError(bluevm_status error, const std::string& message) {
 
 // The answer to a submit the engine or cascade refused.
 // invalid_param: the field an invalid-argument failure is about ("" when unknown).
-void refuseSubmit(httplib::Response& res, bluevm_status st, const char* prompt_param,
-                  const char* invalid_param = "") {
+// The response to a refused submit, whose message is `message`.
+void refuseSubmitAs(httplib::Response& res, bluevm_status st, const std::string& message, const char* prompt_param,
+                    const char* invalid_param) {
     switch (st) {
         case BLUEVM_ERR_QUEUE_FULL:
             res.set_header("Retry-After", "1");
-            return sendError(res, apiError(429, bluevm_last_error(), "rate_limit_error", "", "queue_full"));
+            return sendError(res, apiError(429, message, "rate_limit_error", "", "queue_full"));
         case BLUEVM_ERR_TOO_LONG:
-            return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error",
-                                           prompt_param, "context_length_exceeded"));
+            return sendError(res, apiError(400, message, "invalid_request_error", prompt_param, "context_length_exceeded"));
         case BLUEVM_ERR_INVALID_ARGUMENT:
-            return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", invalid_param));
+            return sendError(res, apiError(400, message, "invalid_request_error", invalid_param));
         case BLUEVM_ERR_SHUTDOWN:
-            return sendError(res, apiError(503, bluevm_last_error(), "server_error"));
+            return sendError(res, apiError(503, message, "server_error"));
         case BLUEVM_ERR_DEVICE_LOST:
             res.set_header("Retry-After", kRetryAfter);
-            return sendError(res, apiError(503, bluevm_last_error(), "server_error", "", "recovering"));
+            return sendError(res, apiError(503, message, "server_error", "", "recovering"));
         default:
-            return sendError(res, apiError(500, bluevm_last_error(), "server_error"));
+            return sendError(res, apiError(500, message, "server_error"));
     }
+}
+
+void refuseSubmit(httplib::Response& res, bluevm_status st, const char* prompt_param, const char* invalid_param = "") {
+    refuseSubmitAs(res, st, bluevm_last_error(), prompt_param, invalid_param);
 }
 
 // What one poll of a generation brought: new text and, once, the end.
@@ -332,6 +339,13 @@ struct HttpServer::Impl {
         }
         return false;
     }
+    // A 404 for a "model" the server does not serve ("" names none).
+    std::optional<ApiError> unknownModel(const std::string& name) const {
+        if (name.empty() || knownModel(name)) return std::nullopt;
+        return apiError(404, "the model '" + name + "' does not exist; this server serves '" + options.model_names.front() + "'",
+                        "invalid_request_error", "model", "model_not_found");
+    }
+    void embeddings(const httplib::Request& req, httplib::Response& res);
     void routes();
     nlohmann::json modelMeta() const;
     void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
@@ -418,6 +432,7 @@ void HttpServer::Impl::routes() {
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
         generate(Endpoint::Chat, req, res);
     });
+    http.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) { embeddings(req, res); });
     // Errors httplib answers itself (unknown path, body too large) get an OpenAI error body too.
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;
@@ -442,6 +457,8 @@ nlohmann::json HttpServer::Impl::modelMeta() const {
                 {"n_vocab", info.n_vocab},
                 {"device", info.device},
                 {"chat_template", info.chat_template},
+                {"n_embd", info.n_embd},
+                {"pooling", info.pooling},
                 {"tool_format", std::string(toolFormatName(tool_format))}};
     }
     const bluevm_cascade_info& c = cascade_info;
@@ -462,12 +479,7 @@ void HttpServer::Impl::generate(Endpoint endpoint, const httplib::Request& req,
     if (auto e = parseRequest(endpoint, req.body, cascade ? kCascadeMaxTokens : info.n_ctx, &ar)) {
         return sendError(res, *e);
     }
-    if (!ar.model.empty() && !knownModel(ar.model)) {
-        return sendError(res, apiError(404,
-                                       "the model '" + ar.model + "' does not exist; this server serves '" +
-                                           options.model_names.front() + "'",
-                                       "invalid_request_error", "model", "model_not_found"));
-    }
+    if (auto e = unknownModel(ar.model)) return sendError(res, *e);
     auto g = std::make_shared<Generation>();
     if (!(cascade ? submitCascade(ar, *g, res) : submitModel(ar, *g, res))) return;
     g->endpoint = endpoint;
@@ -630,6 +642,70 @@ bool HttpServer::Impl::submitCascade(const ApiRequest& ar, Generation& g, httpli
     g.cascade = cascade;
     g.cascade_info = &cascade_info;
     return true;
+}
+
+// POST /v1/embeddings: every input is a request with the embed flag on the model's engine (so the
+// instances pool them on the GPU, batched with whatever else runs); the pooled vectors come back
+// on the finished events and are cut to `dimensions` and normalised here. When the queue is full,
+// the handler waits for its own oldest request before it queues the next.
+void HttpServer::Impl::embeddings(const httplib::Request& req, httplib::Response& res) {
+    if (cascade) {
+        return sendError(res, apiError(400, "/v1/embeddings is not served for a cascade: serve one model (with --pooling)"));
+    }
+    EmbeddingRequest er;
+    if (auto e = parseEmbeddingRequest(req.body, info.n_embd, info.n_vocab, &er)) return sendError(res, *e);
+    if (auto e = unknownModel(er.model)) return sendError(res, *e);
+    std::vector<std::vector<float>> vectors(er.inputs.size());
+    std::deque<std::pair<size_t, uint64_t>> running;  // (input, request id), oldest first
+    uint64_t prompt_tokens = 0;
+    std::optional<ApiError> failure;
+    // Waits for the oldest running request and takes its vector.
+    auto collect = [&] {
+        auto [index, id] = running.front();
+        running.pop_front();
+        bluevm_event ev{};
+        bluevm_status st = bluevm_poll(engine, id, -1, &ev);
+        while (st == BLUEVM_OK && !ev.finished) st = bluevm_poll(engine, id, -1, &ev);
+        if (!failure && ev.reason == BLUEVM_FINISH_ERROR) {
+            failure = apiError(ev.error == BLUEVM_ERR_DEVICE_LOST ? 503 : 500, bluevm_last_error(), "server_error");
+        } else if (!failure && (st != BLUEVM_OK || ev.n_embedding != info.n_embd)) {
+            failure = apiError(500, strFormat("input %zu: the embedding ended early (%u of %u elements)", index,
+                                              ev.n_embedding, info.n_embd), "server_error");
+        } else if (!failure) {
+            vectors[index] = finishEmbedding(std::vector<float>(ev.embedding, ev.embedding + ev.n_embedding), er.dimensions);
+            prompt_tokens += ev.prompt_tokens;
+        }
+        bluevm_release(engine, id);
+    };
+    for (size_t i = 0; i < er.inputs.size() && !failure; ++i) {
+        const EmbeddingRequest::Input& in = er.inputs[i];
+        bluevm_request r;
+        bluevm_request_init(&r);
+        r.embed = 1;
+        if (in.is_ids) {
+            r.prompt_ids = in.ids.data();
+            r.n_prompt_ids = in.ids.size();
+        } else {
+            r.prompt = in.text.c_str();
+        }
+        uint64_t id = 0;
+        bluevm_status st = bluevm_submit(engine, &r, &id);
+        while (st == BLUEVM_ERR_QUEUE_FULL && !running.empty() && !failure) {
+            collect();
+            st = bluevm_submit(engine, &r, &id);
+        }
+        if (st != BLUEVM_OK) {
+            std::string where = er.inputs.size() > 1 ? strFormat("input[%zu]", i) : std::string("input");
+            std::string message = bluevm_last_error();
+            while (!running.empty()) collect();
+            return refuseSubmitAs(res, st, where + ": " + message, "input", "input");
+        }
+        running.emplace_back(i, id);
+    }
+    while (!running.empty()) collect();
+    if (failure) return sendError(res, *failure);
+    res.set_content(embeddingResponse(vectors, er.base64, options.model_names.front(), prompt_tokens).dump(),
+                    "application/json");
 }
 
 // POST /tokenize {"content": string, "add_special": bool} -> {"tokens": [...]}.

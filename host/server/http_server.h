@@ -4,6 +4,7 @@
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true answers server-sent events)
 //   GET  /v1/models, GET /health, GET /metrics (Prometheus text)
 //   POST /tokenize {"content", "add_special"} -> {"tokens": [...]}   (a model, not a cascade)
+//   POST /v1/embeddings {"input", "encoding_format", "dimensions"}   (a model lowered with a pooling)
 //
 // With api_keys, every endpoint but GET /health needs `Authorization: Bearer KEY` (401 with
 // WWW-Authenticate: Bearer otherwise; keys are compared without an early exit). CORS is off

@@ -265,6 +265,27 @@ test('chat: tools with tool_choice required answer tool calls, one without paral
   }
 });
 
+// The client asks for base64 when no encoding_format is given and decodes it: the same numbers as
+// the float form. The server pools by mean (tests/test_openai_client.cpp starts it with --pooling).
+test('embeddings: unit vectors in input order; base64 (the client default) equals float; dimensions', async () => {
+  const r = await client.embeddings.create({ model: 'stories260K', input: [prompt, 'The cat sat.'] });
+  assert.equal(r.object, 'list');
+  assert.equal(r.data.length, 2);
+  for (const [i, d] of r.data.entries()) {
+    assert.equal(d.index, i);
+    assert.equal(d.embedding.length, 64);
+    assert.ok(Math.abs(Math.hypot(...d.embedding) - 1) < 1e-5);
+  }
+  assert.ok(r.usage.prompt_tokens > 2);
+  const f = await client.embeddings.create({ model: 'stories260K', input: prompt, encoding_format: 'float' });
+  assert.deepEqual(Array.from(f.data[0].embedding), Array.from(r.data[0].embedding));
+  const cut = await client.embeddings.create({ model: 'stories260K', input: prompt, dimensions: 8 });
+  assert.equal(cut.data[0].embedding.length, 8);
+  assert.ok(Math.abs(Math.hypot(...cut.data[0].embedding) - 1) < 1e-5);
+  await rejects(client.embeddings.create({ model: 'stories260K', input: '' }), OpenAI.BadRequestError, 400,
+    /'input' is empty/, 'input');
+});
+
 // A schema the server cannot follow is refused with 400 naming the field, never ignored.
 test('errors: an unsupported schema keyword is refused with 400', async () => {
   await rejects(client.chat.completions.create({
