@@ -3,7 +3,7 @@
 //   bluec dis prog.bir                  print bytecode as text
 //   bluec check prog.bir                parse and verify only
 //   bluec lower --model M.gguf -o M.bir [--ctx N] [--max-rows N] [--chunk N] [--kv f16|f32]
-//               [--grammar-words N] [--pooling mean|cls|last|none]
+//               [--grammar-words N] [--pooling mean|cls|last|none] [--sessions N]
 //                                       compile a GGUF model into a generation program
 //   bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...]
 //                                       compile a cascade (compiler/cascade/cascade.h)
@@ -29,7 +29,7 @@ constexpr const char* kUsage =
     "       bluec lower --model M.gguf -o OUT.bir [--ctx N] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32] [--grammar-words N (structured output: automaton words per\n"
     "                   instance, default 65536; 0: none)] [--pooling mean|cls|last|none (embeddings;\n"
-    "                   default: the file's pooling type)]\n"
+    "                   default: the file's pooling type)] [--sessions N (conversation slots kept on the GPU)]\n"
     "                                        compile a GGUF model into a generation program\n"
     "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32] [--forks N (fork stages in flight at once, default 16)]\n"
@@ -82,6 +82,7 @@ int lower(int argc, char** argv) {
         else if (a == "--chunk") ok = parseU32(v, &opt.chunk);
         else if (a == "--grammar-words") ok = parseU32(v, &opt.grammar_words);
         else if (a == "--pooling" && blue::parsePooling(v)) opt.pooling = blue::parsePooling(v);
+        else if (a == "--sessions") ok = parseU32(v, &opt.sessions);
         else if (a == "--kv" && (v == "f16" || v == "f32")) opt.kv_type = v == "f16" ? blue::DType::F16 : blue::DType::F32;
         else return fail("lower: unknown or incomplete option '" + a + "'\n" + kUsage);
         if (!ok) return fail("lower: " + a + " needs a number, got '" + v + "'");

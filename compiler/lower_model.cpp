@@ -32,6 +32,8 @@ struct Lowering {
     uint32_t grammar = kNone, token_bytes = kNone;  // SAMPLEG's operands (structured output)
     Pooling pooling = Pooling::None;                  // embeddings: the embed block pools so
     uint32_t embed_block = kNone, pooled = kNone;     // ... and writes `pooled`
+    uint32_t sessions = 0;                            // session slots (LowerOptions::sessions)
+    uint32_t session_tokens = kNone, session_load = kNone, session_save = kNone;
 
     // A WEIGHT tensor read from the GGUF file, by its GGUF name.
     uint32_t weight(const std::string& name) {
@@ -115,8 +117,34 @@ struct Lowering {
     void attention(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a);
     void experts(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
     void feedForward(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
+    void sessionBlocks(CodeBuilder& cb, uint32_t ctx);
     void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
+    void loadSession(CodeBuilder& cb, uint32_t ctx);
+    void saveSession(CodeBuilder& cb, uint32_t ctx);
 };
+
+// The session store (LowerOptions::sessions): per layer a GLOBAL K and V store of `sessions`
+// slots shaped like the caches, a GLOBAL token table ((ctx + 1) words a slot: the count, then the
+// tokens), and two blocks that copy KV rows between an instance's caches and a slot, taking the
+// block arguments (rows = 1, slot, first row, end row).
+void Lowering::sessionBlocks(CodeBuilder& cb, uint32_t ctx) {
+    const uint32_t kv_dim = cfg.n_head_kv * cfg.head_dim;
+    session_tokens = activation("session_tokens", BLUE_TC_GLOBAL, DType::I32, {uint64_t(ctx + 1) * sessions});
+    for (uint32_t dir : {0u, 1u}) {
+        uint32_t b = cb.beginBlock(prefix + (dir ? "session_save" : "session_load"), 4);
+        for (uint32_t l = 0; l < cfg.n_layer; ++l) {
+            for (const char* kv : {"k", "v"}) {
+                const std::string ln = std::to_string(l);
+                const uint32_t cache = ids.at(prefix + kv + "cache." + ln);
+                const uint32_t store = activation(std::string(kv) + "session." + ln, BLUE_TC_GLOBAL, kv_type,
+                                                  {kv_dim, ctx, sessions});
+                cb.tensor(Op::KVCOPY, {cache, store, dir, 1, 2, 3});
+            }
+        }
+        cb.endBlock();
+        (dir ? session_save : session_load) = b;
+    }
+}
 
 uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head, uint32_t table) {
     const uint32_t dim = cfg.n_embd, q_dim = cfg.n_head * cfg.head_dim;
@@ -335,13 +363,67 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
 enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
     kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kIid, kCancelMark, kFlagWord,
-    kStart, kLp, kReuse, kEmbed,
+    kStart, kLp, kReuse, kEmbed, kSess,
 };
 
 // Where SAMPLE writes the top log-probabilities: after the history.
 uint32_t topLogprobsAddr(uint32_t ctx) { return BLUE_LM_HISTORY + ctx; }
 // The word after them: positions whose KV rows match the history (vm/llm_abi.h).
 uint32_t kvValidAddr(uint32_t ctx) { return topLogprobsAddr(ctx) + 2 * BLUE_MAX_TOP_LOGPROBS; }
+// The word after it: the first position whose KV row and token a session save writes (those
+// before it came from the slot unchanged).
+uint32_t sessionFromAddr(uint32_t ctx) { return kvValidAddr(ctx) + 1; }
+
+// A session request before prefix reuse: the slot's tokens become the history and its count the
+// positions whose KV rows are valid, so INCMP finds what the prompt shares with the conversation.
+// Not for a new session (nothing stored) or a request without one.
+void Lowering::loadSession(CodeBuilder& cb, uint32_t ctx) {
+    auto done = cb.newLabel("session_loaded"), copy = cb.newLabel("session_copy");
+    cb.jump(Op::BEQZ, {kSess}, done);
+    cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_SESSION_NEW);
+    cb.jump(Op::BNEZ, {kWord}, done);
+    cb.op(Op::ADDI, {kN, kSess}, uint32_t(-1));
+    cb.op(Op::MULI, {kN, kN}, ctx + 1);  // the slot's count word
+    cb.op(Op::TLD, {kWord, kN}, session_tokens);
+    cb.op(Op::MINU, {kWord, kWord, kCtx});
+    cb.op(Op::ST, {kWord, 0}, kvValidAddr(ctx));
+    cb.li(kI, 0);
+    cb.bind(copy);
+    cb.jump(Op::BGEU, {kI, kWord}, done);
+    cb.op(Op::ADD, {kTok, kN, kI});
+    cb.op(Op::ADDI, {kTok, kTok}, 1);
+    cb.op(Op::TLD, {kTok, kTok}, session_tokens);
+    cb.op(Op::ST, {kTok, kI}, BLUE_LM_HISTORY);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, copy);
+    cb.bind(done);
+}
+
+// At a request's end: its tokens and KV rows from sessionFrom to kPos go into its slot, and the
+// slot's count becomes kPos. Nothing without a session.
+void Lowering::saveSession(CodeBuilder& cb, uint32_t ctx) {
+    auto done = cb.newLabel("session_saved"), copy = cb.newLabel("session_save_tokens");
+    auto copied = cb.newLabel("session_tokens_saved");
+    cb.jump(Op::BEQZ, {kSess}, done);
+    cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));  // block argument 1: the slot
+    cb.op(Op::MULI, {kN, kArgPos}, ctx + 1);
+    cb.op(Op::TST, {kPos, kN}, session_tokens);
+    cb.op(Op::LD, {kI, 0}, sessionFromAddr(ctx));
+    cb.op(Op::MOV, {kArgTokens, kI});  // block argument 2: the first row
+    cb.bind(copy);
+    cb.jump(Op::BGEU, {kI, kPos}, copied);
+    cb.op(Op::LD, {kTok, kI}, BLUE_LM_HISTORY);
+    cb.op(Op::ADD, {kWord, kN, kI});
+    cb.op(Op::ADDI, {kWord, kWord}, 1);
+    cb.op(Op::TST, {kTok, kWord}, session_tokens);
+    cb.op(Op::ADDI, {kI, kI}, 1);
+    cb.jump(Op::JMP, {}, copy);
+    cb.bind(copied);
+    cb.li(kArgRows, 1);
+    cb.op(Op::MOV, {kArgSampling, kPos});  // block argument 3: the end row
+    cb.op(Op::RUN, {kArgRows}, session_save);
+    cb.bind(done);
+}
 
 void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
     auto next = cb.newLabel("next_request"), halt = cb.newLabel("halt");
@@ -379,6 +461,15 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     // without one rejects it.
     cb.op(Op::ANDI, {kEmbed, kFlags}, BLUE_REQ_FLAG_EMBED);
     if (embed_block == kNone) cb.jump(Op::BNEZ, {kEmbed}, reject);
+    // A session (1 + its slot): none beyond the program's slots.
+    cb.li(kTmp, BLUE_REQ_SESSION);
+    cb.op(Op::INLD, {kSess, kSlot, kTmp});
+    cb.li(kWord, sessions + 1);
+    cb.jump(Op::BGEU, {kSess, kWord}, reject);
+    if (sessions) {  // a save writes from here on; loading a stored conversation moves it
+        cb.li(kWord, 0);
+        cb.op(Op::ST, {kWord, 0}, sessionFromAddr(ctx));
+    }
     // Log-probabilities: kLp = 0 (none) or 1 + N alternatives, which SAMPLE writes when N > 0.
     cb.li(kTmp, BLUE_REQ_LOGPROBS);
     cb.op(Op::INLD, {kLp, kSlot, kTmp});
@@ -448,6 +539,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.jump(Op::BNEZ, {kWord}, no_reuse);
     // Mean and first-token pooling need every prompt row computed in this request.
     if (pooling == Pooling::Mean || pooling == Pooling::Cls) cb.jump(Op::BNEZ, {kEmbed}, no_reuse);
+    if (sessions) loadSession(cb, ctx);
     cb.li(kReuse, BLUE_LM_HISTORY);
     cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
     cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
@@ -456,6 +548,19 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.op(Op::MINU, {kReuse, kReuse, kWord});       // no prompt: -1, and kReuse is 0 already
     cb.jump(Op::BEQZ, {kReuse}, no_reuse);
     cb.op(Op::OUTU, {kReuse});
+    if (sessions) {  // the shared rows of a stored conversation come from its slot
+        auto own = cb.newLabel("own_rows");
+        cb.jump(Op::BEQZ, {kSess}, own);
+        cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_SESSION_NEW);
+        cb.jump(Op::BNEZ, {kWord}, own);
+        cb.li(kArgRows, 1);
+        cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));
+        cb.li(kArgTokens, 0);
+        cb.op(Op::MOV, {kArgSampling, kReuse});
+        cb.op(Op::RUN, {kArgRows}, session_load);
+        cb.op(Op::ST, {kReuse, 0}, sessionFromAddr(ctx));
+        cb.bind(own);
+    }
     cb.bind(no_reuse);
     cb.op(Op::ANDI, {kFlags, kFlags}, BLUE_REQ_FLAG_IGNORE_EOG);
     cb.op(Op::ADD, {kPos, kStart, kReuse});  // one of them is 0
@@ -568,10 +673,12 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.jump(Op::JMP, {}, gen);
     cb.bind(reject);
     cb.op(Op::INFREE, {kSlot});
+    cb.li(kSess, 0);  // a rejected request saves nothing into a session
     cb.bind(finish);
     // The positions before kPos hold KV rows of the history's tokens: what the next request may
     // reuse. (A rejected request leaves kPos as the last request ended it.)
     cb.op(Op::ST, {kPos, 0}, kvValidAddr(ctx));
+    if (sessions) saveSession(cb, ctx);
     cb.op(Op::OUTEND, {kTag});
     cb.jump(Op::JMP, {}, next);
     cb.bind(halt);
@@ -693,12 +800,13 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     uint32_t chunk = std::min(opt.chunk ? opt.chunk : 128, max_rows);
     if (ctx < 2) return Status::error("context length must be at least 2");
     if (max_rows > BLUE_MAX_ROWS) return BLUE_ERROR("max rows %u is above %u", max_rows, BLUE_MAX_ROWS);
+    if (opt.sessions > kMaxSessions) return BLUE_ERROR("%u session slots: at most %u", opt.sessions, kMaxSessions);
 
     Module m;
     Lowering lw{gguf, cfg, opt.kv_type, m, "", 0, {}};
     m.externs.push_back(opt.model_path);
     m.layout.regs = 32;
-    m.layout.local_words = kvValidAddr(ctx) + 1;
+    m.layout.local_words = sessionFromAddr(ctx) + 1;
     m.layout.in_slots = opt.in_slots;
     m.layout.in_slot_words = BLUE_REQ_HEADER + 1 + opt.grammar_words + ctx + 1;
     m.layout.max_rows = max_rows;
@@ -718,6 +826,8 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     CodeBuilder cb(&m);
     uint32_t block = lw.forwardBlock(cb, ctx);
     if (lw.pooling != Pooling::None) lw.embed_block = lw.forwardBlock(cb, ctx, ForwardHead::Embed, uint32_t(lw.pooling));
+    lw.sessions = opt.sessions;
+    if (lw.sessions) lw.sessionBlocks(cb, ctx);
     lw.generationProgram(cb, block, ctx, chunk);
     BLUE_TRY(cb.finish());
     m.meta = {{kMetaKind, "llm-generate"},
@@ -725,7 +835,8 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
               {kMetaCtx, std::to_string(ctx)},
               {kMetaRequest, std::to_string(BLUE_REQ_LAYOUT)},
               {kMetaGrammarWords, std::to_string(opt.grammar_words)},
-              {kMetaPooling, poolingName(lw.pooling)}};
+              {kMetaPooling, poolingName(lw.pooling)},
+              {kMetaSessions, std::to_string(opt.sessions)}};
     Status s = verifyModule(m);
     if (!s) return s.prefix("lowered module fails verification (compiler bug)");
     return m;

@@ -25,6 +25,7 @@ inline constexpr uint32_t kDefaultGrammarWords = 1u << 16;  // 256 KiB per insta
 // Engines (host/llm/engine.h): kDefaultGrammarWords, or fewer when 16 instances' automata would
 // not fit one page of the device (Mali-class texel limits: 1 MiB pages, 16384 words).
 inline constexpr uint32_t kGrammarWordsAuto = 0xFFFFFFFFu;
+inline constexpr uint32_t kMaxSessions = 4096;  // LowerOptions::sessions
 
 // How an embedding pools a prompt's hidden states (after the output norm) into one vector, as
 // llama.cpp's `<arch>.pooling_type` numbers them: mean over the tokens, the first token's (CLS), the
@@ -50,6 +51,10 @@ struct LowerOptions {
     DType kv_type = DType::F16;
     // Embeddings: an `embed` forward block pooling as this says (nullopt: the file's pooling type).
     std::optional<Pooling> pooling;
+    // Session slots (vm/llm_abi.h BLUE_REQ_SESSION): conversations whose tokens and KV rows the
+    // program keeps in a GLOBAL store between requests, on whichever instance takes each turn.
+    // Each slot holds a whole context of KV rows (as much as an instance's caches). 0: none.
+    uint32_t sessions = 0;
     // The GGUF path as the module records it (relative to the module's folder, or absolute).
     std::string model_path;
 };
@@ -92,6 +97,7 @@ inline constexpr const char* kMetaArch = "llm.architecture";
 inline constexpr const char* kMetaRequest = "llm.request";     // BLUE_REQ_LAYOUT, decimal
 inline constexpr const char* kMetaGrammarWords = "llm.grammar_words";  // LowerOptions::grammar_words
 inline constexpr const char* kMetaPooling = "llm.pooling";     // poolingName; absent: none
+inline constexpr const char* kMetaSessions = "llm.sessions";   // LowerOptions::sessions; absent: 0
 
 // The model's token bytes as SAMPLEG reads them (vm/llm_abi.h BLUE_TB_*): one info word per
 // token, then the bytes of the text tokens as decoding writes them.

@@ -60,8 +60,10 @@ typedef enum bluevm_status {
     BLUEVM_ERR_DEVICE_LOST = 11, /* the device was lost or ran out of memory; an engine
                                    rebuilds it by itself (retry later); a failed
                                    bluevm_engine_create may simply be called again */
-    BLUEVM_ERR_SNAPSHOT = 12     /* (API 6) a KV snapshot is malformed, corrupt, of another
+    BLUEVM_ERR_SNAPSHOT = 12,    /* (API 6) a KV snapshot is malformed, corrupt, of another
                                     format version or of another model */
+    BLUEVM_ERR_BUSY = 13         /* (API 11) the request's session has a turn running, or every
+                                    session slot has one: send it after that turn ends */
 } bluevm_status;
 
 /* "ok", "invalid argument", ... (static strings). */
@@ -95,6 +97,10 @@ typedef struct bluevm_model_options {
                                "cls" (the first token's), "last" or "none" (no embeddings);
                                NULL (the default): the file's <arch>.pooling_type, none without
                                it. A .bir keeps the pooling it was lowered with. */
+    uint32_t sessions;      /* API 11: session slots (bluevm_request.session): conversations whose
+                               tokens and KV rows the GPU keeps between their turns, each slot a
+                               whole context of KV rows; 0 (the default): none. A .bir keeps the
+                               count it was lowered with. */
 } bluevm_model_options;
 
 void bluevm_model_options_init(bluevm_model_options* o);
@@ -116,6 +122,7 @@ typedef struct bluevm_model_info {
     /* API 11: how embeddings pool ("mean", "cls", "last"; "none": bluevm_request.embed is
        refused) */
     const char* pooling;
+    uint32_t sessions;  /* API 11: session slots of the program (0: none) */
 } bluevm_model_info;
 
 /* Strings stay valid while the model is open. */
@@ -203,6 +210,13 @@ typedef struct bluevm_request {
      * used) and the finished event carries the pooled vector (bluevm_event.embedding). Refused
      * with BLUEVM_ERR_INVALID_ARGUMENT when the model's pooling is "none". */
     int embed;
+    /* API 11: a conversation's name (NUL-terminated, at most 256 bytes; NULL or "": none). Its
+     * turns are kept in one of the engine's session slots (bluevm_model_options.sessions): the
+     * next turn, on whatever instance takes it, reuses the KV rows of everything the conversation
+     * holds so far (prompt and answer), where its prompt repeats them (cached_tokens says how
+     * many). A new conversation takes a free slot, else the least recently used idle one. One
+     * turn at a time: BLUEVM_ERR_BUSY while one runs. The output is the same with or without. */
+    const char* session;
 } bluevm_request;
 
 void bluevm_request_init(bluevm_request* r);
@@ -272,6 +286,8 @@ typedef struct bluevm_metrics {
        in the cache, copied into it from host memory, and read in place (no slot free); bytes
        copied */
     uint64_t expert_hits, expert_misses, expert_inplace, expert_paged_bytes;
+    /* API 11: conversations in session slots now; conversations forgotten for new ones */
+    uint64_t sessions, session_evictions;
 } bluevm_metrics;
 
 bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out);

@@ -80,6 +80,7 @@ const char* bluevm_status_name(bluevm_status s) {
         case BLUEVM_ERR_INTERNAL: return "internal error";
         case BLUEVM_ERR_DEVICE_LOST: return "device lost";
         case BLUEVM_ERR_SNAPSHOT: return "bad KV snapshot";
+        case BLUEVM_ERR_BUSY: return "busy";
     }
     return "unknown status";
 }
@@ -93,7 +94,7 @@ int bluevm_api_version(void) {
 }
 
 void bluevm_model_options_init(bluevm_model_options* o) {
-    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0, BLUEVM_GRAMMAR_WORDS_AUTO, 1, nullptr};
+    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0, BLUEVM_GRAMMAR_WORDS_AUTO, 1, nullptr, 0};
 }
 
 bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* options,
@@ -117,6 +118,7 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
                 return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "host_weights must be 0 (auto), 1 (read) or 2 (stream)");
             }
             eo.host_weights = blue::GpuOptions::HostWeights(options->host_weights);
+            eo.sessions = options->sessions;
             if (options->pooling) {
                 eo.pooling = blue::parsePooling(options->pooling);
                 if (!eo.pooling) {
@@ -153,6 +155,7 @@ bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info
     out->device = model->device.c_str();
     out->chat_template = model->chat_template.c_str();
     out->pooling = model->pooling.c_str();
+    out->sessions = model->engine->sessions();
     out->n_vocab = c.n_vocab;
     out->n_ctx = model->engine->contextLength();
     out->n_layer = c.n_layer;
@@ -358,14 +361,16 @@ bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request
             }
             eng->arrived.notify_all();
         };
-        bool queue_full = false, unavailable = false;
+        bool queue_full = false, unavailable = false, session_busy = false;
+        const std::string session = request->session ? request->session : "";
         // The lock is held across submit so that a poll cannot look for the id before it is
         // registered; the callback takes the same lock only on the driver thread, later.
         std::lock_guard<std::mutex> lock(engine->mutex);
         auto submitted = engine->serving->submit(std::move(r), std::move(stop), callback,
-                                                 &queue_full, &unavailable);
+                                                 &queue_full, &unavailable, session, &session_busy);
         if (!submitted) {
-            return failWith(queue_full    ? BLUEVM_ERR_QUEUE_FULL
+            return failWith(queue_full      ? BLUEVM_ERR_QUEUE_FULL
+                            : session_busy  ? BLUEVM_ERR_BUSY
                             : unavailable ? BLUEVM_ERR_DEVICE_LOST
                             : submitted.message().find("shutting down") != std::string::npos
                                 ? BLUEVM_ERR_SHUTDOWN

@@ -21,6 +21,8 @@ bluevm_status bluevm_generate(bluevm_model* model, const bluevm_request* request
         *out = bluevm_completion{};
         if (request->n_stop)
             return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "bluevm_generate takes no stop strings");
+        if (request->session && *request->session)
+            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "bluevm_generate keeps no sessions (submit the request to an engine)");
         if (request->embed)
             return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "bluevm_generate does not embed (submit the request to an engine)");
         blue::Engine& e = *model->engine;

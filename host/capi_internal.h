@@ -125,6 +125,8 @@ inline void metricsOut(const ServeMetrics& m, bluevm_metrics* out) {
     out->expert_misses = m.expert_misses;
     out->expert_inplace = m.expert_inplace;
     out->expert_paged_bytes = m.expert_paged_bytes;
+    out->sessions = m.sessions;
+    out->session_evictions = m.session_evictions;
 }
 
 template <class F>

@@ -92,6 +92,9 @@
 #define BLUE_PC_EMBED_LAST 21
 // MATMUL: 1 when the instruction is MATMULADD (the kernels add their result to dst).
 #define BLUE_PC_MM_ACCUMULATE 20
+// KVCOPY: 32-bit words of one cache row, and the context (rows of a cache, and of a store's slot).
+#define BLUE_PC_KV_ROW_WORDS 20
+#define BLUE_PC_KV_CTX 21
 
 // ---- control buffer: header words ----------------------------------------------------------
 #define BLUE_H_NINST 0

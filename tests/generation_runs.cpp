@@ -18,6 +18,7 @@ Generated generatedByTag(const RunReport& r) {
         if (rec.kind == BLUE_OUT_BEGIN) tag_of[rec.inst] = rec.value;
         if (rec.kind == BLUE_OUT_TOKEN) out.tokens[tag_of[rec.inst]].push_back(rec.value);
         if (rec.kind == BLUE_OUT_FLOAT) out.logprobs[tag_of[rec.inst]].push_back(std::bit_cast<float>(rec.value));
+        if (rec.kind == BLUE_OUT_UINT) out.cached[tag_of[rec.inst]] = rec.value;
         if (rec.kind == BLUE_OUT_END) out.tokens[rec.value];
     }
     return out;

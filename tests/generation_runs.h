@@ -19,6 +19,7 @@ namespace blue::test {
 struct Generated {
     std::map<uint32_t, std::vector<uint32_t>> tokens;
     std::map<uint32_t, std::vector<float>> logprobs;
+    std::map<uint32_t, uint32_t> cached;  // prompt tokens whose KV rows were reused (prefix reuse)
 };
 
 Generated generatedByTag(const RunReport& r);

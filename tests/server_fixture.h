@@ -24,16 +24,17 @@ struct TestServer {
     std::thread thread;
 
     // `extra`: api_keys, cors_origins, timeouts, connection limits and the tool format for the
-    // server. `model`: another GGUF than stories260K, and `vram_budget`, `grammar_words` and
-    // `pooling` (bluevm_model_options) for it.
+    // server. `model`: another GGUF than stories260K, and `vram_budget`, `grammar_words`,
+    // `pooling` and `sessions` (bluevm_model_options) for it.
     TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue, const server::ServerOptions& extra = {},
                const std::string& model_path = "", uint64_t vram_budget = 0, uint32_t grammar_words = 0,
-               const char* pooling = nullptr) {
+               const char* pooling = nullptr, uint32_t sessions = 0) {
         bluevm_model_options mo;
         bluevm_model_options_init(&mo);
         mo.ctx = ctx;
         mo.vram_budget = vram_budget;
         mo.pooling = pooling;
+        mo.sessions = sessions;
         if (grammar_words) mo.grammar_words = grammar_words;
         const std::string path =
             model_path.empty() ? sharedDir() + "/models/stories260K/stories260K.gguf" : model_path;

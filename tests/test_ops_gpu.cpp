@@ -399,6 +399,9 @@ void runOpCase(Op op) {
         case Op::POOL:
             poolCase();
             return;
+        case Op::KVCOPY:
+            for (DType t : {DType::F32, DType::F16}) kvcopyCase(t);
+            return;
         case Op::MOEROUTE:
             moerouteCase();
             return;

@@ -78,6 +78,29 @@ void kvstoreCase(DType cache) {
     expectClose(*both, vc, 0, bound, name + " V cache");
 }
 
+// KVCOPY both ways: the caches loaded from a seeded store, then saved into a second one. The
+// harness's block arguments stand in: the slot is arg 1 (the position: slots 0, 2 and 1, and 5,
+// past the store's 3), the rows run from arg 0 (the row count) to arg 4 (the speculation block's
+// address, 80: past the context, so clamped to it).
+void kvcopyCase(DType cache) {
+    constexpr uint32_t kDim = 172, kCtx = 16, kSlots = 3;
+    OpModule om(64, 16, kTokens + 8, 0x5C0 + uint32_t(cache));
+    const std::vector<float> seeded = om.random(size_t(kDim) * kCtx * kSlots, -2, 2);
+    uint32_t store = om.data("store", BLUE_TC_GLOBAL, cache, {kDim, kCtx, kSlots}, seeded);
+    uint32_t saved = om.data("saved", BLUE_TC_GLOBAL, cache, {kDim, kCtx, kSlots},
+                             std::vector<float>(seeded.size(), 0.5f));
+    uint32_t kc = om.tensor("cache", BLUE_TC_INSTANCE, cache, {kDim, kCtx});
+    om.step(Op::KVCOPY, {kc, store, 0, BLUE_FA_POS, BLUE_FA_ROWS, BLUE_FA_SPEC});
+    om.step(Op::KVCOPY, {kc, saved, 1, BLUE_FA_POS, BLUE_FA_ROWS, BLUE_FA_SPEC});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2, 4}, {0, 2, 1, 5});
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
+    const std::string name = "KVCOPY " + lowerName(cache);
+    expectClose(*both, kc, 0, 0.0, name + " load");  // copies of the same bits
+    expectClose(*both, saved, 0, 0.0, name + " save");
+}
+
 namespace {
 
 struct AttnShape {

@@ -39,6 +39,7 @@ constexpr const char* kTensorPool =
 .tensor ff2 weight f32 [2] data f32 1 4
 .tensor kc48 instance f32 [4, 8]
 .tensor vc48 instance f32 [4, 8]
+.tensor st483 global f32 [4, 8, 3]
 .tensor n4 instance i32 [4]
 .tensor k4 rows i32 [4]
 .tensor k1 rows i32 [1]
@@ -73,6 +74,8 @@ const std::vector<ScalarHint>& scalarHints() {
         // position arg, head size 4, 4 rotated dims, neox pairs, base, scale
         {Op::ROPE, {std::to_string(BLUE_FA_POS), "4", "4", "2", "10000", "0.5"}},
         {Op::KVSTORE, {std::to_string(BLUE_FA_POS)}},
+        // save into slot arg 0 (the rows: 2) the rows from arg 0 to arg 1 (the position: 5)
+        {Op::KVCOPY, {"1", std::to_string(BLUE_FA_ROWS), std::to_string(BLUE_FA_ROWS), std::to_string(BLUE_FA_POS)}},
         // 2 query heads of 2 dims over 2 KV heads, position arg, scale
         {Op::ATTN, {"2", "2", std::to_string(BLUE_FA_POS), "0.7"}},
         {Op::SAMPLE, {std::to_string(BLUE_FA_SAMPLING)}},

@@ -28,14 +28,21 @@
 #define BLUE_REQ_LOGPROBS 23    // 0: none; 1 + N: after each token, its log-probability and the N
                                 // most likely tokens' (N <= BLUE_MAX_TOP_LOGPROBS), output records
                                 // ahead of its OUTT: OUTF lp, then N x (OUT id, OUTF lp)
-#define BLUE_REQ_HEADER 24      // then the grammar section: G, then G words (G = 0: none; else a
+#define BLUE_REQ_SESSION 24     // 0: none; 1 + s: a conversation kept in session slot s of the
+                                // program's session store (module metadata llm.sessions): before
+                                // prefill the instance takes the slot's tokens and the KV rows of
+                                // the ones the prompt shares; after the request it writes its
+                                // tokens and new KV rows back
+#define BLUE_REQ_HEADER 25      // then the grammar section: G, then G words (G = 0: none; else a
                                 // packed automaton, BLUE_GR_* below); then the prompt tokens
-#define BLUE_REQ_LAYOUT 4       // this layout's version (module metadata llm.request)
+#define BLUE_REQ_LAYOUT 5       // this layout's version (module metadata llm.request)
 #define BLUE_MAX_TOP_LOGPROBS 20
 
 #define BLUE_REQ_FLAG_IGNORE_EOG 1u  // do not stop at the model's end-of-generation tokens (benchmarks)
 #define BLUE_REQ_FLAG_NO_PREFIX 2u   // recompute the whole prompt: do not reuse the KV rows of the
                                      // tokens it shares with what the instance processed last
+#define BLUE_REQ_FLAG_SESSION_NEW 8u  // the session slot holds nothing of this conversation (a
+                                     // new or evicted session): nothing is loaded from it
 #define BLUE_REQ_FLAG_EMBED 4u       // an embedding: run the prompt through the program's embed
                                      // block (module metadata llm.pooling says how it pools) and
                                      // emit the pooled vector (OUTF per element) instead of

@@ -28,7 +28,8 @@ std::vector<uint32_t> encodeRequest(const GenerationRequest& r) {
     w[BLUE_REQ_N_STOP] = uint32_t(n_stop);
     for (size_t i = 0; i < n_stop; ++i) w[BLUE_REQ_STOP + i] = r.stop_tokens[i];
     w[BLUE_REQ_FLAGS] = (r.ignore_eog ? BLUE_REQ_FLAG_IGNORE_EOG : 0u) | (r.prefix_reuse ? 0u : BLUE_REQ_FLAG_NO_PREFIX) |
-                          (r.embed ? BLUE_REQ_FLAG_EMBED : 0u);
+                          (r.embed ? BLUE_REQ_FLAG_EMBED : 0u) | (r.session_new ? BLUE_REQ_FLAG_SESSION_NEW : 0u);
+    w[BLUE_REQ_SESSION] = r.session;
     w[BLUE_REQ_START] = r.start;
     w[BLUE_REQ_LOGPROBS] = r.logprobs || r.top_logprobs ? 1 + std::min<uint32_t>(r.top_logprobs, BLUE_MAX_TOP_LOGPROBS) : 0;
     const size_t g = r.grammar ? r.grammar->size() : 0;

@@ -35,6 +35,8 @@ struct GenerationRequest {
     std::shared_ptr<const std::vector<uint32_t>> grammar;
     bool prefix_reuse = true;           // the instance may skip the leading prompt tokens whose KV
                                         // rows it still holds (same output either way)
+    uint32_t session = 0;               // 0, or 1 + the session slot the conversation is kept in
+    bool session_new = false;           // the slot holds nothing of it yet (BLUE_REQ_FLAG_SESSION_NEW)
     bool embed = false;                 // an embedding of the prompt instead of generation
                                         // (BLUE_REQ_FLAG_EMBED): the pooled vector's elements
                                         // come out as float records

@@ -1,5 +1,5 @@
 // Reference semantics of the LLM tensor ops: RMSNORM, EMBED, ROPE, KVSTORE, ATTN (and ATTNX, its
-// sliding-window, soft-capped form), SWIGLU, GEGLU, SAMPLE and POOL. Written for clarity, accumulating in double; the GPU kernels match them within the
+// sliding-window, soft-capped form), SWIGLU, GEGLU, SAMPLE, POOL and KVCOPY. Written for clarity, accumulating in double; the GPU kernels match them within the
 // tolerances tests/test_ops_gpu.cpp states.
 #include <algorithm>
 #include <cstring>
@@ -97,6 +97,19 @@ Status checkKvstore(const Checker& c) {
     BLUE_TRY(cacheTensor(c, 3, c.t(0).elements()));
     BLUE_TRY(sameCaches(c, 1, 3));
     return argSlot(c.ti.args[4]);
+}
+
+// KVCOPY: an instance's KV cache and a slot of a session store of the same row width, context and type.
+Status checkKvcopy(const Checker& c) {
+    if (c.t(0).cls != BLUE_TC_INSTANCE || c.t(0).ndim != 2) return c.fail(0, "must be an INSTANCE KV cache [D, ctx]");
+    BLUE_TRY(cacheTensor(c, 0, c.t(0).ne[0]));
+    const TensorDecl& s = c.t(1);
+    if (s.cls != BLUE_TC_GLOBAL || s.ndim != 3) return c.fail(1, "the store must be a GLOBAL tensor [D, ctx, slots]");
+    if (s.ne[0] != c.t(0).ne[0] || s.ne[1] != c.t(0).ne[1]) return c.fail(1, "the store's rows and context differ from the cache's");
+    BLUE_TRY(c.dtype(1, c.t(0).dtype));
+    if (c.ti.args[2] > 1) return BLUE_ERROR("copy direction %u is not 0 (store to cache) or 1 (cache to store)", c.ti.args[2]);
+    for (size_t k : {3, 4, 5}) BLUE_TRY(argSlot(c.ti.args[k]));
+    return Status::ok();
 }
 
 Status checkAttn(const Checker& c) {
@@ -231,6 +244,22 @@ void refKvstore(const Items& it, const TensorInstr& ti) {
             const TensorDecl& t = it.decl(ti.args[which * 2 + 1]);
             for (uint64_t i = 0; i < dim; ++i) cacheWrite(t, cache, pos * dim + i, src[i]);
         }
+    }
+}
+
+void refKvcopy(const Items& it, const TensorInstr& ti) {
+    const TensorDecl& cache = it.decl(ti.args[0]);
+    const TensorDecl& store = it.decl(ti.args[1]);
+    const uint64_t row_bytes = cache.ne[0] * (cache.dtype == DType::F16 ? 2 : 4), slot_bytes = row_bytes * cache.ne[1];
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        const uint64_t s = it.arg(item, ti.args[3]);
+        const uint64_t first = std::min<uint64_t>(it.arg(item, ti.args[4]), cache.ne[1]);
+        const uint64_t end = std::min<uint64_t>(it.arg(item, ti.args[5]), cache.ne[1]);
+        if (s >= store.ne[2] || first >= end) continue;
+        uint8_t* c = it.slice(ti.args[0], item) + first * row_bytes;
+        uint8_t* st = it.slice(ti.args[1], item) + s * slot_bytes + first * row_bytes;
+        if (ti.args[2] == 0) std::memcpy(c, st, (end - first) * row_bytes);
+        else std::memcpy(st, c, (end - first) * row_bytes);
     }
 }
 
@@ -533,6 +562,7 @@ Status checkLlmOp(const Checker& c) {
         case Op::EMBED: return checkEmbed(c);
         case Op::ROPE: return checkRope(c, c.m);
         case Op::KVSTORE: return checkKvstore(c);
+        case Op::KVCOPY: return checkKvcopy(c);
         case Op::ATTN:
         case Op::ATTNX: return checkAttn(c);
         case Op::SWIGLU:
@@ -554,6 +584,7 @@ bool runLlmOpRef(const Items& it, const TensorInstr& ti) {
         case Op::EMBED: refEmbed(it, ti); return true;
         case Op::ROPE: refRope(it, ti); return true;
         case Op::KVSTORE: refKvstore(it, ti); return true;
+        case Op::KVCOPY: refKvcopy(it, ti); return true;
         case Op::ATTN:
         case Op::ATTNX: refAttn(it, ti); return true;
         case Op::SWIGLU: refSwiglu(it, ti); return true;

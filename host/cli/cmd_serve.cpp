@@ -40,6 +40,7 @@ struct ServeArgs {
     uint32_t grammar_words = kGrammarWordsAuto;
     std::string tool_format = "auto";
     std::string pooling;  // "": the file's
+    uint32_t sessions = 0;
 };
 
 // Adds the keys of BLUEVM_API_KEY and of --api-key-file (one a line; blank lines and lines
@@ -170,6 +171,7 @@ int serve(const ServeArgs& a) {
     mo.host_weights = int(a.host_weights);
     mo.grammar_words = a.grammar_words;
     mo.pooling = a.pooling.empty() ? nullptr : a.pooling.c_str();
+    mo.sessions = a.sessions;
     bluevm_model* model = nullptr;
     if (bluevm_model_open(model_path.c_str(), &mo, &model) != BLUEVM_OK) return fail(bluevm_last_error());
     bluevm_engine_options eo;
@@ -232,6 +234,10 @@ Command addServeCommand(CLI::App& app) {
                     "/v1/embeddings: pool a prompt's output-normed hidden states by mean, cls (the first "
                     "token's), last, or none (no embeddings); default: the file's <arch>.pooling_type, else none")
         ->check(CLI::IsMember({"none", "mean", "cls", "last"}));
+    sub->add_option("--sessions", a->sessions,
+                    "session slots: conversations (a request's \"session_id\") whose tokens and KV rows the GPU "
+                    "keeps between turns, each a whole context of KV rows (default 0: none)")
+        ->check(CLI::Range(0u, 4096u));
     sub->add_option("--queue", a->queue, "requests that may wait for an instance before 429 (default 8 per instance)");
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per submitted chain (fewer: tokens stream sooner)")->check(CLI::Range(2u, 4096u));
     sub->add_option("--threads", a->threads, "HTTP worker threads (default: enough for every instance and queued request)");

@@ -78,6 +78,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         lo.kv_type = options.kv_type;
         lo.grammar_words = options.grammar_words;
         lo.pooling = options.pooling;
+        lo.sessions = options.sessions;
         if (lo.grammar_words == kGrammarWordsAuto) {
             // 16 instances' automata in one page of the device (1 MiB pages: 16384 words each);
             // none on a device whose pages cannot hold 4096 words for each.
@@ -99,6 +100,10 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         std::optional<Pooling> pooling = parsePooling(*p);
         if (!pooling) return BLUE_ERROR("%s: %s '%s' is not a pooling type", path.c_str(), kMetaPooling, p->c_str());
         e->pooling_ = *pooling;
+    }
+    if (const std::string* n = e->module_.metaValue(kMetaSessions)) {
+        e->sessions_ = uint32_t(std::strtoul(n->c_str(), nullptr, 10));
+        if (e->sessions_ > kMaxSessions) return BLUE_ERROR("%s: %s '%s' is not a session count", path.c_str(), kMetaSessions, n->c_str());
     }
     auto w = WeightSource::open(e->module_, module_dir);
     if (!w) return w.status();
@@ -211,6 +216,13 @@ Status Engine::validate(const GenerationRequest& r) const {
         return BLUE_ERROR("this model has no pooling type for embeddings (the file has no '%s.pooling_type'): "
                           "choose one with --pooling mean|cls|last",
                           config_.arch_name.c_str());
+    }
+    if (r.session > sessions_) {
+        return sessions_ ? BLUE_ERROR("session slot %u does not exist (the program has %u)", r.session - 1, sessions_)
+                         : Status::error("this program keeps no sessions (serve with --sessions N)");
+    }
+    if (r.session && (r.start > 0 || r.embed)) {
+        return Status::error("a session request takes no restored conversation and is not an embedding");
     }
     if (r.embed && (r.start > 0 || r.logprobs || r.top_logprobs || (r.grammar && !r.grammar->empty()))) {
         return Status::error("an embedding takes no restored conversation, log-probabilities or grammar");

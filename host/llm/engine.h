@@ -45,6 +45,7 @@ struct EngineOptions {
     // (nullopt: the file's `<arch>.pooling_type`; Pooling::None: no embeddings). A .bir module
     // keeps the pooling it was lowered with.
     std::optional<Pooling> pooling;
+    uint32_t sessions = 0;      // LowerOptions::sessions when lowering a GGUF (a .bir keeps its own)
     bool profile = false;
     bool validation = false;
     uint64_t max_cycles = 0;    // watchdog (0: derived from the requests)
@@ -123,6 +124,8 @@ public:
     uint32_t grammarWords() const { return grammar_words_; }
     // How embedding requests pool (Pooling::None: the program has no embed block).
     Pooling pooling() const { return pooling_; }
+    // Session slots of the program (GenerationRequest::session; 0: none).
+    uint32_t sessions() const { return sessions_; }
     // The device; only while hasDevice() (after open, and after a resetDevice that succeeded).
     Device& device() { return *device_; }
     const Device& device() const { return *device_; }
@@ -215,6 +218,7 @@ private:
     uint32_t ctx_ = 0;
     uint32_t grammar_words_ = 0;
     Pooling pooling_ = Pooling::None;
+    uint32_t sessions_ = 0;
     uint64_t model_hash_ = 0;  // kvModelHash of the GGUF
     GpuStats stats_;
 };

@@ -40,6 +40,7 @@ struct ServingEngine::Active {
     bool finished = false;  // the callback got its finish (the GPU may still be ending it)
     std::vector<StreamEvent> pending;  // events to deliver outside the lock
     LogprobRecords logprobs;           // of the token on its way (when asked)
+    std::string session;               // the conversation it is a turn of ("" none)
     bool embed = false;                // an embedding request: the program's float records
     std::vector<float> embedding;      // ... collected here, delivered with the finish
 
@@ -73,7 +74,7 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::create(Engine& engine, con
 
 Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<std::string> stop,
                                        StreamCallback callback, bool* queue_full,
-                                       bool* unavailable) {
+                                       bool* unavailable, const std::string& session, bool* session_busy) {
     if (queue_full) *queue_full = false;
     if (unavailable) *unavailable = false;
     BLUE_TRY(engine_.validate(request));
@@ -85,6 +86,7 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
         return Status::error("the device is being rebuilt after a failure (" + health_.failure +
                              "); retry later");
     }
+    if (session_busy) *session_busy = false;
     uint64_t waiting = 0;
     for (const auto& [tag, a] : active_) waiting += a->started ? 0 : 1;
     if (waiting >= options_.max_queue) {
@@ -93,6 +95,7 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
         return BLUE_ERROR("the queue is full (%llu requests waiting for %u instances)",
                           (unsigned long long)waiting, options_.instances);
     }
+    if (!session.empty()) BLUE_TRY(claimSession(session, &request, session_busy));
     uint64_t id = next_id_++;
     request.tag = uint32_t(id);
     bool fresh = request.prompt.size() == 1 && int32_t(request.prompt[0]) == engine_.tokenizer().bos();
@@ -102,6 +105,7 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
     a->max_new = request.max_new;
     a->prompt_tokens = uint32_t(request.prompt.size());
     a->embed = request.embed;
+    a->session = session;
     a->callback = std::move(callback);
     for (std::string& s : stop) {
         if (!s.empty()) a->stop.push_back(std::move(s));
@@ -113,6 +117,44 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
     lock.unlock();
     wake_.notify_all();
     return id;
+}
+
+Status ServingEngine::claimSession(const std::string& name, GenerationRequest* r, bool* busy) {
+    const uint32_t slots = engine_.sessions();
+    if (slots == 0) return Status::error("this server keeps no sessions (start it with --sessions N)");
+    if (name.size() > 256) return Status::error("a session id is at most 256 bytes");
+    if (r->embed) return Status::error("an embedding is not a turn of a session");
+    auto it = sessions_.find(name);
+    bool fresh = it == sessions_.end();
+    if (!fresh && it->second.busy) {
+        if (busy) *busy = true;
+        return BLUE_ERROR("session '%s' has a turn running: send the next one after it ends", name.c_str());
+    }
+    if (fresh) {
+        std::vector<bool> used(slots, false);
+        for (const auto& [n, s] : sessions_) used[s.slot] = true;
+        uint32_t slot = uint32_t(std::find(used.begin(), used.end(), false) - used.begin());
+        if (slot == slots) {  // all taken: forget the least recently used idle conversation
+            auto lru = sessions_.end();
+            for (auto s = sessions_.begin(); s != sessions_.end(); ++s) {
+                if (!s->second.busy && (lru == sessions_.end() || s->second.used < lru->second.used)) lru = s;
+            }
+            if (lru == sessions_.end()) {
+                if (busy) *busy = true;
+                return BLUE_ERROR("all %u session slots have a turn running", slots);
+            }
+            slot = lru->second.slot;
+            sessions_.erase(lru);
+            ++metrics_.session_evictions;
+        }
+        it = sessions_.emplace(name, Session{slot, 0, false}).first;
+    }
+    it->second.busy = true;
+    it->second.used = ++session_clock_;
+    r->session = it->second.slot + 1;
+    r->session_new = fresh;
+    metrics_.sessions = sessions_.size();
+    return Status::ok();
 }
 
 void ServingEngine::cancel(uint64_t id) {
@@ -268,6 +310,8 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
                 }
                 serving_[rec.inst] = 0xFFFFFFFFu;
                 for (StreamEvent& ev : a.pending) deliveries.emplace_back(a.callback, std::move(ev));
+                // The program saved the turn into its slot before this end marker.
+                if (auto s = sessions_.find(a.session); s != sessions_.end()) s->second.busy = false;
                 active_.erase(it);
                 continue;
             }
@@ -382,6 +426,8 @@ void ServingEngine::failAll(const Status& failure) {
         }
         takePending(&deliveries);
         active_.clear();
+        sessions_.clear();  // the new machine's session store starts empty
+        metrics_.sessions = 0;
         to_push_.clear();
         to_cancel_.clear();
         serving_.assign(options_.instances, 0xFFFFFFFFu);

@@ -90,6 +90,8 @@ struct ServeMetrics {
     // MoE under --vram-budget with an expert cache (GpuStats::expert_hits ...).
     uint64_t expert_hits = 0, expert_misses = 0, expert_inplace = 0, expert_paged_bytes = 0;
     uint64_t prefix_hits = 0, prefix_tokens = 0;  // requests that reused KV rows; tokens not recomputed
+    uint64_t sessions = 0;           // conversations kept in session slots now
+    uint64_t session_evictions = 0;  // conversations dropped for a new one (least recently used)
 };
 
 // The device rebuild that both serving engines (this one and CascadeServingEngine) run on their
@@ -126,9 +128,17 @@ public:
     // Queues a request; `stop` strings end it when they appear in the text (the text is cut
     // before them). Fails when the request is invalid (message names the field), the queue is
     // full (`*queue_full` set) or the device is being rebuilt (`*unavailable` set).
+    //
+    // `session` (not empty): the request is a turn of that conversation, kept in one of the
+    // program's session slots (Engine::sessions) between requests, so its next turn, on whatever
+    // instance takes it, reuses the KV rows of everything said so far. A new conversation takes a
+    // free slot, else the least recently used idle one (whose conversation is forgotten). One
+    // turn at a time: while one runs, another fails with `*session_busy` set; so does a new
+    // conversation when every slot's has a turn running.
     Result<uint64_t> submit(GenerationRequest request, std::vector<std::string> stop,
                             StreamCallback callback, bool* queue_full = nullptr,
-                            bool* unavailable = nullptr);
+                            bool* unavailable = nullptr, const std::string& session = "",
+                            bool* session_busy = nullptr);
     // Ends a request early (its callback gets a Cancelled finish). Unknown ids are ignored.
     void cancel(uint64_t id);
 
@@ -163,6 +173,15 @@ private:
     std::deque<std::pair<uint64_t, std::vector<uint32_t>>> to_push_;  // encoded, not yet queued
     std::vector<uint64_t> to_cancel_;
     std::map<uint32_t, std::unique_ptr<Active>> active_;  // by tag: submitted, not finished
+    // Conversations in session slots: name -> slot, when last used, whether a turn runs.
+    struct Session {
+        uint32_t slot = 0;
+        uint64_t used = 0;
+        bool busy = false;
+    };
+    std::map<std::string, Session> sessions_;
+    uint64_t session_clock_ = 0;
+    Status claimSession(const std::string& name, GenerationRequest* r, bool* busy);  // under mutex_
     std::vector<uint32_t> serving_;                        // instance -> tag (or ~0)
     ServeMetrics metrics_;
 };

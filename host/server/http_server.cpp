@@ -158,6 +158,8 @@ void refuseSubmitAs(httplib::Response& res, bluevm_status st, const std::string&
             return sendError(res, apiError(400, message, "invalid_request_error", invalid_param));
         case BLUEVM_ERR_SHUTDOWN:
             return sendError(res, apiError(503, message, "server_error"));
+        case BLUEVM_ERR_BUSY:
+            return sendError(res, apiError(409, message, "invalid_request_error", "session_id", "session_busy"));
         case BLUEVM_ERR_DEVICE_LOST:
             res.set_header("Retry-After", kRetryAfter);
             return sendError(res, apiError(503, message, "server_error", "", "recovering"));
@@ -459,6 +461,7 @@ nlohmann::json HttpServer::Impl::modelMeta() const {
                 {"chat_template", info.chat_template},
                 {"n_embd", info.n_embd},
                 {"pooling", info.pooling},
+                {"sessions", info.sessions},
                 {"tool_format", std::string(toolFormatName(tool_format))}};
     }
     const bluevm_cascade_info& c = cascade_info;
@@ -562,6 +565,7 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     r.seed = ar.seed_given ? ar.seed : std::random_device{}();
     r.ignore_eos = ar.ignore_eos;
     r.no_prefix_reuse = ar.cache_prompt ? 0 : 1;
+    r.session = ar.session_id.empty() ? nullptr : ar.session_id.c_str();
     r.logprobs = ar.logprobs;
     r.top_logprobs = ar.top_logprobs;
     r.grammar = ar.grammar.empty() ? nullptr : ar.grammar.c_str();
@@ -631,6 +635,10 @@ bool HttpServer::Impl::submitCascade(const ApiRequest& ar, Generation& g, httpli
     }
     if (ar.echo) {
         sendError(res, apiError(400, "'echo' is not supported by a cascade", "invalid_request_error", "echo"));
+        return false;
+    }
+    if (!ar.session_id.empty()) {
+        sendError(res, apiError(400, "'session_id' is not supported by a cascade", "invalid_request_error", "session_id"));
         return false;
     }
     const uint32_t seed = ar.seed_given ? ar.seed : std::random_device{}();
@@ -918,6 +926,9 @@ std::string HttpServer::Impl::metricsText() {
            "Requests whose instance reused the KV rows of their prompt's leading tokens.", double(m.prefix_hits));
     metric("bluevm_prefix_tokens_total", "counter", "Prompt tokens those requests did not recompute.",
            double(m.prefix_tokens));
+    metric("bluevm_sessions", "gauge", "Conversations kept in session slots.", double(m.sessions));
+    metric("bluevm_session_evictions_total", "counter",
+           "Conversations forgotten to give their session slot to a new one.", double(m.session_evictions));
     metric("bluevm_queue_depth", "gauge", "Accepted requests waiting for an instance.", double(m.queue_depth));
     metric("bluevm_queue_capacity", "gauge", "Requests that may wait before 429.", double(m.queue_capacity));
     metric("bluevm_instances", "gauge", "Instances of the generation program.", double(m.instances));

@@ -225,6 +225,12 @@ std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max
     if (auto e = boolean(j, "stream", &r->stream)) return e;
     if (auto e = boolean(j, "ignore_eos", &r->ignore_eos)) return e;
     if (auto e = boolean(j, "cache_prompt", &r->cache_prompt)) return e;
+    if (auto it = j.find("session_id"); it != j.end() && !it->is_null()) {
+        if (!it->is_string() || it->get_ref<const std::string&>().empty() || it->get_ref<const std::string&>().size() > 256) {
+            return bad("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
+        }
+        r->session_id = it->get<std::string>();
+    }
     if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
         if (!it->is_object()) return bad("stream_options", "'stream_options' must be an object");
         if (auto e = boolean(*it, "include_usage", &r->include_usage)) return e;

@@ -42,6 +42,8 @@ struct ApiRequest {
     std::vector<std::string> stop;
     bool echo = false;        // completions: the prompt text starts the completion
     bool ignore_eos = false;  // extension: generate max_tokens tokens whatever they are
+    std::string session_id;   // extension: the conversation this request is a turn of ("" none;
+                              // kept in a session slot, see bluevm_request.session)
     bool cache_prompt = true; // extension (llama.cpp's name): false recomputes the whole prompt
                               // instead of reusing the instance's KV rows of its leading tokens
     // Completions `logprobs: N`, chat `logprobs: true` with `top_logprobs: N` (N <= 20).
