@@ -143,6 +143,18 @@ TEST_CASE("server: session_id keeps a conversation's KV rows between turns on an
     CHECK(again["choices"][0]["text"] == full["choices"][0]["text"]);  // same text, recomputed
     CHECK(s.metric("bluevm_session_evictions_total") == 2);
 
+    // A turn that a stop string ends for its client may still be ending on its instance (its end
+    // marker comes a chain later): the next turn, sent at once, waits for that end, not a 409.
+    for (int i = 0; i < 3; ++i) {
+        const std::string p = "Lily saw a big bird in the tree " + std::to_string(i);
+        json d1 = complete({{"prompt", p}, {"max_tokens", 200}, {"ignore_eos", true}, {"temperature", 0},
+                            {"stop", {" the"}}, {"session_id", "conv-d"}});
+        CHECK(d1["choices"][0]["finish_reason"] == "stop");
+        json d2 = complete({{"prompt", p + d1["choices"][0]["text"].get<std::string>() + " the"}, {"max_tokens", 4},
+                            {"temperature", 0}, {"session_id", "conv-d"}});
+        CHECK(d2["choices"][0]["text"].is_string());
+    }
+
     auto bad = post(s, "/v1/completions", {{"prompt", "x"}, {"session_id", 7}});
     REQUIRE(bad);
     CHECK(bad->status == 400);

@@ -95,7 +95,8 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
         return BLUE_ERROR("the queue is full (%llu requests waiting for %u instances)",
                           (unsigned long long)waiting, options_.instances);
     }
-    if (!session.empty()) BLUE_TRY(claimSession(session, &request, session_busy));
+    bool defer = false;
+    if (!session.empty()) BLUE_TRY(claimSession(session, &request, session_busy, &defer));
     uint64_t id = next_id_++;
     request.tag = uint32_t(id);
     bool fresh = request.prompt.size() == 1 && int32_t(request.prompt[0]) == engine_.tokenizer().bos();
@@ -110,7 +111,13 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
     for (std::string& s : stop) {
         if (!s.empty()) a->stop.push_back(std::move(s));
     }
-    to_push_.emplace_back(id, encodeRequest(request));
+    if (defer) {  // queued behind the turn its instance is still ending (endSessionTurn)
+        sessions_[session].next = encodeRequest(request);
+        sessions_[session].next_id = id;
+    } else {
+        if (!session.empty()) sessions_[session].tag = request.tag;
+        to_push_.emplace_back(id, encodeRequest(request));
+    }
     active_[a->tag] = std::move(a);
     ++metrics_.requests_total;
     metrics_.prompt_tokens += request.prompt.size();
@@ -119,7 +126,20 @@ Result<uint64_t> ServingEngine::submit(GenerationRequest request, std::vector<st
     return id;
 }
 
-Status ServingEngine::claimSession(const std::string& name, GenerationRequest* r, bool* busy) {
+void ServingEngine::endSessionTurn(const std::string& name) {
+    auto s = sessions_.find(name);
+    if (s == sessions_.end()) return;
+    if (s->second.next.empty()) {
+        s->second.busy = false;
+        return;
+    }
+    // The waiting turn goes into the input ring now; the driver pushes it on its next pass.
+    s->second.tag = uint32_t(s->second.next_id);
+    to_push_.emplace_back(s->second.next_id, std::move(s->second.next));
+    s->second.next.clear();
+}
+
+Status ServingEngine::claimSession(const std::string& name, GenerationRequest* r, bool* busy, bool* defer) {
     const uint32_t slots = engine_.sessions();
     if (slots == 0) return Status::error("this server keeps no sessions (start it with --sessions N)");
     if (name.size() > 256) return Status::error("a session id is at most 256 bytes");
@@ -127,8 +147,13 @@ Status ServingEngine::claimSession(const std::string& name, GenerationRequest* r
     auto it = sessions_.find(name);
     bool fresh = it == sessions_.end();
     if (!fresh && it->second.busy) {
-        if (busy) *busy = true;
-        return BLUE_ERROR("session '%s' has a turn running: send the next one after it ends", name.c_str());
+        auto running = active_.find(it->second.tag);
+        const bool ending = running != active_.end() && running->second->finished;
+        if (!ending || !it->second.next.empty()) {
+            if (busy) *busy = true;
+            return BLUE_ERROR("session '%s' has a turn running: send the next one after it ends", name.c_str());
+        }
+        *defer = true;  // its client has the answer; the instance is only ending it
     }
     if (fresh) {
         std::vector<bool> used(slots, false);
@@ -151,6 +176,10 @@ Status ServingEngine::claimSession(const std::string& name, GenerationRequest* r
     }
     it->second.busy = true;
     it->second.used = ++session_clock_;
+    if (*defer) {  // a continuing conversation: nothing new about its slot
+        r->session = it->second.slot + 1;
+        return Status::ok();
+    }
     r->session = it->second.slot + 1;
     r->session_new = fresh;
     metrics_.sessions = sessions_.size();
@@ -311,7 +340,7 @@ void ServingEngine::handleRecords(std::span<const OutputRecord> records) {
                 serving_[rec.inst] = 0xFFFFFFFFu;
                 for (StreamEvent& ev : a.pending) deliveries.emplace_back(a.callback, std::move(ev));
                 // The program saved the turn into its slot before this end marker.
-                if (auto s = sessions_.find(a.session); s != sessions_.end()) s->second.busy = false;
+                if (!a.session.empty()) endSessionTurn(a.session);
                 active_.erase(it);
                 continue;
             }

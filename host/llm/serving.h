@@ -133,8 +133,10 @@ public:
     // program's session slots (Engine::sessions) between requests, so its next turn, on whatever
     // instance takes it, reuses the KV rows of everything said so far. A new conversation takes a
     // free slot, else the least recently used idle one (whose conversation is forgotten). One
-    // turn at a time: while one runs, another fails with `*session_busy` set; so does a new
-    // conversation when every slot's has a turn running.
+    // turn at a time: a turn sent while the previous one still runs fails with `*session_busy`
+    // set, unless that one has already finished for its client (a stop string, a cancel) and
+    // only its instance has not yet ended it: then the new turn waits here for that end. A new
+    // conversation also fails so when every slot's has a turn running.
     Result<uint64_t> submit(GenerationRequest request, std::vector<std::string> stop,
                             StreamCallback callback, bool* queue_full = nullptr,
                             bool* unavailable = nullptr, const std::string& session = "",
@@ -178,10 +180,15 @@ private:
         uint32_t slot = 0;
         uint64_t used = 0;
         bool busy = false;
+        uint32_t tag = 0;                    // of the turn that runs (while busy)
+        std::vector<uint32_t> next;          // a turn waiting for that one's end (encoded; empty: none)
+        uint64_t next_id = 0;
     };
     std::map<std::string, Session> sessions_;
     uint64_t session_clock_ = 0;
-    Status claimSession(const std::string& name, GenerationRequest* r, bool* busy);  // under mutex_
+    // Under mutex_: gives the request its slot; `*defer`: it must wait for the running turn's end.
+    Status claimSession(const std::string& name, GenerationRequest* r, bool* busy, bool* defer);
+    void endSessionTurn(const std::string& name);  // under mutex_, at a turn's end marker
     std::vector<uint32_t> serving_;                        // instance -> tag (or ~0)
     ServeMetrics metrics_;
 };
