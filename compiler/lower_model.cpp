@@ -121,6 +121,7 @@ struct Lowering {
     void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
     void loadSession(CodeBuilder& cb, uint32_t ctx);
     void saveSession(CodeBuilder& cb, uint32_t ctx);
+    void unlessStored(CodeBuilder& cb, CodeBuilder::Label skip);
 };
 
 // The session store (LowerOptions::sessions): per layer a GLOBAL K and V store of `sessions`
@@ -374,14 +375,20 @@ uint32_t kvValidAddr(uint32_t ctx) { return topLogprobsAddr(ctx) + 2 * BLUE_MAX_
 // before it came from the slot unchanged).
 uint32_t sessionFromAddr(uint32_t ctx) { return kvValidAddr(ctx) + 1; }
 
+// Jumps to `skip` unless the request continues a conversation its slot holds: no session, or a
+// new one (BLUE_REQ_FLAG_SESSION_NEW: the slot holds another's or nothing).
+void Lowering::unlessStored(CodeBuilder& cb, CodeBuilder::Label skip) {
+    cb.jump(Op::BEQZ, {kSess}, skip);
+    cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_SESSION_NEW);
+    cb.jump(Op::BNEZ, {kWord}, skip);
+}
+
 // A session request before prefix reuse: the slot's tokens become the history and its count the
 // positions whose KV rows are valid, so INCMP finds what the prompt shares with the conversation.
 // Not for a new session (nothing stored) or a request without one.
 void Lowering::loadSession(CodeBuilder& cb, uint32_t ctx) {
     auto done = cb.newLabel("session_loaded"), copy = cb.newLabel("session_copy");
-    cb.jump(Op::BEQZ, {kSess}, done);
-    cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_SESSION_NEW);
-    cb.jump(Op::BNEZ, {kWord}, done);
+    unlessStored(cb, done);
     cb.op(Op::ADDI, {kN, kSess}, uint32_t(-1));
     cb.op(Op::MULI, {kN, kN}, ctx + 1);  // the slot's count word
     cb.op(Op::TLD, {kWord, kN}, session_tokens);
@@ -550,9 +557,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.op(Op::OUTU, {kReuse});
     if (sessions) {  // the shared rows of a stored conversation come from its slot
         auto own = cb.newLabel("own_rows");
-        cb.jump(Op::BEQZ, {kSess}, own);
-        cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_SESSION_NEW);
-        cb.jump(Op::BNEZ, {kWord}, own);
+        unlessStored(cb, own);
         cb.li(kArgRows, 1);
         cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));
         cb.li(kArgTokens, 0);
@@ -820,9 +825,13 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
         lw.token_bytes = lw.constant("token_bytes", DType::I32, tokenBytesTable(tok.value(), cfg.n_vocab));
         lw.grammar = lw.activation("grammar", BLUE_TC_INSTANCE, DType::I32, {opt.grammar_words});
     }
-    Result<Pooling> file_pooling = poolingOf(gguf, cfg);
-    if (!opt.pooling && !file_pooling) return file_pooling.status();
-    lw.pooling = opt.pooling ? *opt.pooling : file_pooling.value();
+    if (opt.pooling) {
+        lw.pooling = *opt.pooling;
+    } else {
+        Result<Pooling> file_pooling = poolingOf(gguf, cfg);
+        if (!file_pooling) return file_pooling.status();
+        lw.pooling = file_pooling.value();
+    }
     CodeBuilder cb(&m);
     uint32_t block = lw.forwardBlock(cb, ctx);
     if (lw.pooling != Pooling::None) lw.embed_block = lw.forwardBlock(cb, ctx, ForwardHead::Embed, uint32_t(lw.pooling));

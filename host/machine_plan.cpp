@@ -640,7 +640,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             }
             if (ti.op == Op::MATMULADD) base.push[BLUE_PC_MM_ACCUMULATE] = 1;
             if (ti.op == Op::KVCOPY) {
-                base.push[BLUE_PC_KV_ROW_WORDS] = uint32_t(dst.ne[0] * (dst.dtype == DType::F16 ? 2 : 4) / 4);
+                base.push[BLUE_PC_KV_ROW_WORDS] = uint32_t(*dtypeRowBytes(dst.dtype, dst.ne[0]) / 4);
                 base.push[BLUE_PC_KV_CTX] = uint32_t(dst.ne[1]);
             }
             // The rest of the plan for one dispatch over `n` destination elements.

@@ -91,4 +91,13 @@ inline httplib::Result post(const TestServer& s, const std::string& path, const 
     return s.client().Post(path.c_str(), body.dump(), "application/json");
 }
 
+// A POST that must answer 200: its JSON body (the test stops, showing the body, otherwise).
+inline nlohmann::json postOk(const TestServer& s, const std::string& path, const nlohmann::json& body) {
+    auto res = post(s, path, body);
+    REQUIRE(res);
+    INFO(res->body);
+    REQUIRE(res->status == 200);
+    return nlohmann::json::parse(res->body);
+}
+
 }  // namespace blue::test

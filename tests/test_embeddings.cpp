@@ -215,13 +215,7 @@ TEST_CASE("embeddings: the file's pooling type is the default, an option overrid
 
 TEST_CASE("server: /v1/embeddings answers OpenAI's shape: unit vectors in input order, base64 of the same floats, dimensions cut and renormalise") {
     TestServer s(3, 256, 2, {}, "", 0, 0, "mean");
-    auto embed = [&](const json& body) {
-        auto res = post(s, "/v1/embeddings", body);
-        REQUIRE(res);
-        INFO(res->body);
-        REQUIRE(res->status == 200);
-        return json::parse(res->body);
-    };
+    auto embed = [&](const json& body) { return postOk(s, "/v1/embeddings", body); };
     const std::vector<std::string> texts = {"Once upon a time", "The cat sat on the mat.", "Once upon a time"};
     json j = embed({{"input", texts}, {"model", "stories260K"}});
     CHECK(j["object"] == "list");

@@ -101,7 +101,6 @@ Status checkKvstore(const Checker& c) {
 
 // KVCOPY: an instance's KV cache and a slot of a session store of the same row width, context and type.
 Status checkKvcopy(const Checker& c) {
-    if (c.t(0).cls != BLUE_TC_INSTANCE || c.t(0).ndim != 2) return c.fail(0, "must be an INSTANCE KV cache [D, ctx]");
     BLUE_TRY(cacheTensor(c, 0, c.t(0).ne[0]));
     const TensorDecl& s = c.t(1);
     if (s.cls != BLUE_TC_GLOBAL || s.ndim != 3) return c.fail(1, "the store must be a GLOBAL tensor [D, ctx, slots]");
@@ -250,7 +249,7 @@ void refKvstore(const Items& it, const TensorInstr& ti) {
 void refKvcopy(const Items& it, const TensorInstr& ti) {
     const TensorDecl& cache = it.decl(ti.args[0]);
     const TensorDecl& store = it.decl(ti.args[1]);
-    const uint64_t row_bytes = cache.ne[0] * (cache.dtype == DType::F16 ? 2 : 4), slot_bytes = row_bytes * cache.ne[1];
+    const uint64_t row_bytes = *dtypeRowBytes(cache.dtype, cache.ne[0]), slot_bytes = row_bytes * cache.ne[1];
     for (uint32_t item = 0; item < it.count(); ++item) {
         const uint64_t s = it.arg(item, ti.args[3]);
         const uint64_t first = std::min<uint64_t>(it.arg(item, ti.args[4]), cache.ne[1]);

@@ -176,10 +176,6 @@ Status ServingEngine::claimSession(const std::string& name, GenerationRequest* r
     }
     it->second.busy = true;
     it->second.used = ++session_clock_;
-    if (*defer) {  // a continuing conversation: nothing new about its slot
-        r->session = it->second.slot + 1;
-        return Status::ok();
-    }
     r->session = it->second.slot + 1;
     r->session_new = fresh;
     metrics_.sessions = sessions_.size();
