@@ -345,7 +345,8 @@ Result<bool> envChoice(const char* var, const char* no, const char* yes, bool fa
 }
 
 // The kernel shapes of a machine with `options` on this device (GpuOptions::decode_kernel: split
-// K on GPUs, lanes over rows on CPU drivers; attn_kernel: a lane per head unless asked).
+// K and shared-memory tiles on GPUs, lanes over rows on CPU drivers; attn_kernel: a workgroup per
+// head on GPUs, a lane per head on CPU drivers).
 Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& info) {
     using DK = GpuOptions::DecodeKernel;
     using AK = GpuOptions::AttnKernel;
@@ -358,7 +359,7 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
         k.split_matmul = options.decode_kernel == DK::SPLIT;
     }
     if (options.attn_kernel == AK::AUTO) {
-        Result<bool> split = envChoice("BLUE_ATTN_KERNEL", "lanes", "split", false);
+        Result<bool> split = envChoice("BLUE_ATTN_KERNEL", "lanes", "split", !info.cpu);
         if (!split) return split.status();
         k.split_attn = split.value();
     } else {
@@ -372,8 +373,9 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
 Result<std::string> describeKernelShapes(const GpuOptions& options, const DeviceInfo& info) {
     const Result<KernelChoice> k = chooseKernels(options, info);
     if (!k) return k.status();
-    return std::string("matmul of 1-15 items: ") +
-           (k->split_matmul ? "split K (GPU shape)" : "lanes over rows (CPU-driver shape)") +
+    return std::string("matmul: ") +
+           (k->split_matmul ? "split K for 1-15 items, shared-memory tiles for 16+ (GPU shapes)"
+                            : "lanes over rows for 1-15 items, register tiles for 16+ (CPU-driver shapes)") +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head");
 }
 

@@ -53,17 +53,19 @@ struct GpuOptions {
     // other weights leave caches them, decided on the GPU (ExpertCache in host/machine_plan.h).
     // Off: experts are weights like any other (read in place or streamed whole).
     bool expert_cache = true;
-    // The kernel of a single item's MATMUL (decode of one instance): ROWS gives each lane whole
-    // rows (lavapipe's shape: its SIMD lanes are the rows), SPLIT gives each group of 8 rows a
-    // workgroup whose lanes split K (a GPU's shape: many workgroups, contiguous reads). AUTO:
-    // the BLUE_DECODE_KERNEL environment variable (rows or split) if set, else SPLIT on GPUs
-    // and ROWS on CPU drivers.
+    // The MATMUL kernels' shapes. ROWS, lavapipe's: a single item's and the 4-item tile's lanes
+    // own whole rows (its SIMD lanes are the rows), and 16 items or more run the register-tiled
+    // `_g` where the type has one. SPLIT, a GPU's: 1-15 items give each group of 8 rows a
+    // workgroup whose lanes split K (many workgroups, contiguous reads), 16 or more run the
+    // shared-memory tiled GEMM `_t`. AUTO: the BLUE_DECODE_KERNEL environment variable (rows or
+    // split) if set, else SPLIT on GPUs and ROWS on CPU drivers.
     enum class DecodeKernel { AUTO, ROWS, SPLIT };
     DecodeKernel decode_kernel = DecodeKernel::AUTO;
-    // The ATTN/ATTNX kernel: LANES gives each head one lane walking the positions (measured on
-    // lavapipe and an H100), SPLIT gives each head a workgroup whose lanes split the positions
-    // (for GPUs with few instances or long contexts; not yet measured on a GPU, so AUTO means the
-    // BLUE_ATTN_KERNEL environment variable, lanes or split, else LANES on every device).
+    // The ATTN/ATTNX kernel: LANES gives each head one lane walking the positions, SPLIT gives
+    // each head a workgroup whose lanes split the positions. On an H100 SPLIT measured 1.85x
+    // LANES' generation and 1.57x its prompt rate (tinyllama shape, README); on lavapipe it is
+    // 2.3x slower. AUTO: the BLUE_ATTN_KERNEL environment variable (lanes or split) if set, else
+    // SPLIT on GPUs and LANES on CPU drivers.
     enum class AttnKernel { AUTO, LANES, SPLIT };
     AttnKernel attn_kernel = AttnKernel::AUTO;
     // Keep clock(): one point per drained chain (one-shot runs; a server would grow it forever).

@@ -119,6 +119,20 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
     return g;
 }
 
+// The GPU GEMM (`_t`, shaders/matmul_tiled.comp) for a batched MATMUL dispatch over `rows` weight
+// rows: tiles of BLUE_MATMUL_TILED_ROWS rows by BLUE_MATMUL_TILED_ITEMS items, from
+// BLUE_MATMUL_GEMM_TILE items on. Every weight type has one.
+std::optional<DispatchDesc> tiledDispatch(const DispatchDesc& batched, uint64_t rows) {
+    DispatchDesc t = batched;
+    t.pipeline += "_t";
+    const uint64_t groups = (rows + BLUE_MATMUL_TILED_ROWS - 1) / BLUE_MATMUL_TILED_ROWS;
+    if (groups > kMinGroupsY || !Pipelines::exists(t.pipeline)) return std::nullopt;
+    t.fixed = uint32_t(groups);
+    t.min_items = BLUE_MATMUL_GEMM_TILE;
+    t.tile = BLUE_MATMUL_TILED_ITEMS;
+    return t;
+}
+
 // After a MOEROUTE with an expert cache: MOECOPY dispatches (one per BLUE_COPY_MAX_MATRICES of
 // its matrices: one for a layer's gate, up and down) that copy the experts MOEROUTE listed from
 // host memory into their slots (x: the list, which MOEROUTE sizes through a patch word; y: the
@@ -696,14 +710,16 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 }
                 if (info.grid == Grid::MATMUL) {
                     // One item (decode of one instance): the single-item kernel; more: tiles of 4;
-                    // many (a prompt, a large batch), where the type has one: the GEMM tile.
-                    // On a GPU (split_matmul) the single item and the 4-item tile split K.
+                    // many (a prompt, a large batch): a GEMM. On a GPU (split_matmul) the single
+                    // item and the 4-item tile split K and the GEMM is the shared-memory tiled
+                    // `_t`; on a CPU driver the GEMM is `_g`, where the type has one.
                     DispatchDesc single = singleItemDispatch(d);
                     if (kernels.split_matmul) splitMatmul(&single, n, "s");
                     out.push_back(single);
                     d.min_items = 2;
                     d.tile = BLUE_MATMUL_TILE;
-                    std::optional<DispatchDesc> gemm = gemmDispatch(d, n);
+                    std::optional<DispatchDesc> gemm =
+                        kernels.split_matmul ? tiledDispatch(d, n) : gemmDispatch(d, n);
                     if (kernels.split_matmul) splitMatmul(&d, n, "_s");
                     if (gemm) {
                         d.max_items = gemm->min_items - 1;

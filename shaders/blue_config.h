@@ -44,6 +44,11 @@
 // that way (README). On lavapipe the lanes-over-rows kernels stay: `_b1s` measured 4x slower.
 #define BLUE_MATMUL_SPLIT_WG 128
 #define BLUE_MATMUL_SPLIT_ROWS 8
+// MATMUL `_t` (matmul_tiled.comp), the GEMM for GPUs: a workgroup of 256 lanes computes a tile of
+// 64 rows x 64 items from 16 KiB of shared memory. The plan gives it BLUE_MATMUL_GEMM_TILE items
+// or more where the machine uses GPU shapes (split K); on lavapipe `_g` stays.
+#define BLUE_MATMUL_TILED_ROWS 64u
+#define BLUE_MATMUL_TILED_ITEMS 64u
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 #define BLUE_ATTN_SPLIT_WG 32   // ATTN `_split` (GPUs): lanes, over positions, per (head, item)
 #define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)

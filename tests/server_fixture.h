@@ -17,6 +17,16 @@
 
 namespace blue::test {
 
+// The model a TestServer serves, and its bluevm_model_options.
+struct TestModel {
+    std::string path;              // a GGUF; empty: stories260K
+    uint64_t vram_budget = 0;
+    int host_weights = 0;          // with vram_budget: 1 read in place, 2 stream, 0 the device's default
+    uint32_t grammar_words = 0;    // 0: the default
+    const char* pooling = nullptr;
+    uint32_t sessions = 0;
+};
+
 struct TestServer {
     bluevm_model* model = nullptr;
     bluevm_engine* engine = nullptr;
@@ -24,20 +34,19 @@ struct TestServer {
     std::thread thread;
 
     // `extra`: api_keys, cors_origins, timeouts, connection limits and the tool format for the
-    // server. `model`: another GGUF than stories260K, and `vram_budget`, `grammar_words`,
-    // `pooling` and `sessions` (bluevm_model_options) for it.
+    // server; `tm`: the model and its options.
     TestServer(uint32_t instances, uint32_t ctx, uint32_t max_queue, const server::ServerOptions& extra = {},
-               const std::string& model_path = "", uint64_t vram_budget = 0, uint32_t grammar_words = 0,
-               const char* pooling = nullptr, uint32_t sessions = 0) {
+               const TestModel& tm = {}) {
         bluevm_model_options mo;
         bluevm_model_options_init(&mo);
         mo.ctx = ctx;
-        mo.vram_budget = vram_budget;
-        mo.pooling = pooling;
-        mo.sessions = sessions;
-        if (grammar_words) mo.grammar_words = grammar_words;
+        mo.vram_budget = tm.vram_budget;
+        mo.host_weights = tm.host_weights;
+        mo.pooling = tm.pooling;
+        mo.sessions = tm.sessions;
+        if (tm.grammar_words) mo.grammar_words = tm.grammar_words;
         const std::string path =
-            model_path.empty() ? sharedDir() + "/models/stories260K/stories260K.gguf" : model_path;
+            tm.path.empty() ? sharedDir() + "/models/stories260K/stories260K.gguf" : tm.path;
         REQUIRE_MESSAGE(bluevm_model_open(path.c_str(), &mo, &model) == BLUEVM_OK, bluevm_last_error());
         bluevm_engine_options eo;
         bluevm_engine_options_init(&eo);

@@ -128,7 +128,8 @@ TEST_CASE("cli: bluevm serve and generate refuse bad input with one line and exi
     CHECK(bad_prompts.err_text == "bluevm: /nonexistent.txt: cannot open prompts file\n");
 }
 
-// The kernel shapes are the device's (lavapipe, a CPU driver: lanes over rows, a lane per head)
+// The kernel shapes are the device's (lavapipe, a CPU driver: lanes over rows, a lane per head;
+// a GPU: split K and shared-memory tiles, a workgroup per head)
 // unless BLUE_DECODE_KERNEL / BLUE_ATTN_KERNEL choose; a bad value is named, and refused at load.
 TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL and BLUE_ATTN_KERNEL choose") {
     auto shapes = [](const std::vector<std::string>& env) {
@@ -149,14 +150,14 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
         device = d.out_text;
     }
     if (device.find("(CPU)") != std::string::npos) {
-        CHECK(native == "kernel shapes: matmul of 1-15 items: lanes over rows (CPU-driver shape); attention: a lane per head");
+        CHECK(native == "kernel shapes: matmul: lanes over rows for 1-15 items, register tiles for 16+ (CPU-driver shapes); attention: a lane per head");
     } else {  // a GPU
-        CHECK(native == "kernel shapes: matmul of 1-15 items: split K (GPU shape); attention: a lane per head");
+        CHECK(native == "kernel shapes: matmul: split K for 1-15 items, shared-memory tiles for 16+ (GPU shapes); attention: a workgroup per head");
     }
     CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_ATTN_KERNEL=split"}) ==
-          "kernel shapes: matmul of 1-15 items: split K (GPU shape); attention: a workgroup per head");
+          "kernel shapes: matmul: split K for 1-15 items, shared-memory tiles for 16+ (GPU shapes); attention: a workgroup per head");
     CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_ATTN_KERNEL=lanes"}) ==
-          "kernel shapes: matmul of 1-15 items: lanes over rows (CPU-driver shape); attention: a lane per head");
+          "kernel shapes: matmul: lanes over rows for 1-15 items, register tiles for 16+ (CPU-driver shapes); attention: a lane per head");
     CHECK(shapes({"BLUE_DECODE_KERNEL=fast"}).find("BLUE_DECODE_KERNEL is 'fast': it takes 'rows' or 'split'") !=
           std::string::npos);
     Child refused({"/usr/bin/env", "BLUE_ATTN_KERNEL=wide", binary("host/bluevm"), "generate", "--model", stories(),

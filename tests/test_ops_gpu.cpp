@@ -160,7 +160,9 @@ void elementwiseCase(Op op, double bound) {
 // more as on a GPU, where the plan gives them the split-K kernels (`_s`, `_b1s`: 22 row groups of
 // 8, the last partial, and more lanes per row than K has units). Types with
 // a GEMM kernel (`_g`) run a third time: 21 rows (a full 16-item tile and a partial one) against
-// N = 300 (two workgroups of 256 rows, the second partial), which the plan gives to `_g`.
+// N = 300 (two workgroups of 256 rows, the second partial), which the plan gives to `_g`. Every
+// type runs those 21 rows once more as on a GPU, where the plan gives them the shared-memory tiled
+// `_t` (one partial 64-item tile; N = 300: five 64-row tiles, the last partial).
 void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
@@ -174,9 +176,12 @@ void matmulCase(DType t) {
                              {{1}, {3}, kWide, DK::SPLIT}};
     const std::string gemm = "matmul_" + lowerName(t) + "_g";
     if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::AUTO});
+    runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::SPLIT});
+    runs.push_back({{30, 25, 15}, {0, 2, 1}, 300, DK::SPLIT});  // 70 items: a full tile and a partial one
     for (const Run& run : runs) {
         const uint32_t k = roundUp(kWide, dtypeInfo(t)->block_elems), n = run.n;
-        OpModule om(kVocab, 24, kTokens + 8, 0x3A7 + uint32_t(t));
+        const uint32_t total = std::accumulate(run.rows.begin(), run.rows.end(), 0u);
+        OpModule om(std::max(kVocab, total), std::max(24u, total), kTokens + std::max(8u, total), 0x3A7 + uint32_t(t));
         uint32_t x = om.rowsInput("x", k, -1, 1);
         std::vector<float> wv = om.random(size_t(k) * n, -1, 1);
         uint32_t w = om.data("w", BLUE_TC_WEIGHT, t, {k, n}, wv);
@@ -199,14 +204,14 @@ void matmulCase(DType t) {
         const std::string kernel = kernelName(m, uint32_t(Op::MATMUL), {y, w, x});
         if (single) kernelsRun().insert(kernel + (split ? "_b1s" : "_b1"));
         if (!single && !tiled) kernelsRun().insert(split ? kernel + "_s" : kernel);
-        if (tiled) kernelsRun().insert(gemm);
+        if (tiled) kernelsRun().insert(split ? kernel + "_t" : gemm);
         // The GPU accumulates K products in float, the reference in double. Recursive summation
         // errs by at most K * 2^-24 * sum |w x| (~1.1e-5 * 48 for K = 192, |w|, |x| <= 1),
         // against max |ref| of about 10: 1e-4 holds in any summation order. Weights dequantize
         // exactly (d * q has at most 19 significant bits) on both machines.
         const double bound = 1e-4;
         const std::string name =
-            "MATMUL " + lowerName(t) + (single ? " single item" : tiled ? " GEMM tile" : "") + (split ? " split-K" : "");
+            "MATMUL " + lowerName(t) + (single ? " single item" : tiled ? " GEMM tile" : "") + (split ? " GPU shape" : "");
         expectClose(*both, y, items, bound, name + " rows");
         expectClose(*both, yi, 0, bound, name + " instance");
         expectClose(*both, acc, items, 2 * bound, name + " accumulated (MATMULADD)");

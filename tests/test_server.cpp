@@ -1041,7 +1041,7 @@ TEST_CASE("server: a streamed answer to a request with tools streams as soon as 
 // Several calls in one answer need an automaton several times one call's; where an instance's
 // grammar memory cannot hold it, the answer is one call instead of a refusal.
 TEST_CASE("server: parallel tool calls that do not fit the grammar memory fall back to one call") {
-    TestServer s(1, 1024, 0, {}, "", 0, 16384);
+    TestServer s(1, 1024, 0, {}, {.grammar_words = 16384});
     const json weather = {{"type", "function"},
                           {"function", {{"name", "get_weather"},
                                         {"parameters", {{"type", "object"},
@@ -1073,7 +1073,7 @@ TEST_CASE("server: parallel tool calls that do not fit the grammar memory fall b
     CHECK(j1["usage"]["prompt_tokens"] == j["usage"]["prompt_tokens"]);
     CHECK(j1["choices"][0]["message"]["tool_calls"][0]["function"] == c["message"]["tool_calls"][0]["function"]);
     // A single call that does not fit either is still refused, naming the memory.
-    TestServer tiny(1, 1024, 0, {}, "", 0, 1024);
+    TestServer tiny(1, 1024, 0, {}, {.grammar_words = 1024});
     res = post(tiny, "/v1/chat/completions", body);
     REQUIRE(res);
     CHECK(res->status == 400);
@@ -1140,21 +1140,23 @@ TEST_CASE("server: an MoE model under --vram-budget pages its experts on the GPU
         return json::parse(ch.err_text.substr(ch.err_text.rfind('{')));
     };
     const uint64_t vram = stats({})["vram_bytes"];
-    const json almost = stats({"--vram-budget", std::to_string(vram - 1)});
+    // Weights beyond the budget read in place: the default streams on a GPU with its own memory,
+    // and the stream slots would take budget from the experts' cache.
+    const json almost = stats({"--vram-budget", std::to_string(vram - 1), "--host-weights", "read"});
     const uint64_t per_slot = almost["expert_cache_bytes"].get<uint64_t>() / (c.n_expert - 1);
     const uint64_t budget = budgetForSlots(vram, per_slot, c.n_expert, 2);
 
     const json body = {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0}};
     std::string plain_text;
     {
-        TestServer s(2, 128, 8, {}, model);
+        TestServer s(2, 128, 8, {}, {.path = model});
         auto res = post(s, "/v1/completions", body);
         REQUIRE(res);
         REQUIRE(res->status == 200);
         plain_text = json::parse(res->body)["choices"][0]["text"];
         CHECK(s.metric("bluevm_expert_cache_misses_total") == 0);
     }
-    TestServer s(2, 128, 8, {}, model, budget);
+    TestServer s(2, 128, 8, {}, {.path = model, .vram_budget = budget, .host_weights = 1});
     for (int i = 0; i < 2; ++i) {
         auto res = post(s, "/v1/completions", body);
         REQUIRE(res);

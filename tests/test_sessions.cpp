@@ -91,7 +91,7 @@ TEST_CASE("sessions: a conversation's turns reuse its KV rows from its slot on t
 }
 
 TEST_CASE("server: session_id keeps a conversation's KV rows between turns on any instance; one turn at a time; LRU eviction") {
-    TestServer s(2, 512, 8, {}, "", 0, 0, nullptr, 2);
+    TestServer s(2, 512, 8, {}, {.sessions = 2});
     auto complete = [&](const json& body) { return postOk(s, "/v1/completions", body); };
     const std::string p1 = "Once upon a time, there was a little girl named Lily.";
     json t1 = complete({{"prompt", p1}, {"max_tokens", 24}, {"temperature", 0}, {"session_id", "conv-a"}});

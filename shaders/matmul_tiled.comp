@@ -1,0 +1,105 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// MATMUL `_t`: the tiled GEMM for GPUs (MATMULADD too: dst += the product), any weight type
+// (WTYPE_*). The plan gives it a cycle's items when there are at least BLUE_MATMUL_GEMM_TILE of
+// them (a prompt, a large batch) and the machine uses GPU shapes (GpuOptions::decode_kernel).
+// A workgroup of 256 lanes owns a tile of 64 rows x 64 items of dst. For every 32 elements of K,
+// lanes 0-63 decode one row's 32 weights each (wGroup: one unit of a block type, or plain texels)
+// into shared memory and every lane loads two x texels of one item; then each lane accumulates 4
+// rows x 4 items from shared memory: two vec4 reads per 16 multiply-adds. 16 KiB of shared
+// memory, Vulkan's minimum, so every device that runs BlueVM can run it.
+// Grid: x = ceil(items / BLUE_MATMUL_TILED_ITEMS), y = ceil(N / BLUE_MATMUL_TILED_ROWS).
+#include "common/tensor.glsl"
+#include "common/wlayout.glsl"
+
+#define T_M BLUE_MATMUL_TILED_ROWS   // 64 rows
+#define T_N BLUE_MATMUL_TILED_ITEMS  // 64 items
+#define T_K 32u                      // elements of K per step
+layout(local_size_x = 256) in;
+
+// s_w[k][r] holds rows 4r..4r+3 at element k of the step, s_x[k][c] items 4c..4c+3.
+shared vec4 s_w[T_K][T_M / 4u];
+shared vec4 s_x[T_K][T_N / 4u];
+
+void main() {
+    const TRef dst = tref(BLUE_PC_OPERANDS);
+    const TRef w = tref(BLUE_PC_OPERANDS + BLUE_TREF_WORDS);
+    const TRef x = tref(BLUE_PC_OPERANDS + 2u * BLUE_TREF_WORDS);
+    const uint K = x.n, N = dst.n, items = itemCount();
+    const uint first = gl_WorkGroupID.x * T_N;
+    if (first >= items) return;  // the whole workgroup: no barrier is skipped by some lanes only
+    const uint count = min(items - first, T_N);
+    const uint lid = gl_LocalInvocationID.x;
+    const uint row0 = gl_WorkGroupID.y * T_M;
+    const uint wbase = w.offset / 16u, bpr = (K + WL_E - 1u) / WL_E, xtn = (K + 3u) / 4u;
+
+    // Loading roles: lane l loads x texels of item l % 64 and, if l < 64 (plain types: every
+    // lane), weights of row l % 64; rows past N read row N - 1 and are never written.
+    const uint li = lid & 63u, lq = lid >> 6u;
+    const uint xbase = sliceOffset(x, first + min(li, count - 1u)) / 16u;
+    const uint wrow = min(row0 + li, N - 1u);
+    // Computing roles: rows 4tr..4tr+3 and items 4tc..4tc+3 of the tile.
+    const uint tr = lid & 15u, tc = lid >> 4u;
+    vec4 acc[4] = vec4[4](vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0));  // acc[c]: 4 rows of item c
+
+    for (uint k0 = 0u; k0 < K; k0 += T_K) {
+        // x: 8 texels per item per step, two per lane (texels lq and lq + 4).
+        for (uint i = 0u; i < 2u; ++i) {
+            const uint t = lq + 4u * i, xt = k0 / 4u + t;
+            const vec4 v = xt < xtn ? TEXELF(2, xbase + xt) : vec4(0.0);
+            for (uint e = 0u; e < 4u; ++e) s_x[4u * t + e][li >> 2u][li & 3u] = v[e];
+        }
+#ifdef WL_PLAIN
+        // Plain weights: T_K / WL_E groups of WL_E elements per row, spread over the lanes.
+        for (uint i = lq; i < T_K / WL_E; i += 4u) {
+            const uint g = k0 / WL_E + i;
+            vec4 a = vec4(0.0), b = vec4(0.0);
+            if (g < bpr) plainTexel(wTexel(wbase, bpr, wrow, g, 0u), a, b);
+            for (uint e = 0u; e < 4u; ++e) {
+                s_w[i * WL_E + e][li >> 2u][li & 3u] = a[e];
+                if (WL_E == 8u) s_w[i * WL_E + 4u + e][li >> 2u][li & 3u] = b[e];
+            }
+        }
+#else
+        if (lid < 64u) {
+            // One unit of 32 elements (k0 is a multiple of 32): group g = u / 8, unit s = u % 8.
+            const uint u = k0 / 32u;
+            vec4 q[8];
+            vec2 sc = vec2(0.0), mn = vec2(0.0);
+            for (uint j = 0u; j < 8u; ++j) q[j] = vec4(0.0);
+            if (u * 32u < K) {
+                WHead head;
+                wHead(wbase, bpr, wrow, u >> 3u, head);
+                wGroup(wbase, bpr, wrow, u >> 3u, u & 7u, head, q, sc, mn);
+            }
+            for (uint j = 0u; j < 8u; ++j) {
+                const vec4 v = q[j] * sc[j >> 2u] + mn[j >> 2u];
+                for (uint e = 0u; e < 4u; ++e) s_w[4u * j + e][li >> 2u][li & 3u] = v[e];
+            }
+        }
+#endif
+        barrier();
+        for (uint k = 0u; k < T_K; ++k) {
+            const vec4 wv = s_w[k][tr], xv = s_x[k][tc];
+            acc[0] += wv * xv.x;
+            acc[1] += wv * xv.y;
+            acc[2] += wv * xv.z;
+            acc[3] += wv * xv.w;
+        }
+        barrier();
+    }
+
+    const bool accumulate = pc.w[BLUE_PC_MM_ACCUMULATE] != 0u;
+    for (uint c = 0u; c < 4u; ++c) {
+        const uint item = 4u * tc + c;
+        if (item >= count) break;
+        const uint out_at = sliceOffset(dst, first + item) / 4u;
+        for (uint r = 0u; r < 4u; ++r) {
+            const uint row = row0 + 4u * tr + r;
+            if (row >= N) break;
+            float v = acc[c][r];
+            if (accumulate) v += page_f[dst.page].d[out_at + row];
+            page_f[dst.page].d[out_at + row] = v;
+        }
+    }
+}
