@@ -365,6 +365,9 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
     } else {
         k.split_attn = options.attn_kernel == AK::SPLIT;
     }
+    // lavapipe (llvmpipe's gallivm) stops every loop of an invocation once 65535 iterations have
+    // run in it, silently: the plan keeps each kernel's worst case under that.
+    if (info.cpu) k.loop_limit = 65535;
     return k;
 }
 

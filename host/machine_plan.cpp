@@ -119,6 +119,26 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
     return g;
 }
 
+// The worst case of loop iterations one invocation of the ATTN/ATTNX kernels runs (each loop
+// counted once more than its iterations, as lavapipe counts them): the lane-per-head kernel walks
+// every position of the context with two loops over the head's quads (four at a time, then the
+// rest: shaders/attn.comp); the split kernel's lanes
+// take every BLUE_ATTN_SPLIT_WG-th position, then merge.
+AttnLoops attnLoops(const Module& m, const TensorInstr& ti) {
+    const TensorDecl& dst = m.tensors[ti.args[0]];
+    const TensorDecl& kc = m.tensors[ti.args[1]];
+    AttnLoops a;
+    const uint64_t heads = std::max<uint64_t>(1, ti.args[4]);
+    a.head = dst.ne[0] / heads;
+    a.positions = kc.ne[1];
+    const uint64_t quads = a.head / 4, per = 2 * ((quads / 4 + 1) + (quads % 4 + 1));
+    a.lanes = 2 * (quads + 1) + (a.positions + 1) + a.positions * per;
+    const uint64_t mine = (a.positions + BLUE_ATTN_SPLIT_WG - 1) / BLUE_ATTN_SPLIT_WG;
+    const uint64_t merge = 2 * (BLUE_ATTN_SPLIT_WG + 1) + (quads / 16 + 2) * (17 + BLUE_ATTN_SPLIT_WG + 1);
+    a.split = (quads + 1) + (mine + 1) + mine * per + merge;
+    return a;
+}
+
 // The GPU GEMM (`_t`, shaders/matmul_tiled.comp) for a batched MATMUL dispatch over `rows` weight
 // rows: tiles of BLUE_MATMUL_TILED_ROWS rows by BLUE_MATMUL_TILED_ITEMS items, from
 // BLUE_MATMUL_GEMM_TILE items on. Every weight type has one.
@@ -610,6 +630,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             } else if (!Pipelines::exists(base.pipeline)) {
                 return BLUE_ERROR("block '%s': no GPU kernel for %s with these operand types",
                                   m.blocks[b].name.c_str(), std::string(info.name).c_str());
+            } else if (kernels.split_matmul && Pipelines::exists(base.pipeline + "_w")) {
+                base.pipeline += "_w";  // GPU shapes: the wide variant of a per-item kernel
             }
             if (std::string limit = kernelLimit(m, ti); !limit.empty()) {
                 return BLUE_ERROR("block '%s': %s: %s", m.blocks[b].name.c_str(),
@@ -674,7 +696,27 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                         size_t first_u = info.format.find('u');
                         uint32_t heads = first_u == std::string_view::npos ? 1 : ti.args[first_u];
                         d.fixed = (heads + BLUE_ATTN_WG - 1) / BLUE_ATTN_WG;
-                        if (kernels.split_attn && Pipelines::exists(d.pipeline + "_split")) {
+                        bool split = kernels.split_attn;
+                        if (kernels.loop_limit != 0) {
+                            // A driver that ends an invocation's loops after a number of
+                            // iterations (lavapipe): the lane-per-head kernel only while one
+                            // lane's walk over the whole context stays under it.
+                            // A margin of 64: measured counts ran up to 4 above attnLoops'.
+                            const AttnLoops loops = attnLoops(m, ti);
+                            const uint64_t budget = kernels.loop_limit - 64;
+                            if (loops.lanes > budget) split = true;
+                            if (split && loops.split > budget) {
+                                return BLUE_ERROR(
+                                    "block '%s': %s over %llu positions of head size %llu needs %llu loop "
+                                    "iterations in one invocation; this device ends every loop of an "
+                                    "invocation after %u (lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS), which "
+                                    "would cut attention short: use a shorter context",
+                                    m.blocks[b].name.c_str(), std::string(info.name).c_str(),
+                                    (unsigned long long)loops.positions, (unsigned long long)loops.head,
+                                    (unsigned long long)loops.split, kernels.loop_limit);
+                            }
+                        }
+                        if (split && Pipelines::exists(d.pipeline + "_split")) {
                             d.pipeline += "_split";
                             d.fixed = heads;  // a workgroup per head
                         }

@@ -192,12 +192,25 @@ uint32_t matmulRowsPerInvocation(DType type);
 // every Vulkan device allows.
 // Which kernel shapes the plan picks where there is a choice (GpuOptions decides them per device).
 struct KernelChoice {
-    // MATMUL of one item and of 2..15 items: split K (`_b1s`, `_s`: GPUs) instead of lanes over
-    // rows (`_b1` and the 4-item tile: CPU drivers).
+    // GPU shapes (GpuOptions::decode_kernel SPLIT): MATMUL of one item and of 2..15 items split
+    // K (`_b1s`, `_s`) instead of lanes over rows (`_b1` and the 4-item tile: CPU drivers), 16+
+    // items run the shared-memory tiled `_t` instead of `_g`, and RMSNORM its wide `_w`.
     bool split_matmul = false;
     // ATTN/ATTNX: a workgroup per head whose lanes split the positions (`_split`) instead of one
     // lane per head.
     bool split_attn = false;
+    // Loop iterations after which the driver ends every loop of an invocation (lavapipe:
+    // LP_MAX_TGSI_LOOP_ITERATIONS, 65535, counted over all loops of the invocation; 0: no limit).
+    // ATTN/ATTNX then take the split kernel where one lane's walk could pass it, and a context
+    // even that would cut short is refused at load.
+    uint32_t loop_limit = 0;
+};
+
+// Worst-case loop iterations of one ATTN/ATTNX invocation (planDispatches, KernelChoice).
+struct AttnLoops {
+    uint64_t head = 0, positions = 0;
+    uint64_t lanes = 0;  // a lane per head
+    uint64_t split = 0;  // a workgroup per head
 };
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
                                                  uint32_t max_groups_x, const KernelChoice& kernels = {});

@@ -86,15 +86,30 @@ void main() {
 #else
     for (uint t = first; t <= last; ++t) {
 #endif
+        // The head's quads four at a time, then the rest: lavapipe ends all loops of an
+        // invocation after 65535 iterations in all (KernelChoice::loop_limit), so the loops per
+        // position are kept few; attnLoops (host/machine_plan.cpp) counts them.
+        const uint kt = kbase + t * row_texels, vt = vbase + t * row_texels;
         float s = 0.0;
-        for (uint j = 0u; j < quads; ++j) s += dot(qv[j], CACHE4(1, kbase + t * row_texels, j));
+        uint j = 0u;
+        for (; j + 4u <= quads; j += 4u) {
+            s += dot(qv[j], CACHE4(1, kt, j)) + dot(qv[j + 1u], CACHE4(1, kt, j + 1u)) +
+                 dot(qv[j + 2u], CACHE4(1, kt, j + 2u)) + dot(qv[j + 3u], CACHE4(1, kt, j + 3u));
+        }
+        for (; j < quads; ++j) s += dot(qv[j], CACHE4(1, kt, j));
 #ifdef ATTN_EXT
         if (cap > 0.0) s = cap * (1.0 - 2.0 / (exp(2.0 * s / cap) + 1.0));
 #endif
         float m_new = max(m, s);
         float corr = exp(m - m_new), p = exp(s - m_new);
         l = l * corr + p;
-        for (uint j = 0u; j < quads; ++j) o[j] = o[j] * corr + p * CACHE4(2, vbase + t * row_texels, j);
+        for (j = 0u; j + 4u <= quads; j += 4u) {
+            o[j] = o[j] * corr + p * CACHE4(2, vt, j);
+            o[j + 1u] = o[j + 1u] * corr + p * CACHE4(2, vt, j + 1u);
+            o[j + 2u] = o[j + 2u] * corr + p * CACHE4(2, vt, j + 2u);
+            o[j + 3u] = o[j + 3u] * corr + p * CACHE4(2, vt, j + 3u);
+        }
+        for (; j < quads; ++j) o[j] = o[j] * corr + p * CACHE4(2, vt, j);
         m = m_new;
     }
     uint d = sliceOffset(dst, item) / 4u + h * head;

@@ -241,8 +241,9 @@ TEST_CASE("server: /v1/embeddings answers OpenAI's shape: unit vectors in input 
         CHECK(std::fabs(sq - 1.0) < 1e-5);
     }
     // Same text, same vector, up to the summation order: on a GPU the batch's shape picks the
-    // matmul kernel (one item, a 4-item tile or the tiled GEMM), each summing in its own order.
-    CHECK(maxDiff(v[0], v[2]) < 1e-5);
+    // matmul kernel (one item, a 4-item tile or the tiled GEMM), each summing in its own order
+    // (an NVIDIA H100 differed by 1.0e-5 in the largest element).
+    CHECK(maxDiff(v[0], v[2]) < 1e-4);
     double dot = 0;
     for (size_t i = 0; i < 64; ++i) dot += double(v[0][i]) * v[1][i];
     CHECK(dot < 0.999);
@@ -259,10 +260,10 @@ TEST_CASE("server: /v1/embeddings answers OpenAI's shape: unit vectors in input 
     // A string alone, and the same text as token ids, give that vector: the same floats for the
     // same request shape, within the summation order's error in another batch.
     const std::vector<float> alone = embed({{"input", texts[0]}})["data"][0]["embedding"];
-    CHECK(maxDiff(alone, v[0]) < 1e-5);
+    CHECK(maxDiff(alone, v[0]) < 1e-4);
     auto ids = json::parse(post(s, "/tokenize", {{"content", texts[0]}, {"add_special", true}})->body)["tokens"];
     CHECK(embed({{"input", ids}})["data"][0]["embedding"].get<std::vector<float>>() == alone);
-    CHECK(maxDiff(embed({{"input", json::array({ids, ids})}})["data"][1]["embedding"].get<std::vector<float>>(), v[0]) < 1e-5);
+    CHECK(maxDiff(embed({{"input", json::array({ids, ids})}})["data"][1]["embedding"].get<std::vector<float>>(), v[0]) < 1e-4);
 
     // base64: the little-endian bytes of the same floats.
     const std::vector<float> second = embed({{"input", texts[1]}})["data"][0]["embedding"];
@@ -283,7 +284,7 @@ TEST_CASE("server: /v1/embeddings answers OpenAI's shape: unit vectors in input 
     for (int i = 0; i < 40; ++i) many.push_back(i % 2 ? texts[1] : "Lily had a red ball number " + std::to_string(i));
     json big = embed({{"input", many}});
     REQUIRE(big["data"].size() == 40);
-    for (int i = 1; i < 40; i += 2) CHECK(big["data"][i]["embedding"].get<std::vector<float>>() == v[1]);
+    for (int i = 1; i < 40; i += 2) CHECK(maxDiff(big["data"][i]["embedding"].get<std::vector<float>>(), v[1]) < 1e-4);
     CHECK(s.metric("bluevm_requests_finished_total") >= 47);
 }
 

@@ -354,10 +354,18 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(kernelName(m, uint32_t(Op::MATMUL), {3, 0, 1}) == "matmul_f32");
     CHECK(kernelName(m, uint32_t(Op::TADD), {2, 1, 1}) == "tadd");
     // As on a GPU: the single item and the 4-item tile take the split-K kernels, a workgroup per
-    // 8 rows.
+    // 8 rows, and 16 items or more the shared-memory tiled GEMM, a workgroup per 64 rows and 64
+    // items (the CPU driver's `_g` needs a matrix of 256 rows at least; `_t` takes any).
     Result<std::vector<DispatchDesc>> gpu = planDispatches(m, pages.value(), 65535, KernelChoice{true, false});
     REQUIRE_MESSAGE(gpu.isOk(), gpu.message());
-    REQUIRE(gpu.value().size() == 5);
+    REQUIRE(gpu.value().size() == 6);
+    CHECK(gpu.value()[4].pipeline == "matmul_f32_t");
+    CHECK(gpu.value()[4].fixed == 3);  // ceil(130 / 64)
+    CHECK(gpu.value()[4].axis == 1);
+    CHECK(gpu.value()[4].min_items == BLUE_MATMUL_GEMM_TILE);
+    CHECK(gpu.value()[4].tile == BLUE_MATMUL_TILED_ITEMS);
+    CHECK(gpu.value()[3].max_items == BLUE_MATMUL_GEMM_TILE - 1);
+    CHECK(gpu.value()[5].pipeline == "tsum");
     CHECK(gpu.value()[2].pipeline == "matmul_f32_b1s");
     CHECK(gpu.value()[2].fixed == 17);  // ceil(130 / 8)
     CHECK(gpu.value()[2].axis == 1);
@@ -416,6 +424,58 @@ halt
     CHECK(split.value()[2].pipeline == "attn_f16_split");
     CHECK(split.value()[2].fixed == 2);
     CHECK(split.value()[0].pipeline == "rope");
+}
+
+// A driver that ends an invocation's loops after 65535 iterations in all (lavapipe): attention
+// keeps the lane-per-head kernel while one lane's walk over the context stays under it, takes the
+// split kernel past that, and a context even the split kernel would cut short is refused.
+TEST_CASE("plan: under a loop limit, attention over a long context takes the split kernel, or is refused") {
+    auto plan = [](uint32_t head, uint32_t ctx) {
+        const uint32_t heads = 2, kv = head;
+        Module m = assembleOrFail(strFormat(R"(.layout regs=4 max_rows=4
+.tensor q rows f32 [%u]
+.tensor kc instance f16 [%u, %u]
+.tensor vc instance f16 [%u, %u]
+.block b args=2
+    attn q, kc, vc, q, %u, 1, 1, 0.5
+.end
+halt
+)", head * heads, kv, ctx, kv, ctx, heads));
+        Result<PagePlan> pages = planPages(m, 1, 1u << 30);
+        REQUIRE_MESSAGE(pages.isOk(), pages.message());
+        KernelChoice lavapipe;
+        lavapipe.loop_limit = 65535;
+        return planDispatches(m, pages.value(), 65535, lavapipe);
+    };
+    // Head 64, 2048 positions: 2048 x 2 x (4 + 1 + 0 + 1) + ... = 26,660 iterations per lane.
+    Result<std::vector<DispatchDesc>> ok = plan(64, 2048);
+    REQUIRE_MESSAGE(ok.isOk(), ok.message());
+    CHECK(ok.value()[0].pipeline == "attn_f16");
+    // Head 256, 2048 positions: 2048 x 2 x (16 + 1 + 0 + 1) + ... = 75,907: the split kernel.
+    Result<std::vector<DispatchDesc>> wide = plan(256, 2048);
+    REQUIRE_MESSAGE(wide.isOk(), wide.message());
+    CHECK(wide.value()[0].pipeline == "attn_f16_split");
+    CHECK(wide.value()[0].fixed == 2);
+    // Head 256, 65536 positions: 2048 per lane of the split kernel, 2048 x 36 + ... > 65535.
+    Result<std::vector<DispatchDesc>> cut = plan(256, 65536);
+    REQUIRE_FALSE(cut.isOk());
+    CHECK(cut.message().find("ATTN over 65536 positions of head size 256 needs") != std::string::npos);
+    CHECK(cut.message().find("LP_MAX_TGSI_LOOP_ITERATIONS") != std::string::npos);
+    // Without a limit (a GPU) the lane-per-head kernel stays wherever it is asked for.
+    Module m = assembleOrFail(R"(.layout regs=4 max_rows=4
+.tensor q rows f32 [512]
+.tensor kc instance f16 [256, 4096]
+.tensor vc instance f16 [256, 4096]
+.block b args=2
+    attn q, kc, vc, q, 2, 1, 1, 0.5
+.end
+halt
+)");
+    Result<PagePlan> pages = planPages(m, 1, 1u << 30);
+    REQUIRE(pages.isOk());
+    Result<std::vector<DispatchDesc>> gpu = planDispatches(m, pages.value(), 65535);
+    REQUIRE(gpu.isOk());
+    CHECK(gpu.value()[0].pipeline == "attn_f16");
 }
 
 // Instructions the op's rules accept (the reference machine runs them) but whose kernel cannot:

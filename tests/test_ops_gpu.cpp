@@ -313,34 +313,46 @@ void poolCase() {
 }
 
 // RMSNORM over whole 172-wide rows, over groups of 64 and of 32 (the latter with a weight that is
-// itself a ROWS tensor, read per row), and into an INSTANCE destination.
+// itself a ROWS tensor, read per row), into an INSTANCE destination, and over 170-wide rows (no
+// vec4 alignment). Run once more with GPU shapes: the wide `_w` kernel (vec4 reads where aligned,
+// floats for the 170-wide rows).
 void rmsnormCase() {
-    OpModule om(kVocab, 8, kTokens + 8, 0x4A5);
-    uint32_t a = om.rowsInput("a", kWide, -3, 3), c = om.rowsInput("c", 192, -3, 3);
-    uint32_t wr = om.rowsInput("w_rows", 32, 0.5f, 1.5f);
-    uint32_t w172 =
-        om.data("w172", BLUE_TC_WEIGHT, DType::F32, {kWide}, om.random(kWide, 0.5f, 1.5f));
-    uint32_t w64 = om.data("w64", BLUE_TC_WEIGHT, DType::F32, {64}, om.random(64, 0.5f, 1.5f));
-    uint32_t n1 = om.tensor("n_row", BLUE_TC_ROWS, DType::F32, {kWide});
-    uint32_t n2 = om.tensor("n_group64", BLUE_TC_ROWS, DType::F32, {192});
-    uint32_t n3 = om.tensor("n_group32_rowweight", BLUE_TC_ROWS, DType::F32, {192});
-    uint32_t ni = om.tensor("n_inst", BLUE_TC_INSTANCE, DType::F32, {kWide});
-    const uint32_t eps5 = std::bit_cast<uint32_t>(1e-5f), eps6 = std::bit_cast<uint32_t>(1e-6f);
-    om.step(Op::RMSNORM, {n1, a, w172, eps5, 0});
-    om.step(Op::RMSNORM, {n2, c, w64, eps6, 64});
-    om.step(Op::RMSNORM, {n3, c, wr, eps5, 32});
-    om.step(Op::RMSNORM, {ni, a, w172, eps5, 0});
-    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {3, 0, 6});
-    Module m = om.build(plans);
-    auto both = runOnBoth(m, uint32_t(plans.size()));
-    if (!both) return;
-    // Float sum of squares (a few 2^-24 relative per term, tree order), inversesqrt (2 ULP in
-    // Vulkan) and two products: a few 1e-7 relative per element; 1e-5 leaves margin.
-    const uint32_t rows = totalRows(plans);
-    expectClose(*both, n1, rows, 1e-5, "RMSNORM row");
-    expectClose(*both, n2, rows, 1e-5, "RMSNORM groups of 64");
-    expectClose(*both, n3, rows, 1e-5, "RMSNORM groups of 32, per-row weight");
-    expectClose(*both, ni, 0, 1e-5, "RMSNORM instance");
+    for (auto decode : {GpuOptions::DecodeKernel::ROWS, GpuOptions::DecodeKernel::SPLIT}) {
+        OpModule om(kVocab, 8, kTokens + 8, 0x4A5);
+        uint32_t a = om.rowsInput("a", kWide, -3, 3), c = om.rowsInput("c", 192, -3, 3);
+        uint32_t odd = om.rowsInput("odd", 170, -3, 3);
+        uint32_t wr = om.rowsInput("w_rows", 32, 0.5f, 1.5f);
+        uint32_t w172 =
+            om.data("w172", BLUE_TC_WEIGHT, DType::F32, {kWide}, om.random(kWide, 0.5f, 1.5f));
+        uint32_t w170 = om.data("w170", BLUE_TC_WEIGHT, DType::F32, {170}, om.random(170, 0.5f, 1.5f));
+        uint32_t w64 = om.data("w64", BLUE_TC_WEIGHT, DType::F32, {64}, om.random(64, 0.5f, 1.5f));
+        uint32_t n1 = om.tensor("n_row", BLUE_TC_ROWS, DType::F32, {kWide});
+        uint32_t n2 = om.tensor("n_group64", BLUE_TC_ROWS, DType::F32, {192});
+        uint32_t n3 = om.tensor("n_group32_rowweight", BLUE_TC_ROWS, DType::F32, {192});
+        uint32_t ni = om.tensor("n_inst", BLUE_TC_INSTANCE, DType::F32, {kWide});
+        uint32_t n5 = om.tensor("n_odd", BLUE_TC_ROWS, DType::F32, {170});
+        const uint32_t eps5 = std::bit_cast<uint32_t>(1e-5f), eps6 = std::bit_cast<uint32_t>(1e-6f);
+        om.step(Op::RMSNORM, {n1, a, w172, eps5, 0});
+        om.step(Op::RMSNORM, {n2, c, w64, eps6, 64});
+        om.step(Op::RMSNORM, {n3, c, wr, eps5, 32});
+        om.step(Op::RMSNORM, {ni, a, w172, eps5, 0});
+        om.step(Op::RMSNORM, {n5, odd, w170, eps5, 0});
+        std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {3, 0, 6});
+        Module m = om.build(plans);
+        auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0, [&](GpuOptions& o) { o.decode_kernel = decode; });
+        if (!both) return;
+        const bool wide = decode == GpuOptions::DecodeKernel::SPLIT;
+        if (wide) kernelsRun().insert("rmsnorm_w");
+        // Float sum of squares (a few 2^-24 relative per term, tree order), inversesqrt (2 ULP in
+        // Vulkan) and two products: a few 1e-7 relative per element; 1e-5 leaves margin.
+        const uint32_t rows = totalRows(plans);
+        const std::string kind = wide ? " (wide)" : "";
+        expectClose(*both, n1, rows, 1e-5, "RMSNORM row" + kind);
+        expectClose(*both, n2, rows, 1e-5, "RMSNORM groups of 64" + kind);
+        expectClose(*both, n3, rows, 1e-5, "RMSNORM groups of 32, per-row weight" + kind);
+        expectClose(*both, ni, 0, 1e-5, "RMSNORM instance" + kind);
+        expectClose(*both, n5, rows, 1e-5, "RMSNORM 170-wide rows" + kind);
+    }
 }
 
 void runOpCase(Op op) {

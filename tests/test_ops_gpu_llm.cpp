@@ -149,7 +149,7 @@ void attnShapeCase(DType cache, AttnShape s, GpuOptions::AttnKernel kernel) {
         kernelsRun().insert(std::string(s.ext ? "attnx_" : "attn_") + lowerName(cache) + "_split");
     }
     // F32 caches: the GPU's float scores, exp (3 + 2|x| ULP, |x| < 20) and float sums over at
-    // most 522 positions, rescaled per 256-position chunk, against the reference's double:
+    // most 522 positions, rescaled per chunk of positions, against the reference's double:
     // ~1e-5 relative at worst; 1e-4. F16 caches may also differ by one half ULP where the
     // conversion rounds differently (2^-10 relative in K and V): 2e-3.
     const double bound = cache == DType::F32 ? 1e-4 : 2e-3;
@@ -163,12 +163,19 @@ void attnShapeCase(DType cache, AttnShape s, GpuOptions::AttnKernel kernel) {
 
 }  // namespace
 
-// Head size 8 with 4 query heads over 2 KV heads (ratio 2); head size 64 with 8 over 2 (ratio 4).
-// Each once more with the split kernel (a workgroup per head, lanes over positions).
+// Head size 8 with 4 query heads over 2 KV heads (ratio 2); head size 64 with 8 over 2 (ratio 4);
+// 80 (the split kernel's 128 lanes: one per element, 48 idle for values) with 4 over 2; 256
+// (two elements per lane) with 2 over 1. Each once more with the split kernel (a workgroup per
+// head; the instance with 520 positions takes two of its 512-position chunks).
 void attnCase(DType cache) {
     for (auto kernel : {GpuOptions::AttnKernel::LANES, GpuOptions::AttnKernel::SPLIT}) {
         attnShapeCase(cache, {8, 4, 2}, kernel);
         attnShapeCase(cache, {64, 8, 2}, kernel);
+        attnShapeCase(cache, {80, 4, 2}, kernel);
+        attnShapeCase(cache, {256, 2, 1}, kernel);
+        attnShapeCase(cache, {256, 4, 2}, kernel);
+        attnShapeCase(cache, {248, 2, 1}, kernel);
+        attnShapeCase(cache, {256, 1, 1}, kernel);
     }
 }
 
