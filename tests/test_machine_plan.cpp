@@ -430,50 +430,39 @@ halt
 // keeps the lane-per-head kernel while one lane's walk over the context stays under it, takes the
 // split kernel past that, and a context even the split kernel would cut short is refused.
 TEST_CASE("plan: under a loop limit, attention over a long context takes the split kernel, or is refused") {
-    auto plan = [](uint32_t head, uint32_t ctx) {
-        const uint32_t heads = 2, kv = head;
+    // Two query heads over one KV head of `head` elements, `ctx` positions; `limit` 0: a GPU.
+    auto plan = [](uint32_t head, uint32_t ctx, uint32_t limit) {
         Module m = assembleOrFail(strFormat(R"(.layout regs=4 max_rows=4
 .tensor q rows f32 [%u]
 .tensor kc instance f16 [%u, %u]
 .tensor vc instance f16 [%u, %u]
 .block b args=2
-    attn q, kc, vc, q, %u, 1, 1, 0.5
+    attn q, kc, vc, q, 2, 1, 1, 0.5
 .end
 halt
-)", head * heads, kv, ctx, kv, ctx, heads));
+)", 2 * head, head, ctx, head, ctx));
         Result<PagePlan> pages = planPages(m, 1, 1u << 30);
         REQUIRE_MESSAGE(pages.isOk(), pages.message());
-        KernelChoice lavapipe;
-        lavapipe.loop_limit = 65535;
-        return planDispatches(m, pages.value(), 65535, lavapipe);
+        KernelChoice kernels;
+        kernels.loop_limit = limit;
+        return planDispatches(m, pages.value(), 65535, kernels);
     };
     // Head 64, 2048 positions: 2048 x 2 x (4 + 1 + 0 + 1) + ... = 26,660 iterations per lane.
-    Result<std::vector<DispatchDesc>> ok = plan(64, 2048);
+    Result<std::vector<DispatchDesc>> ok = plan(64, 2048, 65535);
     REQUIRE_MESSAGE(ok.isOk(), ok.message());
     CHECK(ok.value()[0].pipeline == "attn_f16");
     // Head 256, 2048 positions: 2048 x 2 x (16 + 1 + 0 + 1) + ... = 75,907: the split kernel.
-    Result<std::vector<DispatchDesc>> wide = plan(256, 2048);
+    Result<std::vector<DispatchDesc>> wide = plan(256, 2048, 65535);
     REQUIRE_MESSAGE(wide.isOk(), wide.message());
     CHECK(wide.value()[0].pipeline == "attn_f16_split");
     CHECK(wide.value()[0].fixed == 2);
     // Head 256, 65536 positions: 2048 per lane of the split kernel, 2048 x 36 + ... > 65535.
-    Result<std::vector<DispatchDesc>> cut = plan(256, 65536);
+    Result<std::vector<DispatchDesc>> cut = plan(256, 65536, 65535);
     REQUIRE_FALSE(cut.isOk());
     CHECK(cut.message().find("ATTN over 65536 positions of head size 256 needs") != std::string::npos);
     CHECK(cut.message().find("LP_MAX_TGSI_LOOP_ITERATIONS") != std::string::npos);
     // Without a limit (a GPU) the lane-per-head kernel stays wherever it is asked for.
-    Module m = assembleOrFail(R"(.layout regs=4 max_rows=4
-.tensor q rows f32 [512]
-.tensor kc instance f16 [256, 4096]
-.tensor vc instance f16 [256, 4096]
-.block b args=2
-    attn q, kc, vc, q, 2, 1, 1, 0.5
-.end
-halt
-)");
-    Result<PagePlan> pages = planPages(m, 1, 1u << 30);
-    REQUIRE(pages.isOk());
-    Result<std::vector<DispatchDesc>> gpu = planDispatches(m, pages.value(), 65535);
+    Result<std::vector<DispatchDesc>> gpu = plan(256, 4096, 0);
     REQUIRE(gpu.isOk());
     CHECK(gpu.value()[0].pipeline == "attn_f16");
 }
