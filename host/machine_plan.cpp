@@ -122,8 +122,8 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
 // The worst case of loop iterations one invocation of the ATTN/ATTNX kernels runs (each loop
 // counted once more than its iterations, as lavapipe counts them): the lane-per-head kernel walks
 // every position of the context with two loops over the head's quads (four at a time, then the
-// rest: shaders/attn.comp); the split kernel's lanes
-// take every BLUE_ATTN_SPLIT_WG-th position, then merge.
+// rest: shaders/attn.comp); the split kernel's lanes take every BLUE_ATTN_SPLIT_WG-th position,
+// then merge. ATTNX's window is not counted: the bound holds for any window.
 AttnLoops attnLoops(const Module& m, const TensorInstr& ti) {
     const TensorDecl& dst = m.tensors[ti.args[0]];
     const TensorDecl& kc = m.tensors[ti.args[1]];
