@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // SAMPLE: one workgroup per instance picks the next token from its logits, following the rule
 // of the reference (vm/tensor_ops_llm.cpp): repetition/presence/frequency penalties over the last
 // N history tokens; entropy and log-probability of the penalized T = 1 distribution; greedy when

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // SCORE: one workgroup per instance sums the log-likelihood of given tokens, following the
 // reference (vm/tensor_ops_spec.cpp): over the instance's rows r but the last, log softmax of
 // row r's logits (T = 1) at the token of row r+1. Out-of-range tokens score nothing.

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // SPEC: speculative verification, one workgroup per instance, following the reference
 // (vm/tensor_ops_spec.cpp). The instance ran K+1 rows through the target (its last accepted token,
 // then the draft's d1..dK); row i's logits give the target's distribution p for d_(i+1). Accept

@@ -147,6 +147,24 @@ void scoreCase() {
     // Sums of up to five log-softmax values of logits in [-3, 3): float on the GPU, double on
     // the reference; one-row instances sum nothing (0).
     expectClose(*both, sum, 0, 1e-5, "SCORE log-likelihood");
+
+    // Qwen2's vocabulary (152,064) over one instance's 80 rows: each workgroup walks every row
+    // twice over the vocabulary, which lavapipe counts against its 65,535 loop iterations per
+    // invocation (KernelChoice::loop_limit): 8 logits per lane per iteration keep it at about
+    // 80 x 190 rather than 80 x 1,220.
+    // The harness's inputs are a table of a row per token, so the module's tokens are few (88);
+    // they index the first logits of each 152,064-wide row.
+    constexpr uint32_t kWideVocab = 152064, kWideRows = 80;
+    OpModule wide(kWideRows + 8, kWideRows, kTokens + kWideRows + 8, 0x5A7);
+    uint32_t wrows = wide.rowsInput("rows", kWideVocab, -3, 3);
+    uint32_t wsum = wide.tensor("sum", BLUE_TC_INSTANCE, DType::F32, {1});
+    wide.step(Op::SCORE, {wsum, wrows});
+    Module wm = wide.build(raggedPlans(wide, {kWideRows}, {0}));
+    auto wboth = runOnBoth(wm, 1);
+    if (!wboth) return;
+    // 79 log-softmax values over 152,064 logits each: float sums of that many terms (~1e-7
+    // relative each) against the reference's double; 1e-5 of the total.
+    expectClose(*wboth, wsum, 0, 1e-5, "SCORE log-likelihood, 152,064-token vocabulary, 80 rows");
 }
 
 }  // namespace blue::test

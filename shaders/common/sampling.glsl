@@ -2,7 +2,8 @@
 // SAMPLE_WG invocations per row of logits, following the reference (vm/tensor_ops_llm.cpp):
 // statistics of the T = 1 distribution, the kept set of top-k / top-p / min-p as a threshold on
 // order-preserving keys (binary search, no sort), and draws that walk tokens in id order.
-// Define SAMPLE_WG and include common/tensor.glsl, common/bytes.glsl, common/philox.glsl first.
+// Define SAMPLE_WG and include common/tensor.glsl, common/bytes.glsl, common/philox.glsl first,
+// with GL_EXT_control_flow_attributes enabled.
 #define REDUCE_WG SAMPLE_WG
 #include "common/reduce.glsl"
 
@@ -158,25 +159,40 @@ struct RowStats {
     float entropy;
 };
 
+// The row is read eight logits per lane per iteration, in the order of one at a time (lane l:
+// l, l + WG, l + 2 WG, ...), so the results are the same: lavapipe ends every loop of an
+// invocation after 65,535 iterations in all (KernelChoice::loop_limit), and one at a time a
+// 152,064-token row took 1,220 of them, so SCORE over 55 rows of it came out wrong.
+#define ROW_UNROLL 8u
 RowStats rowStats() {
     uint lid = gl_LocalInvocationID.x;
     float best = -1.0 / 0.0;
     uint best_i = 0xFFFFFFFFu;
-    for (uint i = lid; i < g_n; i += SAMPLE_WG) {
-        float v = logit(i);
-        if (v > best) {
-            best = v;
-            best_i = i;
+    for (uint i0 = lid; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            const uint i = i0 + k * SAMPLE_WG;
+            if (i < g_n) {
+                float v = logit(i);
+                if (v > best) {
+                    best = v;
+                    best_i = i;
+                }
+            }
         }
     }
     RowStats s;
     s.tok = workgroupArgmax(best, best_i);
     s.m = logit(s.tok);
     float z = 0.0, zl = 0.0;
-    for (uint i = lid; i < g_n; i += SAMPLE_WG) {
-        float d = logit(i) - s.m, e = exp(d);
-        z += e;
-        zl += e * d;
+    for (uint i0 = lid; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            const uint i = i0 + k * SAMPLE_WG;
+            if (i < g_n) {
+                float d = logit(i) - s.m, e = exp(d);
+                z += e;
+                zl += e * d;
+            }
+        }
     }
     s.z = workgroupSum(z);
     zl = workgroupSum(zl);
