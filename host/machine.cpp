@@ -367,7 +367,7 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
     }
     // lavapipe (llvmpipe's gallivm) stops every loop of an invocation once 65535 iterations have
     // run in it, silently: the plan keeps each kernel's worst case under that.
-    if (info.cpu) k.loop_limit = 65535;
+    k.loop_limit = deviceLoopLimit(info.cpu);
     return k;
 }
 

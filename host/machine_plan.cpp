@@ -206,6 +206,25 @@ Status addExpertCopies(const Module& m, const PagePlan& pages, const ExpertCache
 
 }  // namespace
 
+uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab) {
+    if (loop_limit == 0) return UINT32_MAX;
+    // SAMPLE's other walks: about 60 over the row, 2,048 logits an iteration (row statistics,
+    // top-k/top-p passes, top log-probabilities, the draw), and a grammar's mask, up to 17
+    // iterations per 4 tokens per lane; then 64 of margin, as attnLoops keeps.
+    const uint64_t rest = 60 * ((uint64_t(n_vocab) + 2047) / 2048) + 70 * ((uint64_t(n_vocab) + 1023) / 1024) + 64;
+    if (rest >= loop_limit) return 0;
+    const uint64_t budget = loop_limit - rest;
+    // applyPenalties: ceil(W / 256) window positions per invocation, each walking the window 16
+    // tokens an iteration, plus the outer loop.
+    auto loops = [](uint64_t w) { return (w + 255) / 256 * ((w + 15) / 16 + 1) + (w + 255) / 256 + 1; };
+    uint64_t lo = 0, hi = 1u << 20;
+    while (lo < hi) {
+        const uint64_t mid = (lo + hi + 1) / 2;
+        if (loops(mid) <= budget) lo = mid; else hi = mid - 1;
+    }
+    return uint32_t(lo);
+}
+
 Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
                                   uint64_t max_binding_bytes, uint64_t expert_state_words) {
     const Layout& l = m.layout;

@@ -206,6 +206,15 @@ struct KernelChoice {
     uint32_t loop_limit = 0;
 };
 
+// The loop limit of a device's compiler (KernelChoice::loop_limit): 65535 for CPU drivers
+// (lavapipe), 0 (none) for the rest.
+constexpr uint32_t deviceLoopLimit(bool cpu_driver) { return cpu_driver ? 65535u : 0u; }
+
+// The longest window of history tokens SAMPLE's repetition penalties can walk within a loop limit
+// (0: no limit, UINT32_MAX returned), after the walks over a vocabulary of n_vocab tokens the rest
+// of sampling (and a grammar's mask) takes. shaders/sample.comp applyPenalties has the count.
+uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab);
+
 // Worst-case loop iterations of one ATTN/ATTNX invocation (planDispatches, KernelChoice).
 struct AttnLoops {
     uint64_t head = 0, positions = 0;

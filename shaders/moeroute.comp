@@ -1,11 +1,16 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // MOEROUTE: one workgroup routes every row of the run (its k experts and their weights, as
 // vm/tensor_ops_moe.cpp defines), then groups the (row, slot) pairs by expert into the map
 // (vm/abi.h BLUE_MOE_*) and writes the number of tiles into the items axis of the MOEMM
 // dispatches that read it (push words BLUE_PC_MOE_PATCH..): the router's counts size the expert
 // GEMMs, and no host reads them. Rows are few hundred at most and experts a few hundred, so one
-// workgroup walks them; it also adds the chosen experts' bytes to the control counters.
+// workgroup walks them; it also adds the chosen experts' bytes to the control counters. Its walks
+// take MR_UNROLL elements an iteration, in the order of one at a time: lavapipe ends every loop
+// of an invocation after 65,535 iterations in all, which one at a time 256 experts reached at
+// about 450 rows.
+#define MR_UNROLL 8u
 #include "common/tensor.glsl"
 
 layout(local_size_x = BLUE_ITEM_WG) in;
@@ -42,10 +47,13 @@ uint updateCache(uint st, uint E) {
     for (uint e = 0u; e < E; ++e) {
         if (s_count[e] == 0u || s_slot[e] != 0u) continue;
         uint v = C, oldest = clock;
-        for (uint s = 0u; s < C; ++s) {
-            if (ctl[used + s] < oldest) {
-                oldest = ctl[used + s];
-                v = s;
+        for (uint s0 = 0u; s0 < C; s0 += MR_UNROLL) {
+            [[unroll]] for (uint u = 0u; u < MR_UNROLL; ++u) {
+                const uint s = s0 + u;
+                if (s < C && ctl[used + s] < oldest) {
+                    oldest = ctl[used + s];
+                    v = s;
+                }
             }
         }
         if (v == C) {
@@ -87,26 +95,36 @@ void main() {
     for (uint r = lid; r < rows; r += BLUE_ITEM_WG) {
         uint lo = sliceOffset(lg, r) / 4u, so = sliceOffset(sel, r) / 4u;
         uint chosen[BLUE_MOE_MAX_SLOTS];
+        uint taken[BLUE_MOE_MAX_EXPERTS / 32u];  // a bit per expert already chosen
+        [[unroll]] for (uint w = 0u; w < BLUE_MOE_MAX_EXPERTS / 32u; ++w) taken[w] = 0u;
         for (uint j = 0u; j < k; ++j) {
             uint best = 0xFFFFFFFFu;
             float bv = 0.0;
-            for (uint e = 0u; e < E; ++e) {
-                bool taken = false;
-                for (uint i = 0u; i < j; ++i) taken = taken || chosen[i] == e;
-                float v = page_f[lg.page].d[lo + e];
-                if (!taken && (best == 0xFFFFFFFFu || v > bv)) {
-                    best = e;
-                    bv = v;
+            for (uint e0 = 0u; e0 < E; e0 += MR_UNROLL) {
+                [[unroll]] for (uint u = 0u; u < MR_UNROLL; ++u) {
+                    const uint e = e0 + u;
+                    if (e < E && (taken[e / 32u] & (1u << (e % 32u))) == 0u) {
+                        float v = page_f[lg.page].d[lo + e];
+                        if (best == 0xFFFFFFFFu || v > bv) {
+                            best = e;
+                            bv = v;
+                        }
+                    }
                 }
             }
             chosen[j] = best;
+            if (best < E) taken[best / 32u] |= 1u << (best % 32u);
         }
         float top = page_f[lg.page].d[lo + chosen[0]];
         float total = 0.0;
         if (gating == 0u) {
             for (uint j = 0u; j < k; ++j) total += exp(page_f[lg.page].d[lo + chosen[j]] - top);
         } else {
-            for (uint e = 0u; e < E; ++e) total += exp(page_f[lg.page].d[lo + e] - top);
+            for (uint e0 = 0u; e0 < E; e0 += MR_UNROLL) {
+                [[unroll]] for (uint u = 0u; u < MR_UNROLL; ++u) {
+                    if (e0 + u < E) total += exp(page_f[lg.page].d[lo + e0 + u] - top);
+                }
+            }
         }
         for (uint j = 0u; j < k; ++j) {
             page_c[sel.page].d[so + j] = float(chosen[j]);
@@ -120,9 +138,12 @@ void main() {
     for (uint e = lid; e < E; e += BLUE_ITEM_WG) {
         uint n = 0u;
         s_slot[e] = 0u;
-        for (uint r = 0u; r < rows; ++r) {
-            uint so = sliceOffset(sel, r) / 4u;
-            for (uint j = 0u; j < k; ++j) n += uint(page_c[sel.page].d[so + j]) == e ? 1u : 0u;
+        // The pairs (row q / k, slot q % k) in order.
+        for (uint q0 = 0u; q0 < rows * k; q0 += MR_UNROLL) {
+            [[unroll]] for (uint u = 0u; u < MR_UNROLL; ++u) {
+                const uint q = q0 + u;
+                if (q < rows * k && uint(page_c[sel.page].d[sliceOffset(sel, q / k) / 4u + q % k]) == e) n += 1u;
+            }
         }
         s_count[e] = n;
     }
@@ -170,11 +191,11 @@ void main() {
     uint list = mw + BLUE_MOE_H_WORDS + E + 1u, tiles_at = list + pairs_max;
     for (uint e = lid; e < E; e += BLUE_ITEM_WG) {
         uint at = s_first[e];
-        for (uint r = 0u; r < rows; ++r) {
-            uint so = sliceOffset(sel, r) / 4u;
-            for (uint j = 0u; j < k; ++j) {
-                if (uint(page_c[sel.page].d[so + j]) == e) {
-                    page_u[map.page].d[list + at] = r * k + j;
+        for (uint q0 = 0u; q0 < rows * k; q0 += MR_UNROLL) {
+            [[unroll]] for (uint u = 0u; u < MR_UNROLL; ++u) {
+                const uint q = q0 + u;
+                if (q < rows * k && uint(page_c[sel.page].d[sliceOffset(sel, q / k) / 4u + q % k]) == e) {
+                    page_u[map.page].d[list + at] = q;
                     at += 1u;
                 }
             }

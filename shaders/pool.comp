@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // POOL: one workgroup per instance pools its rows of a (this run's) into its slice of dst, as
 // the reference does (vm/tensor_ops_llm.cpp refPool): the mean so far, the first row, or the
 // last. Lanes take every BLUE_ITEM_WG-th element and walk the rows in order.
@@ -27,8 +28,14 @@ void main() {
             page_f[dt.page].d[d + i] = page_f[at.page].d[(at.offset + r * at.stride) / 4u + i];
             continue;
         }
+        // Eight rows an iteration, added in row order: one a time, n_embd 8192 over 512 rows
+        // passed lavapipe's loop limit (65,535 iterations an invocation).
         float sum = p != 0u ? page_f[dt.page].d[d + i] * float(p) : 0.0;
-        for (uint r = 0u; r < rows; ++r) sum += page_f[at.page].d[(at.offset + (first + r) * at.stride) / 4u + i];
+        for (uint r0 = 0u; r0 < rows; r0 += 8u) {
+            [[unroll]] for (uint k = 0u; k < 8u; ++k) {
+                if (r0 + k < rows) sum += page_f[at.page].d[(at.offset + (first + r0 + k) * at.stride) / 4u + i];
+            }
+        }
         page_f[dt.page].d[d + i] = sum / float(p + rows);
     }
 }

@@ -121,11 +121,22 @@ void maskGrammar(uint state) {
     memoryBarrierBuffer();
     barrier();
     if (s_allowed != 0u) return;
-    // Nothing can continue the text: end it (end-of-generation tokens, else token 0).
-    bool any_end = false;
-    for (uint i = 0u; i < g_n; ++i) any_end = any_end || tbKind(i) == BLUE_TB_END;
-    for (uint i = lid; i < g_n; i += SAMPLE_WG) {
-        if (any_end ? tbKind(i) == BLUE_TB_END : i == 0u) page_f[g_page].d[g_logits + i] = 0.0;
+    // Nothing can continue the text: end it (end-of-generation tokens, else token 0). Every lane
+    // looks at its share of the vocabulary (one lane walking it all would pass lavapipe's loop
+    // limit at 65,536 tokens).
+    uint ends = 0u;
+    for (uint i0 = lid; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            const uint i = i0 + k * SAMPLE_WG;
+            if (i < g_n && tbKind(i) == BLUE_TB_END) ++ends;
+        }
+    }
+    bool any_end = workgroupCount(ends) != 0u;
+    for (uint i0 = lid; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            const uint i = i0 + k * SAMPLE_WG;
+            if (i < g_n && (any_end ? tbKind(i) == BLUE_TB_END : i == 0u)) page_f[g_page].d[g_logits + i] = 0.0;
+        }
     }
     barrier();
     memoryBarrierBuffer();
@@ -133,6 +144,12 @@ void maskGrammar(uint state) {
 }
 #endif
 
+// The window's tokens are compared with each other (each distinct token is penalized once, by the
+// invocation of its first occurrence, with its count): PENALTY_UNROLL words an iteration, and an
+// invocation stops once it finds its token earlier in the window. Its worst case, a window of
+// distinct tokens, is ceil(W / SAMPLE_WG) * (ceil(W / PENALTY_UNROLL) + 1) loop iterations; the
+// host refuses windows past lavapipe's loop limit (Machine::maxPenaltyWindow, the same count).
+#define PENALTY_UNROLL 16u
 void applyPenalties(uint inst, uint sp) {
     float rep = uintBitsToFloat(localWord(inst, sp + BLUE_SP_REPEAT_PENALTY));
     float presence = uintBitsToFloat(localWord(inst, sp + BLUE_SP_PRESENCE));
@@ -148,11 +165,13 @@ void applyPenalties(uint inst, uint sp) {
         if (t >= g_n) continue;
         bool first = true;
         uint count = 0u;
-        for (uint j = 0u; j < window; ++j) {
-            uint u = localWord(inst, hist + start + j);
-            if (u == t) {
-                if (j < i) first = false;
-                ++count;
+        for (uint j0 = 0u; j0 < window && first; j0 += PENALTY_UNROLL) {
+            [[unroll]] for (uint k = 0u; k < PENALTY_UNROLL; ++k) {
+                const uint j = j0 + k;
+                if (j < window && localWord(inst, hist + start + j) == t) {
+                    if (j < i) first = false;
+                    ++count;
+                }
             }
         }
         if (!first) continue;  // one invocation per distinct token
@@ -177,12 +196,17 @@ void writeTop(uint inst, uint sp, RowStats s) {
     for (uint k = 0u; k < n; ++k) {
         float best = -1.0 / 0.0;
         uint best_i = 0xFFFFFFFFu;
-        for (uint i = gl_LocalInvocationID.x; i < g_n; i += SAMPLE_WG) {
-            float v = logit(i);
-            bool below = k == 0u || v < prev || (v == prev && i > prev_i);
-            if (below && (best_i == 0xFFFFFFFFu || v > best)) {
-                best = v;
-                best_i = i;
+        for (uint i0 = gl_LocalInvocationID.x; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+            [[unroll]] for (uint u = 0u; u < ROW_UNROLL; ++u) {
+                const uint i = i0 + u * SAMPLE_WG;
+                if (i < g_n) {
+                    float v = logit(i);
+                    bool below = k == 0u || v < prev || (v == prev && i > prev_i);
+                    if (below && (best_i == 0xFFFFFFFFu || v > best)) {
+                        best = v;
+                        best_i = i;
+                    }
+                }
             }
         }
         prev_i = workgroupArgmax(best, best_i);
@@ -246,9 +270,11 @@ void main() {
     uint row = localWord(inst, sp + BLUE_SP_ROW);
     if (row < qt.n / g_n) {
         uint q = sliceOffset(qt, item) / 4u + row * g_n;
-        for (uint i = lid; i < g_n; i += SAMPLE_WG) {
-            float v = temp > 0.0 ? weightAt(i, 0u) / total : (i == tok ? 1.0 : 0.0);
-            page_f[qt.page].d[q + i] = v;
+        for (uint i0 = lid; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                const uint i = i0 + k * SAMPLE_WG;
+                if (i < g_n) page_f[qt.page].d[q + i] = temp > 0.0 ? weightAt(i, 0u) / total : (i == tok ? 1.0 : 0.0);
+            }
         }
     }
 #endif

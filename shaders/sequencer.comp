@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 // The sequencer: interprets Blue-IR control code on the GPU, one invocation per instance. Each
 // live instance runs until it parks on a block (RUN), yields, halts, faults or has run max_steps
 // instructions. Semantics are those of the reference machine (vm/interp.cpp), case for case.
@@ -19,6 +20,11 @@
 #include "opcodes.glsl"
 
 layout(local_size_x = BLUE_SEQ_WG) in;
+
+// INCMP, INCPY and INTCPY walk their words SEQ_COPY_UNROLL at a time: lavapipe ends every loop of
+// an invocation after 65,535 iterations in all, which one at a time a prompt near 32k tokens
+// (compared, then copied) or a grammar of 64k words reached in one cycle.
+#define SEQ_COPY_UNROLL 8u
 
 const uint CONTINUE = 0u;
 const uint STOP = 1u;
@@ -189,7 +195,16 @@ uint execInput(uint op, uint a, uint b, uint c) {
             if (start > len) return fault(BLUE_FAULT_INPUT_OOB);
             if (at > lw) return fault(BLUE_FAULT_LOCAL_OOB);
             uint n = min(len - start, lw - at), local = ctl[BLUE_O_LOCAL] + g_id * lw + at, i = 0u;
-            while (i < n && ctl[local + i] == io[msg + 1u + start + i]) ++i;
+            bool same = true;
+            for (uint i0 = 0u; i0 < n && same; i0 += SEQ_COPY_UNROLL) {
+                [[unroll]] for (uint k = 0u; k < SEQ_COPY_UNROLL; ++k) {
+                    if (same && i0 + k < n && ctl[local + i0 + k] == io[msg + 1u + start + i0 + k]) {
+                        i = i0 + k + 1u;
+                    } else {
+                        same = false;
+                    }
+                }
+            }
             R(a) = i;
         } else {  // INCPY
             uint start = R(c), dst = R(a), lw = ctl[BLUE_H_LOCAL_WORDS];
@@ -197,7 +212,11 @@ uint execInput(uint op, uint a, uint b, uint c) {
             uint n = len - start;
             if (dst > lw || n > lw - dst) return fault(BLUE_FAULT_LOCAL_OOB);
             uint local = ctl[BLUE_O_LOCAL] + g_id * lw + dst;
-            for (uint i = 0u; i < n; ++i) ctl[local + i] = io[msg + 1u + start + i];
+            for (uint i0 = 0u; i0 < n; i0 += SEQ_COPY_UNROLL) {
+                [[unroll]] for (uint k = 0u; k < SEQ_COPY_UNROLL; ++k) {
+                    if (i0 + k < n) ctl[local + i0 + k] = io[msg + 1u + start + i0 + k];
+                }
+            }
             R(a) = n;
         }
     }
@@ -269,7 +288,11 @@ uint execTensorCopy(uint a, uint b, uint t) {
     uint page = ctl[ref] & 0xFFFFu;
     uint cls = ctl[ref] >> 16;
     uint w = (ctl[ref + 1u] + (cls == BLUE_TC_INSTANCE ? g_id * ctl[ref + 2u] : 0u)) / 4u;
-    for (uint i = 0u; i < n; ++i) pageStore(page, w + i, io[msg + 2u + at + i]);
+    for (uint i0 = 0u; i0 < n; i0 += SEQ_COPY_UNROLL) {
+        [[unroll]] for (uint k = 0u; k < SEQ_COPY_UNROLL; ++k) {
+            if (i0 + k < n) pageStore(page, w + i0 + k, io[msg + 2u + at + i0 + k]);
+        }
+    }
     R(a) = at + 1u + n;
     g_pc += 1u;
     return CONTINUE;

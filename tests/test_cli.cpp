@@ -381,6 +381,29 @@ TEST_CASE("cli: generate --logprobs refuses N outside 0..20 and an unknown forma
     CHECK(f.err_text == "bluevm: --logprobs-format xml: 'text' or 'json'\n");
 }
 
+TEST_CASE("cli: generate refuses repetition penalties over a window longer than the device can walk") {
+    Child d({binary("host/bluevm"), "devices"});
+    REQUIRE(d.wait() == 0);
+    const bool cpu = d.out_text.find("(CPU)") != std::string::npos;
+    // 18,000 tokens of window at a context of 20,000: past lavapipe's loop limit (about 16,300
+    // at stories260K's 512 tokens: maxPenaltyWindow); no limit on a GPU.
+    Child c({binary("host/bluevm"), "generate", "--model", stories(), "--ctx", "20000", "--prompt", "Lily", "-n", "2",
+             "--repeat-penalty", "1.1", "--repeat-last-n", "18000"});
+    if (cpu) {
+        CHECK(c.wait(120) == 1);
+        CHECK(c.err_text.find("bluevm: request 0: repeat_last_n 18000: the penalties would walk 18000 tokens, and "
+                              "this device applies them over at most ") == 0);
+        CHECK(c.err_text.find("LP_MAX_TGSI_LOOP_ITERATIONS); use --repeat-last-n ") != std::string::npos);
+        CHECK(c.out_text.empty());
+    } else {
+        CHECK(c.wait(120) == 0);
+    }
+    // Without penalties the window is not walked: no limit.
+    Child plain({binary("host/bluevm"), "generate", "--model", stories(), "--ctx", "20000", "--prompt", "Lily", "-n",
+                 "2", "--repeat-last-n", "18000"});
+    CHECK_MESSAGE(plain.wait(120) == 0, plain.err_text);
+}
+
 // `bluevm generate --ids` token ids of one run (REQUIREs exit 0).
 std::vector<uint32_t> generateIds(const std::vector<std::string>& extra) {
     std::vector<std::string> args = {binary("host/bluevm"), "generate", "--model", stories(), "--ctx", "128", "--ids"};

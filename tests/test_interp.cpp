@@ -1204,6 +1204,41 @@ TEST_CASE("interp: INCMP counts the leading words a message shares with local me
     CHECK_NO_VALIDATION_ERRORS();
 }
 
+// A prompt of 40,000 tokens copied into local memory (INCPY) and compared with it (INCMP) in one
+// cycle, as the generation program does with prefix reuse: one word an iteration, the two walks
+// took 80,000 loop iterations in one sequencer invocation, past lavapipe's 65,535
+// (KernelChoice::loop_limit), and the comparison stopped short there.
+TEST_CASE("interp gpu: INCPY and INCMP of a 40,000-word message in one cycle agree with the reference") {
+    constexpr uint32_t kWords = 40000;
+    const std::string src = ".layout regs=16 local=" + std::to_string(kWords) + " in_slots=1 in_slot_words=" +
+                            std::to_string(kWords + 1) + R"(
+    inrecv r1
+    li r2, 0
+    incpy r2, r1, r0
+    outu r2
+    li r4, 0
+    incmp r4, r1, r0
+    outu r4
+    li r5, 39999
+    ld r6, r5, 0
+    outu r6
+    halt
+)";
+    Module m = assembleOrFail(src, "long_copy");
+    std::vector<uint32_t> message(kWords);
+    for (uint32_t i = 0; i < kWords; ++i) message[i] = i * 7 + 3;
+    const std::vector<uint32_t> expected = {kWords, kWords, 39999 * 7 + 3};
+    RunReport r = runRef(m, 1, {message});
+    REQUIRE(r.status.isOk());
+    CHECK(values(r.output) == expected);
+    Result<WeightSource> w = WeightSource::open(m, "");
+    REQUIRE(w.isOk());
+    BothRuns both = runBoth(m, w.value(), 1, {message});
+    REQUIRE(both.gpu.status.isOk());
+    CHECK(values(both.gpu.output) == expected);
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
 TEST_CASE("interp: INPOLL gives -2 while the input is open and empty, never yields") {
     Module m = assembleOrFail(kPollProgram, "poll");
     RunReport open_empty = runRef(m, 1, {}, 20, false);

@@ -749,3 +749,23 @@ TEST_CASE("plan: under a VRAM budget, activations stay device-local, then dense 
 
 }  // namespace
 }  // namespace blue::test
+
+namespace blue::test {
+
+TEST_CASE("plan: maxPenaltyWindow is the longest window whose walk stays under the loop limit") {
+    CHECK(maxPenaltyWindow(0, 32000) == UINT32_MAX);  // no limit (GPUs)
+    const uint32_t small = maxPenaltyWindow(65535, 512), qwen = maxPenaltyWindow(65535, 152064);
+    // applyPenalties' count: ceil(W / 256) * (ceil(W / 16) + 1) + ceil(W / 256) + 1.
+    auto loops = [](uint64_t w) { return (w + 255) / 256 * ((w + 15) / 16 + 1) + (w + 255) / 256 + 1; };
+    CHECK(small > 15000);
+    CHECK(loops(small) <= 65535);
+    CHECK(loops(small + 1) > loops(small));
+    // A larger vocabulary leaves less of the limit for the window.
+    CHECK(qwen < small);
+    CHECK(qwen > 12000);
+    CHECK(loops(qwen) + 60 * (152064 / 2048 + 1) + 70 * (152064 / 1024 + 1) + 64 <= 65535);
+    // A vocabulary whose own walks take the whole limit leaves no window.
+    CHECK(maxPenaltyWindow(65535, 1u << 30) == 0);
+}
+
+}  // namespace blue::test

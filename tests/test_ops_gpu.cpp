@@ -310,6 +310,21 @@ void poolCase() {
     expectClose(*both, first, 0, 0.0, "POOL first");
     expectClose(*both, last, 0, 0.0, "POOL last");
     expectClose(*both, mean, 0, 1e-6, "POOL mean");
+
+    // The mean of 640 rows of n_embd 8192 in one run: each lane sums its 128 elements over every
+    // row, one row an iteration that was 82,000 loop iterations an invocation, past lavapipe's
+    // 65,535 (KernelChoice::loop_limit): the last elements were never written there.
+    constexpr uint32_t kWideWidth = 8192, kWideRows = 640;
+    OpModule wide(kWideRows + 8, kWideRows, kTokens + kWideRows + 8, 0x9002);  // a token per row
+    uint32_t wa = wide.rowsInput("a", kWideWidth, -2, 2);
+    uint32_t wmean = wide.tensor("mean", BLUE_TC_INSTANCE, DType::F32, {kWideWidth});
+    wide.step(Op::POOL, {wmean, wa, BLUE_POOL_MEAN, BLUE_FA_POS});
+    Module wm = wide.build(raggedPlans(wide, {kWideRows}, {0}));
+    auto wboth = runOnBoth(wm, 1);
+    if (!wboth) return;
+    // Float sums of 640 terms in row order against doubles: about 1e-6 of the largest mean; an
+    // element left unwritten is off by its whole value.
+    expectClose(*wboth, wmean, 0, 1e-4, "POOL mean, n_embd 8192 over 640 rows");
 }
 
 // RMSNORM over whole 172-wide rows, over groups of 64 and of 32 (the latter with a weight that is

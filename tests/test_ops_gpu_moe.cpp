@@ -59,6 +59,28 @@ void moerouteCase() {
         CHECK(words[BLUE_MOE_H_WORDS + kExperts] == items * kSlots);
         CHECK(words[BLUE_MOE_H_TILE] == (items == 1 ? 1u : BLUE_MOE_TILE_ROWS));
     }
+
+    // 256 experts, 8 a row, 600 rows: the one workgroup walks every row's router logits k times
+    // and every expert's pairs; one element an iteration that was about 112,000 loop iterations
+    // an invocation, past lavapipe's 65,535 (KernelChoice::loop_limit), and the routing came out
+    // wrong. Every row has its own logits; the chosen ids must be equal.
+    constexpr uint32_t kWideExperts = 256, kWideSlots = 8, kWideRows = 600;
+    OpModule om(kWideRows + 8, kWideRows, kTokens + 160, 0x40E3);  // a token per row
+    uint32_t logits = om.rowsInput("logits", kWideExperts, -3, 3);
+    uint32_t sel = om.tensor("sel", BLUE_TC_ROWS, DType::F32, {2 * kWideSlots});
+    uint32_t map = om.tensor("map", BLUE_TC_GLOBAL, DType::I32,
+                             {BLUE_MOE_MAP_WORDS(kWideExperts, kWideRows * kWideSlots)});
+    om.step(Op::MOEROUTE, {sel, logits, map, kWideSlots, 1});
+    std::vector<InstancePlan> plans = raggedPlans(om, {150, 150, 150, 150}, {0, 0, 0, 0});
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
+    expectClose(*both, sel, kWideRows, 1e-5, "MOEROUTE softmax over all, 256 experts, 600 rows");
+    std::vector<uint8_t> g = both->gpuBytes(map);
+    const std::vector<uint8_t>& r = both->refBytes(map);
+    REQUIRE(g.size() >= (BLUE_MOE_H_WORDS + kWideExperts + 1) * 4);
+    CHECK(std::equal(g.begin(), g.begin() + (BLUE_MOE_H_WORDS + kWideExperts + 1) * 4, r.begin()));
+    CHECK(reinterpret_cast<const uint32_t*>(g.data())[BLUE_MOE_H_WORDS + kWideExperts] == kWideRows * kWideSlots);
 }
 
 // MOEMM with [K, N, 5] experts of type t (K = 172 rounded up to the type's block, N = 172), 2

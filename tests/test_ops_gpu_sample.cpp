@@ -32,6 +32,7 @@
 #include <numeric>
 #include <set>
 
+#include "host/machine_plan.h"
 #include "tests/gpu_fixture.h"
 #include "tests/test_ops_gpu.h"
 #include "tests/vm_programs.h"
@@ -329,6 +330,61 @@ void sampleTopCase() {
     opMeasures().push_back({"SAMPLE top logprobs", err.normalised(), 1e-5});
 }
 
+// Penalties over the longest window the host lets through on lavapipe (maxPenaltyWindow: about
+// 15,700 tokens at this vocabulary of 32,768), every token distinct (each window position walks
+// the whole window: the worst case), and the row's three largest logits only at the window's end.
+// One word an iteration, the kernel took ceil(6000 / 256) * 6,001 = 144,000 loop iterations an
+// invocation at 6,000 tokens, past lavapipe's 65,535 (KernelChoice::loop_limit), so the window's
+// last tokens went unpenalized there.
+void samplePenaltyWindowCase() {
+    constexpr uint32_t kWideLogits = 32768, kWideInstances = 2;
+    const uint32_t window = maxPenaltyWindow(deviceLoopLimit(true), kWideLogits);
+    REQUIRE(window > 15000);
+    REQUIRE(window < 32000);
+    OpModule om(kWideInstances, kWideInstances, BLUE_LM_HISTORY + window + 8, 0x5A9);
+    std::vector<float> dists;
+    for (uint32_t d = 0; d < kWideInstances; ++d) {
+        std::vector<float> row = om.random(kWideLogits, -3, 3);
+        row[32000 + d] = 9.0f;
+        row[32100 + d] = 8.5f;
+        row[32200 + d] = 8.0f;
+        row[32300 + d] = 7.0f;  // not in the history
+        dists.insert(dists.end(), row.begin(), row.end());
+    }
+    uint32_t rows = om.rowsInput("logit_rows", kWideLogits, dists);
+    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kWideLogits});
+    om.step(Op::TSCALE, {logits, rows, std::bit_cast<uint32_t>(1.0f)});
+    om.step(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
+    om.outputsAfterRun();
+    std::vector<InstancePlan> plans(kWideInstances);
+    for (uint32_t i = 0; i < kWideInstances; ++i) {
+        InstancePlan& p = plans[i];
+        p.tokens = {i};
+        SampleConfig c{"long window", 0, 1, 0, 1.3f, 0.5f, 0.25f, 0, window};
+        p.local_words = samplingWords(c, 11 + i);
+        p.local_words.back().second = window;  // BLUE_SP_HIST_LEN
+        for (uint32_t h = 0; h < window; ++h) {
+            const uint32_t from_end = window - h;
+            const uint32_t t = from_end == 3 ? 32000 + i : from_end == 2 ? 32100 + i : from_end == 1 ? 32200 + i : h;
+            p.local_words.push_back({BLUE_LM_HISTORY + h, t});
+        }
+    }
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, kWideInstances);
+    if (!both) return;
+    expectClose(*both, logits, 0, 1e-6, "SAMPLE logits penalised over the longest window lavapipe allows");
+    for (uint32_t i = 0; i < kWideInstances; ++i) {
+        CAPTURE(i);
+        std::vector<OutputRecord> g = recordsOf(both->gpu_report.output, i), r = recordsOf(both->ref_report.output, i);
+        REQUIRE(g.size() == 3);
+        REQUIRE(r.size() == 3);
+        // Greedy after penalties: the leader's 9 / 1.3 - 0.5 - 0.25 = 6.17 falls below token
+        // 32300 + i's unpenalized 7.
+        CHECK(r[0].value == 32300 + i);
+        CHECK(g[0].value == r[0].value);
+    }
+}
+
 void sampleCase() {
     OpModule om(kDists, kInstances, kTokens + 8, 0x5A3);
     std::vector<float> dists = distributions(om);
@@ -371,6 +427,7 @@ void sampleCase() {
     opMeasures().push_back({"SAMPLE entropy", t.entropy.normalised(), bound});
     opMeasures().push_back({"SAMPLE logprob", t.logprob.normalised(), bound});
     sampleTopCase();
+    samplePenaltyWindowCase();
 }
 
 }  // namespace blue::test

@@ -96,6 +96,61 @@ std::vector<uint32_t> tokensOf(const std::vector<OutputRecord>& all, uint32_t in
     return out;
 }
 
+// A wide vocabulary whose tokens spell only a, c and x (so state 1 of automaton(), which takes only
+// b, allows none of them) and whose one end token is the last.
+std::vector<uint32_t> tokenTableWithoutB(uint32_t vocab) {
+    std::vector<uint32_t> info(vocab);
+    std::string bytes;
+    const char letters[] = "acx";
+    for (uint32_t t = 0; t + 1 < vocab; ++t) {
+        uint32_t len = 1 + t % 3;
+        info[t] = uint32_t(bytes.size()) << 10 | BLUE_TB_TEXT << 8 | len;
+        for (uint32_t k = 0; k < len; ++k) bytes += letters[(t + k) % 3];
+    }
+    info[vocab - 1] = BLUE_TB_END << 8;
+    std::vector<uint32_t> out = info;
+    out.resize(vocab + (bytes.size() + 3) / 4, 0);
+    std::memcpy(out.data() + vocab, bytes.data(), bytes.size());
+    return out;
+}
+
+// A state that allows no token over a 70,000-token vocabulary: the kernel ends the text with the
+// end tokens, which it looked for with one invocation walking the whole vocabulary, past
+// lavapipe's 65,535 loop iterations per invocation (KernelChoice::loop_limit): the end token,
+// the last, was never seen and token 0 was drawn instead.
+void samplegNothingAllowedCase() {
+    constexpr uint32_t kWide = 70000, kWideInstances = 2;
+    OpModule om(2, kWideInstances, 256, 0x6A8);
+    uint32_t rows = om.rowsInput("logit_rows", kWide, -3, 3);
+    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kWide});
+    uint32_t grammar = om.tensor("grammar", BLUE_TC_INSTANCE, DType::I32, {kGrammarWords});
+    const std::vector<uint32_t> table = tokenTableWithoutB(kWide);
+    uint32_t bytes = om.data("token_bytes", BLUE_TC_WEIGHT, DType::I32, {table.size()},
+                             std::vector<float>(table.size(), 0.0f));
+    om.step(Op::TSCALE, {logits, rows, std::bit_cast<uint32_t>(1.0f)});
+    om.step(Op::SAMPLEG, {logits, BLUE_FA_SAMPLING, grammar, bytes});
+    om.outputsAfterRun();
+    std::vector<InstancePlan> plans(kWideInstances);
+    for (uint32_t i = 0; i < kWideInstances; ++i) {
+        InstancePlan& p = plans[i];
+        p.tokens = {i};
+        p.runs = kDraws;
+        p.local_words = samplingWords(kConfigs[i % 2], 40 + i);  // greedy, then temperature
+        std::vector<float> words;
+        for (uint32_t w : automaton(1)) words.push_back(std::bit_cast<float>(w));
+        p.tensor_words.push_back({grammar, words});
+    }
+    Module m = om.build(plans);
+    std::memcpy(m.data.data() + m.tensors[bytes].offset, table.data(), table.size() * 4);
+    auto both = runOnBoth(m, kWideInstances);
+    if (!both) return;
+    for (uint32_t i = 0; i < kWideInstances; ++i) {
+        CAPTURE(i);
+        CHECK(tokensOf(both->ref_report.output, i) == std::vector<uint32_t>(kDraws, kWide - 1));
+        CHECK(tokensOf(both->gpu_report.output, i) == std::vector<uint32_t>(kDraws, kWide - 1));
+    }
+}
+
 }  // namespace
 
 void samplegCase() {
@@ -174,6 +229,7 @@ void samplegCase() {
         CHECK(both->gpuBytes(grammar) == both->refBytes(grammar));
         expectClose(*both, logits, 0, 1e-6, "SAMPLEG logits (masked in place)");
     }
+    samplegNothingAllowedCase();
 }
 
 }  // namespace blue::test

@@ -129,6 +129,51 @@ void specCase() {
                      << accepted << " draft tokens accepted)");
     CHECK(agree * 100 >= total * 99);
     CHECK(accepted > 0);
+
+    // Qwen2's vocabulary (152,064) with six drafts, sampled with top-p and no top-k over flat rows
+    // (logits in [-3, 3): the 1,024 largest do not carry the mass, so top-p searches the whole
+    // row). One workgroup verifies its seven rows: about 25 walks over the vocabulary each, which
+    // one logit per lane per iteration made 96,000 loop iterations, past lavapipe's 65,535 per
+    // invocation (KernelChoice::loop_limit); the later rows came out wrong. Each draft's
+    // probability in the draft distribution is tiny, so every draft is accepted and every row
+    // walked.
+    constexpr uint32_t kWideVocab = 152064, kWideInstances = 4, kDrafts = 6;
+    OpModule wide(kTokens + 24, kWideInstances * (kDrafts + 1), kSpecBlock + BLUE_SPEC_WORDS, 0x5A8);
+    // The draft tokens (the module's tokens, below kTokens + 24) lead every row, so top-p keeps
+    // them and they are accepted.
+    std::vector<float> wtable = wide.random(size_t(kTokens + 24) * kWideVocab, -3, 3);
+    for (uint32_t t = 0; t < kTokens + 24; ++t) {
+        for (uint32_t d = 0; d < kTokens + 24; ++d) wtable[size_t(t) * kWideVocab + d] = 2.5f;
+    }
+    uint32_t wrows = wide.rowsInput("target_rows", kWideVocab, wtable);
+    uint32_t wq = wide.tensor("q", BLUE_TC_INSTANCE, DType::F32, {kWideVocab, BLUE_SPEC_MAX_DRAFT});
+    wide.step(Op::SPEC, {wq, wrows, BLUE_FA_SAMPLING, BLUE_FA_SPEC});
+    wide.outputWords({kSpecBlock + BLUE_SPEC_ACCEPTED, kSpecBlock + BLUE_SPEC_TOKEN});
+    std::vector<InstancePlan> wplans(kWideInstances);
+    std::uniform_int_distribution<uint32_t> wtok(0, kTokens + 23);
+    for (uint32_t i = 0; i < kWideInstances; ++i) {
+        InstancePlan& p = wplans[i];
+        p.rows = kDrafts + 1;
+        for (uint32_t j = 0; j <= kDrafts; ++j) p.tokens.push_back(wtok(wide.rng()));
+        p.local_words = samplingWords({1.0f, 0.9f, 0, 0}, 700 + i);
+        std::vector<float> q(size_t(kWideVocab) * BLUE_SPEC_MAX_DRAFT, 0.0f);
+        for (uint32_t j = 0; j < kDrafts; ++j) q[size_t(j) * kWideVocab + p.tokens[j + 1]] = 1e-9f;
+        p.tensor_words.push_back({wq, q});
+    }
+    Module wm = wide.build(wplans);
+    auto wboth = runOnBoth(wm, kWideInstances);
+    if (!wboth) return;
+    for (uint32_t i = 0; i < kWideInstances; ++i) {
+        CAPTURE(i);
+        std::vector<OutputRecord> g = recordsOf(wboth->gpu_report.output, i),
+                                  r = recordsOf(wboth->ref_report.output, i);
+        REQUIRE(g.size() == 2);
+        REQUIRE(r.size() == 2);
+        CHECK(r[0].value == kDrafts);
+        CHECK(g[0].value == r[0].value);
+        CHECK(g[1].value == r[1].value);
+        CHECK(r[1].value < kWideVocab);
+    }
 }
 
 void scoreCase() {

@@ -1,12 +1,14 @@
 // Engine (see engine.h).
 #include "host/llm/engine.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 #include "compiler/lower_model.h"
+#include "host/machine_plan.h"
 #include "vm/abi.h"
 #include "vm/llm_abi.h"
 #include "vm/verify.h"
@@ -250,6 +252,18 @@ Status Engine::validate(const GenerationRequest& r) const {
         !(s.repeat_penalty > 0)) {
         return Status::error("sampling parameters out of range: temperature >= 0, 0 < top_p <= 1, "
                              "0 <= min_p <= 1, repeat_penalty > 0");
+    }
+    const bool penalties = s.repeat_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f;
+    if (penalties && hasDevice()) {
+        const uint32_t limit = deviceLoopLimit(device().info().cpu);
+        const uint32_t most = maxPenaltyWindow(limit, config_.n_vocab);
+        const uint32_t window = std::min(s.repeat_last_n, ctx_);
+        if (window > most) {
+            return BLUE_ERROR("repeat_last_n %u: the penalties would walk %u tokens, and this device applies them "
+                              "over at most %u (its compiler ends every loop of a shader invocation after %u "
+                              "iterations: lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS); use --repeat-last-n %u or less",
+                              s.repeat_last_n, window, most, limit, most);
+        }
     }
     return Status::ok();
 }

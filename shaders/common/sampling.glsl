@@ -9,6 +9,13 @@
 
 shared uint reduce_u[SAMPLE_WG];
 
+// Every walk over a row reads ROW_UNROLL logits per lane per iteration, in the order of one at a
+// time (strided: lane l takes l, l + WG, l + 2 WG, ...; contiguous: lo, lo + 1, ...), so the
+// results are the same: lavapipe ends every loop of an invocation after 65,535 iterations in all
+// (KernelChoice::loop_limit). One at a time, a 152,064-token row took 1,220 of them per walk, so
+// SCORE over 55 rows of it, or SPEC's four drafts with top-p (about 20 walks a row), came out wrong.
+#define ROW_UNROLL 8u
+
 uint g_logits, g_page, g_n;  // the row of logits being read
 
 // The candidate list (listCandidates): logits in id order, g_cand_n of them (~0u: none listed).
@@ -70,10 +77,15 @@ uint searchThreshold(uint floor_key, float mass, float m, bool listed) {
     for (int shift = 30; shift >= 0; shift -= 2) {
         uvec3 lowest = max(uvec3(t) | (uvec3(1u, 2u, 3u) << uint(shift)), uvec3(floor_key));
         vec3 acc = vec3(0.0);
-        for (uint i = lid; i < n; i += SAMPLE_WG) {
-            float v = listed ? cand_v[i] : logit(i);
-            uint key = orderKey(v);
-            if (key >= lowest.x) acc += exp(v - m) * vec3(greaterThanEqual(uvec3(key), lowest));
+        for (uint i0 = lid; i0 < n; i0 += ROW_UNROLL * SAMPLE_WG) {
+            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                const uint i = i0 + k * SAMPLE_WG;
+                if (i < n) {
+                    float v = listed ? cand_v[i] : logit(i);
+                    uint key = orderKey(v);
+                    if (key >= lowest.x) acc += exp(v - m) * vec3(greaterThanEqual(uvec3(key), lowest));
+                }
+            }
         }
         barrier();
         reduce_v[lid] = vec4(acc, 0.0);
@@ -100,9 +112,14 @@ uint kthKey(uint k) {
         barrier();
         for (uint b = lid; b < 256u; b += SAMPLE_WG) radix_hist[b] = 0u;
         barrier();
-        for (uint i = lid; i < g_n; i += SAMPLE_WG) {
-            uint key = orderKey(logit(i));
-            if ((key & mask) == prefix) atomicAdd(radix_hist[(key >> uint(shift)) & 255u], 1u);
+        for (uint i0 = lid; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                const uint i = i0 + k * SAMPLE_WG;
+                if (i < g_n) {
+                    uint key = orderKey(logit(i));
+                    if ((key & mask) == prefix) atomicAdd(radix_hist[(key >> uint(shift)) & 255u], 1u);
+                }
+            }
         }
         barrier();
         if (lid == 0u) {
@@ -127,7 +144,11 @@ void listCandidates(uint thr) {
     uint per = (g_n + SAMPLE_WG - 1u) / SAMPLE_WG;
     uint lo = min(lid * per, g_n), hi = min(lo + per, g_n);
     uint mine = 0u;
-    for (uint i = lo; i < hi; ++i) mine += orderKey(logit(i)) >= thr ? 1u : 0u;
+    for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            if (i0 + k < hi) mine += orderKey(logit(i0 + k)) >= thr ? 1u : 0u;
+        }
+    }
     barrier();
     cand_count[lid] = mine;
     barrier();
@@ -144,9 +165,13 @@ void listCandidates(uint thr) {
     g_cand_n = radix_rest <= SAMPLE_CANDIDATES ? radix_rest : 0xFFFFFFFFu;
     if (g_cand_n == 0xFFFFFFFFu) return;
     uint at = cand_count[lid];
-    for (uint i = lo; i < hi; ++i) {
-        float v = logit(i);
-        if (orderKey(v) >= thr) cand_v[at++] = v;
+    for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            if (i0 + k < hi) {
+                float v = logit(i0 + k);
+                if (orderKey(v) >= thr) cand_v[at++] = v;
+            }
+        }
     }
     barrier();
 }
@@ -159,11 +184,6 @@ struct RowStats {
     float entropy;
 };
 
-// The row is read eight logits per lane per iteration, in the order of one at a time (lane l:
-// l, l + WG, l + 2 WG, ...), so the results are the same: lavapipe ends every loop of an
-// invocation after 65,535 iterations in all (KernelChoice::loop_limit), and one at a time a
-// 152,064-token row took 1,220 of them, so SCORE over 55 rows of it came out wrong.
-#define ROW_UNROLL 8u
 RowStats rowStats() {
     uint lid = gl_LocalInvocationID.x;
     float best = -1.0 / 0.0;
@@ -221,8 +241,11 @@ uint keepThreshold(float m, float z, uint top_k, float top_p, float min_p) {
             kept = workgroupSum(kept);
         } else if (top_k_on) {
             kept = 0.0;
-            for (uint i = lid; i < g_n; i += SAMPLE_WG) {
-                if (orderKey(logit(i)) >= thr) kept += exp(logit(i) - m);
+            for (uint i0 = lid; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+                [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                    const uint i = i0 + k * SAMPLE_WG;
+                    if (i < g_n && orderKey(logit(i)) >= thr) kept += exp(logit(i) - m);
+                }
             }
             kept = workgroupSum(kept);
         }
@@ -263,7 +286,11 @@ float weightTotal(uint mode) {
     uint per = (g_n + SAMPLE_WG - 1u) / SAMPLE_WG;
     uint lo = min(lid * per, g_n), hi = min(lo + per, g_n);
     float mine = 0.0;
-    for (uint i = lo; i < hi; ++i) mine += weightAt(i, mode);
+    for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            if (i0 + k < hi) mine += weightAt(i0 + k, mode);
+        }
+    }
     barrier();
     reduce_f[lid] = mine;
     barrier();
@@ -300,12 +327,19 @@ uint drawToken(uint mode, float u01, float total, uint fallback) {
     if (lid == sel_owner) {
         float acc = sel_before;
         uint chosen = fallback;
-        for (uint i = lo; i < hi; ++i) {
-            float w = weightAt(i, mode);
-            if (w <= 0.0) continue;
-            chosen = i;
-            acc += w;
-            if (acc > sel_u) break;
+        bool found = false;
+        for (uint i0 = lo; i0 < hi && !found; i0 += ROW_UNROLL) {
+            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                const uint i = i0 + k;
+                if (!found && i < hi) {
+                    float w = weightAt(i, mode);
+                    if (w > 0.0) {
+                        chosen = i;
+                        acc += w;
+                        found = acc > sel_u;
+                    }
+                }
+            }
         }
         sel_tok = chosen;
     }
