@@ -18,6 +18,9 @@ namespace blue {
 namespace {
 
 constexpr uint32_t kNone = 0xFFFFFFFFu;
+// Heap words of claimRequest: per input slot, the tag + 1 of the message first seen there, and the
+// cycle it was first seen in (in_slots words after).
+constexpr uint32_t kSeenTagHeap = 0;
 
 uint32_t floatBits(float f) { return std::bit_cast<uint32_t>(f); }
 
@@ -119,6 +122,7 @@ struct Lowering {
     void feedForward(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
     void sessionBlocks(CodeBuilder& cb, uint32_t ctx);
     void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
+    void claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt);
     void loadSession(CodeBuilder& cb, uint32_t ctx);
     void saveSession(CodeBuilder& cb, uint32_t ctx);
     void unlessStored(CodeBuilder& cb, CodeBuilder::Label skip);
@@ -432,6 +436,70 @@ void Lowering::saveSession(CodeBuilder& cb, uint32_t ctx) {
     cb.bind(done);
 }
 
+// Which idle instance takes the next request is decided here, on the GPU, by what the instances
+// hold (INPEEK looks at the next message without taking it; INCMP compares its prompt with the
+// instance's history, as prefix reuse does):
+//   - an instance whose KV rows hold more than the prompt's first token takes it at once;
+//   - an instance that holds nothing takes it one cycle after the message was first seen;
+//   - an instance that holds another conversation, two cycles after.
+// So a conversation's next turn goes to the instance that holds it, and a new one to an empty
+// instance before it displaces anyone's rows. The first instance to see a message marks it (heap
+// words: per input slot, the message's tag + 1 at kSeenTagHeap and the cycle in_slots words after).
+// Several holders race; whichever claims first takes it. INRECV takes the next message, which may
+// be another than the one looked at: the instance runs whatever it claims, so this choice moves
+// work and never changes results. kSlot is the claimed slot after it.
+void Lowering::claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt) {
+    auto peek = cb.newLabel("peek_request"), waiting = cb.newLabel("request_waiting");
+    auto seen = cb.newLabel("request_seen"), wait = cb.newLabel("request_wait");
+    auto claim = cb.newLabel("claim_request");
+    cb.bind(peek);
+    cb.op(Op::INPEEK, {kSlot});
+    cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
+    cb.li(kWord, 0xFFFFFFFEu);
+    cb.jump(Op::BNE, {kSlot, kWord}, waiting);
+    cb.bind(wait);
+    cb.op(Op::YIELD, {});
+    cb.jump(Op::JMP, {}, peek);
+    cb.bind(waiting);
+    // The prompt starts after the header and the grammar section (its length word, then that
+    // many words).
+    cb.li(kTmp2, BLUE_REQ_HEADER);
+    cb.op(Op::INLEN, {kWord, kSlot});
+    cb.jump(Op::BGEU, {kTmp2, kWord}, claim);  // no grammar word: malformed, let the request reject it
+    cb.op(Op::INLD, {kWord, kSlot, kTmp2});
+    cb.op(Op::ADD, {kTmp2, kTmp2, kWord});
+    cb.op(Op::ADDI, {kTmp2, kTmp2}, 1);
+    cb.op(Op::INLEN, {kWord, kSlot});
+    cb.jump(Op::BLTU, {kWord, kTmp2}, claim);
+    cb.li(kReuse, BLUE_LM_HISTORY);
+    cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
+    cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
+    cb.op(Op::MINU, {kReuse, kReuse, kWord});
+    cb.li(kWord, 2);
+    cb.jump(Op::BGEU, {kReuse, kWord}, claim);  // holds more of it than the first token
+    cb.li(kTmp, BLUE_REQ_TAG);
+    cb.op(Op::INLD, {kTag, kSlot, kTmp});
+    cb.op(Op::ADDI, {kTag, kTag}, 1);
+    cb.op(Op::LDG, {kWord, kSlot}, kSeenTagHeap);
+    cb.jump(Op::BEQ, {kWord, kTag}, seen);
+    cb.op(Op::STG, {kTag, kSlot}, kSeenTagHeap);  // the first to see it
+    cb.op(Op::CYCLE, {kWord});
+    cb.op(Op::STG, {kWord, kSlot}, kSeenTagHeap + m.layout.in_slots);
+    cb.jump(Op::JMP, {}, wait);
+    cb.bind(seen);
+    cb.op(Op::CYCLE, {kTmp});
+    cb.op(Op::LDG, {kWord, kSlot}, kSeenTagHeap + m.layout.in_slots);
+    cb.op(Op::SUB, {kTmp, kTmp, kWord});  // cycles since it was first seen
+    cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
+    cb.op(Op::SEQI, {kN, kWord}, 0);  // 1: this instance holds nothing
+    cb.li(kWord, 2);
+    cb.op(Op::SUB, {kN, kWord, kN});  // cycles to wait: 1 when empty, else 2
+    cb.jump(Op::BLTU, {kTmp, kN}, wait);
+    cb.bind(claim);
+    cb.op(Op::INRECV, {kSlot});
+    cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
+}
+
 void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
     auto next = cb.newLabel("next_request"), halt = cb.newLabel("halt");
     auto copy_params = cb.newLabel("copy_params"), copy_stop = cb.newLabel("copy_stop");
@@ -454,8 +522,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.li(kCtx, ctx);
     cb.op(Op::IID, {kIid});
     cb.bind(next);
-    cb.op(Op::INRECV, {kSlot});
-    cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
+    claimRequest(cb, ctx, halt);
     cb.li(kTmp, BLUE_REQ_TAG);
     cb.op(Op::INLD, {kTag, kSlot, kTmp});
     cb.op(Op::OUTBEGIN, {kTag});
@@ -816,6 +883,8 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     m.layout.in_slot_words = BLUE_REQ_HEADER + 1 + opt.grammar_words + ctx + 1;
     m.layout.max_rows = max_rows;
     m.layout.max_steps = 4096;
+    m.layout.heap_words = 2 * opt.in_slots;  // claimRequest's marks: a tag and a cycle per input slot
+    m.layout.heap_static = m.layout.heap_words;
     if (opt.grammar_words) {
         if (opt.grammar_words < BLUE_GR_HEADER_WORDS + 2) {
             return BLUE_ERROR("grammar words %u: at least %u, or 0 for none", opt.grammar_words, BLUE_GR_HEADER_WORDS + 2);

@@ -123,13 +123,13 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
 // counted once more than its iterations, as lavapipe counts them): the lane-per-head kernel walks
 // every position of the context with two loops over the head's quads (four at a time, then the
 // rest: shaders/attn.comp); the split kernel's lanes take every BLUE_ATTN_SPLIT_WG-th position,
-// then merge. ATTNX's window is not counted: the bound holds for any window.
-AttnLoops attnLoops(const Module& m, const TensorInstr& ti) {
+// then merge. ATTNX's window is not counted: the bound holds for any window. `heads`: the query
+// heads, as the dispatch grid reads them from the instruction's format.
+AttnLoops attnLoops(const Module& m, const TensorInstr& ti, uint32_t heads) {
     const TensorDecl& dst = m.tensors[ti.args[0]];
     const TensorDecl& kc = m.tensors[ti.args[1]];
     AttnLoops a;
-    const uint64_t heads = std::max<uint64_t>(1, ti.args[4]);
-    a.head = dst.ne[0] / heads;
+    a.head = dst.ne[0] / std::max<uint64_t>(1, heads);
     a.positions = kc.ne[1];
     const uint64_t quads = a.head / 4, per = 2 * ((quads / 4 + 1) + (quads % 4 + 1));
     a.lanes = 2 * (quads + 1) + (a.positions + 1) + a.positions * per;
@@ -721,7 +721,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                             // iterations (lavapipe): the lane-per-head kernel only while one
                             // lane's walk over the whole context stays under it.
                             // A margin of 64: measured counts ran up to 4 above attnLoops'.
-                            const AttnLoops loops = attnLoops(m, ti);
+                            const AttnLoops loops = attnLoops(m, ti, heads);
                             const uint64_t budget = kernels.loop_limit - 64;
                             if (loops.lanes > budget) split = true;
                             if (split && loops.split > budget) {

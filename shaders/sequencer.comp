@@ -156,7 +156,14 @@ bool slotValid(uint s) {
 
 uint execInput(uint op, uint a, uint b, uint c) {
     uint slot_words = ctl[BLUE_H_IN_SLOT_WORDS];
-    if (op == OP_INRECV || op == OP_INPOLL) {
+    if (op == OP_INPEEK) {
+        uint claimed = ctl[BLUE_C_IN_CLAIM];
+        if (claimed < ctl[BLUE_C_IN_PUBLISHED]) {
+            R(a) = io[ctl[BLUE_H_IO_ORDER] + claimed % ctl[BLUE_H_IN_SLOTS]];
+        } else {
+            R(a) = ctl[BLUE_C_IN_CLOSED] != 0u ? 0xFFFFFFFFu : 0xFFFFFFFEu;
+        }
+    } else if (op == OP_INRECV || op == OP_INPOLL) {
         uint claimed = ctl[BLUE_C_IN_CLAIM];
         for (;;) {
             if (claimed >= ctl[BLUE_C_IN_PUBLISHED]) {
@@ -483,7 +490,7 @@ uint slowStep(uint op, uint a, uint b, uint c, uint imm) {
         case OP_TLD: case OP_TST: result = execTensorWord(op, a, b, imm); break;
         case OP_INTCPY: result = execTensorCopy(a, b, imm); break;
         case OP_SEND: case OP_RECV: result = execMailbox(op, a, b); break;
-        case OP_INRECV: case OP_INPOLL: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INCMP: case OP_INFREE: case OP_INFLAG:
+        case OP_INRECV: case OP_INPOLL: case OP_INPEEK: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INCMP: case OP_INFREE: case OP_INFLAG:
             result = execInput(op, a, b, c);
             break;
         default: result = fault(BLUE_FAULT_BAD_OPCODE); break;

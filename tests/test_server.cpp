@@ -645,6 +645,60 @@ TEST_CASE("server: a prompt sharing its start with the instance's last one reuse
     CHECK(bad->body.find("cache_prompt") != std::string::npos);
 }
 
+// Which idle instance takes a request is decided on the GPU by what the instances hold: four
+// conversations, one after another, first spread over the four idle instances (a new
+// conversation goes to an empty instance before it displaces anyone's rows), then every later
+// turn, in another order each round, goes to the instance holding its conversation and reuses
+// all of it. Taking the next request by whoever claims first put later conversations on the
+// instance of earlier ones, whose rows they replaced.
+TEST_CASE("server: a conversation's next turn goes to the instance that holds it, decided on the GPU") {
+    TestServer s(4, 512, 8);
+    const std::vector<std::string> openings = {
+        "Lily and Tom went to the park. They played with a red ball all day long. ",
+        "The little dog ran into the garden. He dug a hole under the big tree. ",
+        "Once there was a bird who could not fly. She sat on a branch and sang. ",
+        "Ben had a new toy car. It was blue and fast, and he raced it on the floor. "};
+    std::vector<std::string> texts;
+    for (const std::string& o : openings) {
+        std::string t;
+        for (int i = 0; i < 4; ++i) t += o;
+        texts.push_back(t);
+    }
+    auto turn = [&](size_t c, uint32_t* cached, uint32_t* prompt_tokens) {
+        json body = {{"prompt", texts[c]}, {"max_tokens", 8}, {"temperature", 0}};
+        auto r = post(s, "/v1/completions", body);
+        REQUIRE(r);
+        REQUIRE(r->status == 200);
+        const json j = json::parse(r->body);
+        *cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<uint32_t>();
+        *prompt_tokens = j["usage"]["prompt_tokens"].get<uint32_t>();
+        // The next turn: this one's prompt, its answer and a new sentence.
+        texts[c] += j["choices"][0]["text"].get<std::string>() + " Then they went home. ";
+    };
+    uint32_t cached = 0, prompt_tokens = 0;
+    for (size_t c = 0; c < texts.size(); ++c) {
+        CAPTURE(c);
+        turn(c, &cached, &prompt_tokens);
+        CHECK(cached <= 1);  // nothing of it anywhere (the BOS token at most)
+    }
+    const std::vector<std::vector<size_t>> orders = {{2, 0, 3, 1}, {1, 3, 0, 2}, {3, 2, 1, 0}};
+    uint32_t cached_sum = 0, prompt_sum = 0;
+    for (const std::vector<size_t>& order : orders) {
+        for (size_t c : order) {
+            CAPTURE(c);
+            turn(c, &cached, &prompt_tokens);
+            cached_sum += cached;
+            prompt_sum += prompt_tokens;
+            // All of the earlier prompt (about 70 tokens and more) came from the instance's rows.
+            CHECK(cached >= 60);
+            CHECK(cached < prompt_tokens);
+        }
+    }
+    MESSAGE("12 later turns: " << cached_sum << " of " << prompt_sum << " prompt tokens from the instances' rows");
+    CHECK(s.metric("bluevm_prefix_hits_total") >= 12);
+    CHECK(s.metric("bluevm_host_round_trips_total") == 0);
+}
+
 TEST_CASE("server: CORS is off by default and answers only the origins it names") {
     {
         TestServer s(1, 64, 4);

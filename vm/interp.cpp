@@ -250,6 +250,13 @@ RefMachine::Next RefMachine::execInput(uint32_t id, Inst& in, uint8_t op, uint32
     const Layout& l = m_.layout;
     auto slotOk = [&](uint32_t s) { return s < slots_.size() && slot_busy_[s]; };
     switch (Op(op)) {
+        case Op::INPEEK:
+            if (claimed_ < published_) {
+                r[a] = uint32_t(claimed_ % slots_.size());
+            } else {
+                r[a] = input_closed_ && pending_.empty() ? 0xFFFFFFFFu : 0xFFFFFFFEu;
+            }
+            break;
         case Op::INRECV:
         case Op::INPOLL:
             if (claimed_ < published_) {
@@ -442,6 +449,7 @@ RefMachine::Next RefMachine::step(uint32_t id, Inst& in, BlockRun* runs, RunRepo
             break;
         case Op::INRECV:
         case Op::INPOLL:
+        case Op::INPEEK:
         case Op::INLEN:
         case Op::INLD:
         case Op::INCPY:

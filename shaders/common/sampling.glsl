@@ -333,7 +333,7 @@ uint drawToken(uint mode, float u01, float total, uint fallback) {
                 const uint i = i0 + k;
                 if (!found && i < hi) {
                     float w = weightAt(i, mode);
-                    if (w > 0.0) {
+                    if (!(w <= 0.0)) {  // as `continue` on w <= 0: a NaN weight is walked
                         chosen = i;
                         acc += w;
                         found = acc > sel_u;
