@@ -21,9 +21,12 @@
 
 layout(local_size_x = BLUE_SEQ_WG) in;
 
-// INCMP, INCPY and INTCPY walk their words SEQ_COPY_UNROLL at a time: lavapipe ends every loop of
-// an invocation after 65,535 iterations in all, which one at a time a prompt near 32k tokens
-// (compared, then copied) or a grammar of 64k words reached in one cycle.
+// INCMP and INCPY walk their words SEQ_COPY_UNROLL at a time: lavapipe ends every loop of an
+// invocation after 65,535 iterations in all, which one at a time a prompt near 32k tokens
+// (compared, then copied) reached in one cycle. INTCPY stays one word an iteration: its store
+// goes through pageAccess's switch, and eight copies of it made the GPU-assisted validation
+// layer's instrumented sequencer about ten times slower to run; the host refuses an automaton
+// longer than lavapipe can copy (Engine::validate).
 #define SEQ_COPY_UNROLL 8u
 
 const uint CONTINUE = 0u;
@@ -295,11 +298,7 @@ uint execTensorCopy(uint a, uint b, uint t) {
     uint page = ctl[ref] & 0xFFFFu;
     uint cls = ctl[ref] >> 16;
     uint w = (ctl[ref + 1u] + (cls == BLUE_TC_INSTANCE ? g_id * ctl[ref + 2u] : 0u)) / 4u;
-    for (uint i0 = 0u; i0 < n; i0 += SEQ_COPY_UNROLL) {
-        [[unroll]] for (uint k = 0u; k < SEQ_COPY_UNROLL; ++k) {
-            if (i0 + k < n) pageStore(page, w + i0 + k, io[msg + 2u + at + i0 + k]);
-        }
-    }
+    for (uint i = 0u; i < n; ++i) pageStore(page, w + i, io[msg + 2u + at + i]);
     R(a) = at + 1u + n;
     g_pc += 1u;
     return CONTINUE;
