@@ -53,12 +53,17 @@ Status submitCopy(Device& dev, VkCommandBuffer cb, VkBuffer src, VkDeviceSize sr
     BLUE_VK_TRY_ON(dev, vkBeginCommandBuffer(cb, &bi));
     VkBufferCopy region{src_off, dst_off, size};
     vkCmdCopyBuffer(cb, src, dst, 1, &region);
+    // The copy's write is made visible to the host, to shaders and to later copies (a later
+    // submission that reads what this one wrote, or writes what it read: a queue wait on the
+    // host is no dependency between the two for the device).
     VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
     mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT;
+    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                       VK_ACCESS_TRANSFER_WRITE_BIT;
     vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
-                         &mb, 0, nullptr, 0, nullptr);
+                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                             VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         0, 1, &mb, 0, nullptr, 0, nullptr);
     BLUE_VK_TRY_ON(dev, vkEndCommandBuffer(cb));
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
     si.commandBufferCount = 1;

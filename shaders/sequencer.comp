@@ -25,8 +25,8 @@ layout(local_size_x = BLUE_SEQ_WG) in;
 // invocation after 65,535 iterations in all, which one at a time a prompt near 32k tokens
 // (compared, then copied) reached in one cycle. INTCPY stays one word an iteration: its store
 // goes through pageAccess's switch, and eight copies of it made the GPU-assisted validation
-// layer's instrumented sequencer about ten times slower to run; the host refuses an automaton
-// longer than lavapipe can copy (Engine::validate).
+// layer's instrumented sequencer about ten times slower to run (a grammar automaton near 64k
+// words copied in one cycle is still past lavapipe's limit: README, Limits).
 #define SEQ_COPY_UNROLL 8u
 
 const uint CONTINUE = 0u;

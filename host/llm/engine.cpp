@@ -201,10 +201,6 @@ std::string Engine::modelName() const {
     return config_.arch_name;
 }
 
-// The longest grammar automaton a CPU driver's sequencer copies in one cycle: its loop limit
-// (65,535 iterations an invocation) less the cycle's other loops (max_steps 4,096 and more).
-constexpr uint32_t kCpuDriverGrammarWords = 56000;
-
 Status Engine::validate(const GenerationRequest& r) const {
     if (r.prompt.empty()) return Status::error("the prompt is empty (and the model has no BOS token)");
     if (r.start > 0 && uint64_t(r.start) + r.prompt.size() >= ctx_) {
@@ -250,14 +246,6 @@ Status Engine::validate(const GenerationRequest& r) const {
                               r.grammar->size(), (*r.grammar)[0], r.grammar->size() > 1 ? (*r.grammar)[1] : 0,
                               grammar_words_);
         }
-    }
-    if (r.grammar && hasDevice() && deviceLoopLimit(device().info().cpu) != 0 &&
-        r.grammar->size() > kCpuDriverGrammarWords) {
-        // INTCPY copies the automaton one word a loop iteration (shaders/sequencer.comp).
-        return BLUE_ERROR("the grammar's automaton needs %zu words; this device copies at most %u into an "
-                          "instance in one cycle (its compiler ends every loop of a shader invocation after "
-                          "%u iterations: lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS): use a smaller grammar or schema",
-                          r.grammar->size(), kCpuDriverGrammarWords, deviceLoopLimit(true));
     }
     const SamplingParams& s = r.sampling;
     if (!(s.temperature >= 0) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1) ||
