@@ -464,13 +464,12 @@ void Lowering::claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label ha
     // The prompt starts after the header and the grammar section (its length word, then that
     // many words).
     cb.li(kTmp2, BLUE_REQ_HEADER);
-    cb.op(Op::INLEN, {kWord, kSlot});
-    cb.jump(Op::BGEU, {kTmp2, kWord}, claim);  // no grammar word: malformed, let the request reject it
+    cb.op(Op::INLEN, {kTmp, kSlot});
+    cb.jump(Op::BGEU, {kTmp2, kTmp}, claim);  // no grammar word: malformed, let the request reject it
     cb.op(Op::INLD, {kWord, kSlot, kTmp2});
     cb.op(Op::ADD, {kTmp2, kTmp2, kWord});
     cb.op(Op::ADDI, {kTmp2, kTmp2}, 1);
-    cb.op(Op::INLEN, {kWord, kSlot});
-    cb.jump(Op::BLTU, {kWord, kTmp2}, claim);
+    cb.jump(Op::BLTU, {kTmp, kTmp2}, claim);
     cb.li(kReuse, BLUE_LM_HISTORY);
     cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
     cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));

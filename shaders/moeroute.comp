@@ -81,6 +81,9 @@ uint updateCache(uint st, uint E) {
     return copies;
 }
 
+// The expert of pair q: row q / k's choice in slot q % k (the pairs in row order).
+uint pairExpert(TRef sel, uint q, uint k) { return uint(page_c[sel.page].d[sliceOffset(sel, q / k) / 4u + q % k]); }
+
 void main() {
     TRef sel = tref(BLUE_PC_OPERANDS);
     TRef lg = tref(BLUE_PC_OPERANDS + BLUE_TREF_WORDS);
@@ -138,11 +141,10 @@ void main() {
     for (uint e = lid; e < E; e += BLUE_ITEM_WG) {
         uint n = 0u;
         s_slot[e] = 0u;
-        // The pairs (row q / k, slot q % k) in order.
         for (uint q0 = 0u; q0 < rows * k; q0 += MR_UNROLL) {
             [[unroll]] for (uint u = 0u; u < MR_UNROLL; ++u) {
                 const uint q = q0 + u;
-                if (q < rows * k && uint(page_c[sel.page].d[sliceOffset(sel, q / k) / 4u + q % k]) == e) n += 1u;
+                if (q < rows * k && pairExpert(sel, q, k) == e) n += 1u;
             }
         }
         s_count[e] = n;
@@ -194,7 +196,7 @@ void main() {
         for (uint q0 = 0u; q0 < rows * k; q0 += MR_UNROLL) {
             [[unroll]] for (uint u = 0u; u < MR_UNROLL; ++u) {
                 const uint q = q0 + u;
-                if (q < rows * k && uint(page_c[sel.page].d[sliceOffset(sel, q / k) / 4u + q % k]) == e) {
+                if (q < rows * k && pairExpert(sel, q, k) == e) {
                     page_u[map.page].d[list + at] = q;
                     at += 1u;
                 }

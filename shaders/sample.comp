@@ -148,7 +148,7 @@ void maskGrammar(uint state) {
 // invocation of its first occurrence, with its count): PENALTY_UNROLL words an iteration, and an
 // invocation stops once it finds its token earlier in the window. Its worst case, a window of
 // distinct tokens, is ceil(W / SAMPLE_WG) * (ceil(W / PENALTY_UNROLL) + 1) loop iterations; the
-// host refuses windows past lavapipe's loop limit (Machine::maxPenaltyWindow, the same count).
+// host refuses windows past lavapipe's loop limit (maxPenaltyWindow in host/machine_plan.cpp, the same count).
 #define PENALTY_UNROLL 16u
 void applyPenalties(uint inst, uint sp) {
     float rep = uintBitsToFloat(localWord(inst, sp + BLUE_SP_REPEAT_PENALTY));

@@ -96,6 +96,35 @@ std::vector<uint32_t> tokensOf(const std::vector<OutputRecord>& all, uint32_t in
     return out;
 }
 
+// The SAMPLEG step over `vocab` logits: TSCALE copies the ROWS input `rows` into the instance's
+// logits, then SAMPLEG samples them under the instance's grammar tensor and the token table (a
+// WEIGHT of `table_words` words that putTokenTable fills in the built module).
+struct SamplegSteps {
+    uint32_t logits, grammar, bytes;
+};
+SamplegSteps samplegSteps(OpModule& om, uint32_t rows, uint32_t vocab, size_t table_words) {
+    SamplegSteps st;
+    st.logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {vocab});
+    st.grammar = om.tensor("grammar", BLUE_TC_INSTANCE, DType::I32, {kGrammarWords});
+    st.bytes = om.data("token_bytes", BLUE_TC_WEIGHT, DType::I32, {table_words},
+                       std::vector<float>(table_words, 0.0f));
+    om.step(Op::TSCALE, {st.logits, rows, std::bit_cast<uint32_t>(1.0f)});
+    om.step(Op::SAMPLEG, {st.logits, BLUE_FA_SAMPLING, st.grammar, st.bytes});
+    om.outputsAfterRun();
+    return st;
+}
+
+void putTokenTable(Module& m, uint32_t bytes, const std::vector<uint32_t>& table) {
+    std::memcpy(m.data.data() + m.tensors[bytes].offset, table.data(), table.size() * 4);
+}
+
+// Words as the harness's tensor values (bit patterns kept).
+std::vector<float> asFloats(const std::vector<uint32_t>& words) {
+    std::vector<float> out;
+    for (uint32_t w : words) out.push_back(std::bit_cast<float>(w));
+    return out;
+}
+
 // A wide vocabulary whose tokens spell only a, c and x (so state 1 of automaton(), which takes only
 // b, allows none of them) and whose one end token is the last.
 std::vector<uint32_t> tokenTableWithoutB(uint32_t vocab) {
@@ -121,27 +150,18 @@ std::vector<uint32_t> tokenTableWithoutB(uint32_t vocab) {
 void samplegNothingAllowedCase() {
     constexpr uint32_t kWide = 70000, kWideInstances = 2;
     OpModule om(2, kWideInstances, 256, 0x6A8);
-    uint32_t rows = om.rowsInput("logit_rows", kWide, -3, 3);
-    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kWide});
-    uint32_t grammar = om.tensor("grammar", BLUE_TC_INSTANCE, DType::I32, {kGrammarWords});
     const std::vector<uint32_t> table = tokenTableWithoutB(kWide);
-    uint32_t bytes = om.data("token_bytes", BLUE_TC_WEIGHT, DType::I32, {table.size()},
-                             std::vector<float>(table.size(), 0.0f));
-    om.step(Op::TSCALE, {logits, rows, std::bit_cast<uint32_t>(1.0f)});
-    om.step(Op::SAMPLEG, {logits, BLUE_FA_SAMPLING, grammar, bytes});
-    om.outputsAfterRun();
+    const SamplegSteps st = samplegSteps(om, om.rowsInput("logit_rows", kWide, -3, 3), kWide, table.size());
     std::vector<InstancePlan> plans(kWideInstances);
     for (uint32_t i = 0; i < kWideInstances; ++i) {
         InstancePlan& p = plans[i];
         p.tokens = {i};
         p.runs = kDraws;
         p.local_words = samplingWords(kConfigs[i % 2], 40 + i);  // greedy, then temperature
-        std::vector<float> words;
-        for (uint32_t w : automaton(1)) words.push_back(std::bit_cast<float>(w));
-        p.tensor_words.push_back({grammar, words});
+        p.tensor_words.push_back({st.grammar, asFloats(automaton(1))});
     }
     Module m = om.build(plans);
-    std::memcpy(m.data.data() + m.tensors[bytes].offset, table.data(), table.size() * 4);
+    putTokenTable(m, st.bytes, table);
     auto both = runOnBoth(m, kWideInstances);
     if (!both) return;
     for (uint32_t i = 0; i < kWideInstances; ++i) {
@@ -157,15 +177,9 @@ void samplegCase() {
     OpModule om(kDists, kInstances, 256, 0x6A7);
     std::vector<float> dists = om.random(size_t(kDists) * kVocab, -3, 3);
     dists[kVocab + 2] = 8.0f;  // the end token leads distribution 1
-    uint32_t rows = om.rowsInput("logit_rows", kVocab, dists);
-    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kVocab});
-    uint32_t grammar = om.tensor("grammar", BLUE_TC_INSTANCE, DType::I32, {kGrammarWords});
     const std::vector<uint32_t> table = tokenTable();
-    uint32_t bytes = om.data("token_bytes", BLUE_TC_WEIGHT, DType::I32, {table.size()},
-                             std::vector<float>(table.size(), 0.0f));
-    om.step(Op::TSCALE, {logits, rows, std::bit_cast<uint32_t>(1.0f)});
-    om.step(Op::SAMPLEG, {logits, BLUE_FA_SAMPLING, grammar, bytes});
-    om.outputsAfterRun();
+    const SamplegSteps st = samplegSteps(om, om.rowsInput("logit_rows", kVocab, dists), kVocab, table.size());
+    const uint32_t logits = st.logits, grammar = st.grammar;
     std::vector<InstancePlan> plans(kInstances);
     std::vector<std::vector<uint32_t>> starts(kInstances);
     for (uint32_t i = 0; i < kInstances; ++i) {
@@ -186,12 +200,10 @@ void samplegCase() {
             }
             starts[i][BLUE_GR_PENDING] = 1 + t;
         }
-        std::vector<float> words;
-        for (uint32_t w : starts[i]) words.push_back(std::bit_cast<float>(w));
-        p.tensor_words.push_back({grammar, words});
+        p.tensor_words.push_back({grammar, asFloats(starts[i])});
     }
     Module m = om.build(plans);
-    std::memcpy(m.data.data() + m.tensors[bytes].offset, table.data(), table.size() * 4);
+    putTokenTable(m, st.bytes, table);
     auto both = runOnBoth(m, kInstances);
     if (!both) return;  // refused under a device profile (runOnBoth said why)
     uint32_t stochastic = 0, agree = 0, end_draws = 0, moved = 0;
