@@ -21,6 +21,8 @@ constexpr uint32_t kNone = 0xFFFFFFFFu;
 // Heap words of claimRequest: per input slot, the tag + 1 of the message first seen there, and the
 // cycle it was first seen in (in_slots words after).
 constexpr uint32_t kSeenTagHeap = 0;
+// A grammar automaton of more words than this is copied into the instance in a cycle of its own.
+constexpr uint32_t kGrammarCopyAlone = 4096;
 
 uint32_t floatBits(float f) { return std::bit_cast<uint32_t>(f); }
 
@@ -586,10 +588,27 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     // lowered without grammars skips the (empty) section.
     cb.li(kTmp2, BLUE_REQ_HEADER);
     if (grammar != kNone) {
+        // A large automaton is copied in a cycle of its own, at its start: lavapipe ends every
+        // loop of a sequencer invocation after 65,535 iterations in all (one 8-lane group), and
+        // INTCPY takes one word an iteration. Instances that resume at the copy all run it in the
+        // same round of slow instructions, so their copies overlap instead of adding up, and the
+        // prompt's comparisons wait for the next cycle. The host keeps an automaton under the
+        // limit on such devices (maxGrammarWords).
+        auto copy_grammar = cb.newLabel("copy_grammar");
+        cb.op(Op::INLD, {kWord, kSlot, kTmp2});
+        cb.li(kTmp, kGrammarCopyAlone);
+        cb.op(Op::SLTU, {kN, kTmp, kWord});  // 1: copied in a cycle of its own
+        cb.jump(Op::BEQZ, {kN}, copy_grammar);
+        cb.op(Op::YIELD, {});
+        cb.bind(copy_grammar);
         cb.li(kWord, 0);
         cb.li(kTmp, BLUE_GR_STATES);
         cb.op(Op::TST, {kWord, kTmp}, grammar);
         cb.op(Op::INTCPY, {kTmp2, kSlot}, grammar);
+        auto copied = cb.newLabel("grammar_copied");
+        cb.jump(Op::BEQZ, {kN}, copied);
+        cb.op(Op::YIELD, {});
+        cb.bind(copied);
     } else {
         cb.op(Op::INLD, {kWord, kSlot, kTmp2});
         cb.jump(Op::BNEZ, {kWord}, reject);

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "host/device_needs.h"
 #include "host/device_profile.h"
 #include "host/vk_check.h"
@@ -328,21 +330,37 @@ Result<std::vector<DeviceInfo>> listDevices(const std::string& limits) {
     return infos;
 }
 
+namespace {
+
+// BLUE_VALIDATION_LOG=FILE: every validation message is also appended to FILE, one line each, by
+// every process that inherits the variable (the test binary sets it, so a message from a server or
+// command line it starts, or from a thread no test watches, is still seen and fails the suite).
+void appendValidationLog(const char* kind, const char* message) {
+    const char* path = std::getenv("BLUE_VALIDATION_LOG");
+    if (!path || !*path) return;
+    if (FILE* f = std::fopen(path, "a")) {
+        std::fprintf(f, "[pid %ld] [validation %s] %s\n", static_cast<long>(getpid()), kind, message);
+        std::fclose(f);
+    }
+}
+
+}  // namespace
+
 VKAPI_ATTR VkBool32 VKAPI_CALL Device::debugCallback(
     VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
     const VkDebugUtilsMessengerCallbackDataEXT* data, void* user) {
     auto* self = static_cast<Device*>(user);
-    if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
-        self->validation_errors_.fetch_add(1);
-        std::lock_guard<std::mutex> lock(self->message_mutex_);
-        self->last_message_ = data->pMessage;
-        std::fprintf(stderr, "bluevm: [validation error] %s\n", data->pMessage);
-    } else if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
-        // A warning is a finding too: tests fail on it like on an error.
-        self->validation_errors_.fetch_add(1);
-        std::lock_guard<std::mutex> lock(self->message_mutex_);
-        self->last_message_ = data->pMessage;
-        std::fprintf(stderr, "bluevm: [validation warning] %s\n", data->pMessage);
+    // A warning is a finding too: tests fail on it like on an error.
+    const char* kind = (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT)     ? "error"
+                       : (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) ? "warning"
+                                                                                      : nullptr;
+    if (!kind) return VK_FALSE;
+    self->validation_errors_.fetch_add(1);
+    std::lock_guard<std::mutex> lock(self->message_mutex_);
+    self->last_message_ = data->pMessage;
+    if (self->report_validation_) {
+        std::fprintf(stderr, "bluevm: [validation %s] %s\n", kind, data->pMessage);
+        appendValidationLog(kind, data->pMessage);
     }
     return VK_FALSE;
 }
@@ -362,6 +380,7 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     std::unique_ptr<Device> dev(new Device());
     dev->instance_ = instance.value();
     if (validation) dev->validation_checks_ = checks.describe();
+    dev->report_validation_ = options.report_validation;
     if (validation) {
         VkDebugUtilsMessengerCreateInfoEXT mi{
             VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};

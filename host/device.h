@@ -25,6 +25,10 @@ struct DeviceOptions {
     // by default; BLUE_VALIDATION=core drops synchronization validation, BLUE_VALIDATION=gpu adds
     // GPU-assisted validation (out-of-bounds descriptor access, instrumented shaders; slow).
     bool validation = false;
+    // Print validation messages to stderr and append them to BLUE_VALIDATION_LOG's file. Off only
+    // where messages are provoked on purpose (the test that proves synchronization validation
+    // runs); they are counted either way (validationErrors()).
+    bool report_validation = true;
     // Emulate a smaller device (`--device-limits`): a built-in profile name (`bluevm devices
     // --profiles` lists them) or the path of a profile file (host/device_profiles/README.md).
     // Its limits clamp the real device's and its features can only be turned off. Empty: the
@@ -171,6 +175,7 @@ private:
     DeviceInfo info_;
     std::string validation_checks_;
     std::atomic<uint32_t> validation_errors_{0};
+    bool report_validation_ = true;
     mutable std::mutex message_mutex_;
     std::string last_message_;
     std::atomic<bool> lost_{false};  // device loss: see markLost

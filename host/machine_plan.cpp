@@ -206,6 +206,11 @@ Status addExpertCopies(const Module& m, const PagePlan& pages, const ExpertCache
 
 }  // namespace
 
+uint32_t maxGrammarWords(uint32_t loop_limit) {
+    if (loop_limit == 0) return UINT32_MAX;
+    return loop_limit >= 4096 ? (loop_limit + 1 - 4096) & ~3u : 0;  // 61,440 for lavapipe
+}
+
 uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab) {
     if (loop_limit == 0) return UINT32_MAX;
     // SAMPLE's other walks: about 60 over the row, 2,048 logits an iteration (row statistics,

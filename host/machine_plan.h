@@ -215,6 +215,13 @@ constexpr uint32_t deviceLoopLimit(bool cpu_driver) { return cpu_driver ? 65535u
 // of sampling (and a grammar's mask) takes. shaders/sample.comp applyPenalties has the count.
 uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab);
 
+// The most words a grammar automaton may take on a device with this loop limit (0: no limit,
+// UINT32_MAX returned). The generation program copies an automaton of more than 4,096 words into
+// its instance in a cycle of its own (INTCPY, one word a loop iteration; compiler/lower_model.cpp),
+// and instances that copy in the same cycle do it together; 4,096 iterations stay for the cycle's
+// other loops (another instance's prompt comparisons, up to about 10,000 tokens).
+uint32_t maxGrammarWords(uint32_t loop_limit);
+
 // Worst-case loop iterations of one ATTN/ATTNX invocation (planDispatches, KernelChoice).
 struct AttnLoops {
     uint64_t head = 0, positions = 0;

@@ -25,8 +25,9 @@ layout(local_size_x = BLUE_SEQ_WG) in;
 // invocation after 65,535 iterations in all, which one at a time a prompt near 32k tokens
 // (compared, then copied) reached in one cycle. INTCPY stays one word an iteration: its store
 // goes through pageAccess's switch, and eight copies of it made the GPU-assisted validation
-// layer's instrumented sequencer about ten times slower to run (a grammar automaton near 64k
-// words copied in one cycle is still past lavapipe's limit: README, Limits).
+// layer's instrumented sequencer about ten times slower to run, and one page switch around a
+// loop of 16-byte stores 30 times. So the generation program copies a large automaton in a cycle
+// of its own, all instances together, and the host bounds its size (maxGrammarWords).
 #define SEQ_COPY_UNROLL 8u
 
 const uint CONTINUE = 0u;

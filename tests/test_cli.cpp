@@ -404,6 +404,29 @@ TEST_CASE("cli: generate refuses repetition penalties over a window longer than 
     CHECK_MESSAGE(plain.wait(120) == 0, plain.err_text);
 }
 
+TEST_CASE("cli: generate refuses more grammar words than the device copies in one cycle") {
+    Child d({binary("host/bluevm"), "devices"});
+    REQUIRE(d.wait() == 0);
+    const bool cpu = d.out_text.find("(CPU)") != std::string::npos;
+    // 65,536 words: past lavapipe's loop limit for one cycle's copy (maxGrammarWords: 61,440).
+    Child c({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", "Lily", "-n", "2",
+             "--grammar-words", "65536"});
+    if (cpu) {
+        CHECK(c.wait(120) == 1);
+        CHECK_MESSAGE(c.err_text.find("grammar words 65536: an instance copies a request's automaton in one cycle, "
+                                      "and this device's compiler ends every loop of a shader invocation after 65535 "
+                                      "iterations (lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS), which allows 61440; use "
+                                      "--grammar-words 61440 or less\n") != std::string::npos,
+                      c.err_text);
+        CHECK(c.out_text.empty());
+    } else {
+        CHECK(c.wait(120) == 0);
+    }
+    Child fits({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", "Lily", "-n", "2",
+                "--grammar-words", "61440"});
+    CHECK_MESSAGE(fits.wait(120) == 0, fits.err_text);
+}
+
 // `bluevm generate --ids` token ids of one run (REQUIREs exit 0).
 std::vector<uint32_t> generateIds(const std::vector<std::string>& extra) {
     std::vector<std::string> args = {binary("host/bluevm"), "generate", "--model", stories(), "--ctx", "128", "--ids"};

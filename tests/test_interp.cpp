@@ -1239,6 +1239,86 @@ TEST_CASE("interp gpu: INCPY and INCMP of a 40,000-word message in one cycle agr
     CHECK_NO_VALIDATION_ERRORS();
 }
 
+// Grammar automata as large as lavapipe allows (maxGrammarWords: 61,440 words, a 61,437-word
+// section) copied into two instances' tensors (INTCPY) in one cycle, the way the generation
+// program copies them: after a yield, so that both copies run in the same round of the
+// sequencer's slow instructions, together. Instance 0 is a round behind before the yield (it calls
+// a subroutine first); without the yield, lavapipe ran the two copies one after the other, one
+// word a loop iteration, and the second stopped short of its 65,535 iterations a cycle (with
+// 40,001-word sections: instance tensor words from about 25,500 on were never written).
+// Each message's section starts one word in, after a word INTCPY skips.
+TEST_CASE("interp gpu: INTCPY of 61,437-word sections by two instances after a yield agrees with the reference") {
+    constexpr uint32_t kWords = 61437;
+    constexpr uint32_t kSlice = kWords + 2;
+    const std::string src = ".layout regs=16 stack=2 in_slots=2 in_slot_words=" + std::to_string(kWords + 3) +
+                            "\n.tensor g instance i32 [" + std::to_string(kSlice) + "]\n" + R"(
+    iid r7
+    bnez r7, go
+    call sub
+go:
+    inrecv r1
+    li r2, 1
+    yield
+    intcpy r2, r1, g
+    outu r2
+    li r5, 0
+    tld r6, r5, g
+    outu r6
+    li r5, 7
+    tld r6, r5, g
+    outu r6
+    li r5, 32768
+    tld r6, r5, g
+    outu r6
+    li r5, 61435
+    tld r6, r5, g
+    outu r6
+    li r5, 61436
+    tld r6, r5, g
+    outu r6
+    li r5, 61437
+    tld r6, r5, g
+    outu r6
+    halt
+sub:
+    ret
+)";
+    Module m = assembleOrFail(src, "long_tensor_copy");
+    std::vector<std::vector<uint32_t>> messages;
+    for (uint32_t k = 0; k < 2; ++k) {
+        std::vector<uint32_t> msg = {99, kWords};
+        for (uint32_t i = 0; i < kWords; ++i) msg.push_back(i * 5 + 11 + k * 1000003u);
+        messages.push_back(msg);
+    }
+    // Which message an instance takes is the ring's order: its first word says which.
+    auto check = [&](const std::vector<OutputRecord>& out) {
+        std::vector<uint32_t> taken;
+        for (uint32_t inst = 0; inst < 2; ++inst) {
+            CAPTURE(inst);
+            std::vector<uint32_t> v;
+            for (const OutputRecord& o : out)
+                if (o.inst == inst) v.push_back(o.value);
+            REQUIRE(v.size() == 7);
+            uint32_t k = (v[1] - 11u) / 1000003u;
+            REQUIRE(k < 2);
+            taken.push_back(k);
+            auto word = [&](uint32_t i) { return i * 5 + 11 + k * 1000003u; };
+            CHECK(v == std::vector<uint32_t>{kWords + 2, word(0), word(7), word(32768), word(61435),
+                                             word(61436), 0u});
+        }
+        CHECK(taken[0] != taken[1]);
+    };
+    RunReport r = runRef(m, 2, messages);
+    REQUIRE(r.status.isOk());
+    check(r.output);
+    Result<WeightSource> w = WeightSource::open(m, "");
+    REQUIRE(w.isOk());
+    BothRuns both = runBoth(m, w.value(), 2, messages);
+    REQUIRE(both.gpu.status.isOk());
+    check(both.gpu.output);
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
 TEST_CASE("interp: INPOLL gives -2 while the input is open and empty, never yields") {
     Module m = assembleOrFail(kPollProgram, "poll");
     RunReport open_empty = runRef(m, 1, {}, 20, false);

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "compiler/asm.h"
+#include "compiler/lower_model.h"
 #include "host/machine.h"
 #include "host/machine_plan.h"
 #include "host/pipelines.h"
@@ -751,6 +752,16 @@ TEST_CASE("plan: under a VRAM budget, activations stay device-local, then dense 
 }  // namespace blue::test
 
 namespace blue::test {
+
+TEST_CASE("plan: maxGrammarWords leaves 4,096 loop iterations for the copy cycle's other loops") {
+    CHECK(maxGrammarWords(0) == UINT32_MAX);  // no limit (GPUs)
+    CHECK(maxGrammarWords(65535) == 61440);   // lavapipe
+    CHECK(maxGrammarWords(65535) + 4096 <= 65536);
+    CHECK(maxGrammarWords(65535) % 4 == 0);
+    CHECK(maxGrammarWords(100) == 0);
+    // bluec's default runs on every device.
+    CHECK(kDefaultGrammarWords <= maxGrammarWords(65535));
+}
 
 TEST_CASE("plan: maxPenaltyWindow is the longest window whose walk stays under the loop limit") {
     CHECK(maxPenaltyWindow(0, 32000) == UINT32_MAX);  // no limit (GPUs)

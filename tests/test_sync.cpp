@@ -2,11 +2,19 @@
 // layer's synchronization checks are on and catch a missing barrier (so the suite's zero
 // hazards mean something).
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include "host/buffer.h"
 #include "host/sync.h"
 #include "host/vk_check.h"
 #include "tests/gpu_fixture.h"
+#include "tests/temp_dir.h"
 
 namespace blue::test {
 namespace {
@@ -103,16 +111,12 @@ TEST_CASE("sync: a replayed sequence starts with the barrier its own end state a
 }
 
 // A device of its own: this test provokes a validation error on purpose.
-TEST_CASE("sync: synchronization validation is on and reports a missing barrier") {
-    DeviceOptions o;
-    o.validation = true;
-    auto dev = Device::create(o);
-    REQUIRE_MESSAGE(dev.isOk(), dev.message());
-    Device& d = *dev.value();
+// Records two copies, the second reading what the first wrote with no barrier between, on a
+// device of its own; returns false when synchronization validation is off.
+bool provokeHazard(Device& d) {
     if (d.validationChecks().find("synchronization") == std::string::npos) {
-        MESSAGE("synchronization validation is off (BLUE_VALIDATION=" << d.validationChecks()
-                                                                      << ")");
-        return;
+        MESSAGE("synchronization validation is off (BLUE_VALIDATION=" << d.validationChecks() << ")");
+        return false;
     }
     auto a = createBuffer(d, 256, 0, MemKind::DEVICE, "a");
     auto b = createBuffer(d, 256, 0, MemKind::DEVICE, "b");
@@ -131,15 +135,66 @@ TEST_CASE("sync: synchronization validation is on and reports a missing barrier"
     VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     vkBeginCommandBuffer(cb, &bi);
     VkBufferCopy region{0, 0, 256};
-    const uint32_t before = d.validationErrors();
     vkCmdCopyBuffer(cb, a->buffer, b->buffer, 1, &region);
     vkCmdCopyBuffer(cb, b->buffer, a->buffer, 1, &region);  // reads b before the write is visible
     vkEndCommandBuffer(cb);
-    CHECK(d.validationErrors() > before);
-    CHECK(d.lastValidationMessage().find("SYNC-HAZARD") != std::string::npos);
     vkDestroyCommandPool(d.device(), pool, nullptr);
     destroyBuffer(d, a.value());
     destroyBuffer(d, b.value());
+    return true;
+}
+
+std::string readAll(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST_CASE("sync: synchronization validation is on and reports a missing barrier") {
+    DeviceOptions o;
+    o.validation = true;
+    o.report_validation = false;  // provoked on purpose: counted, not reported
+    auto dev = Device::create(o);
+    REQUIRE_MESSAGE(dev.isOk(), dev.message());
+    Device& d = *dev.value();
+    const uint32_t before = d.validationErrors();
+    if (!provokeHazard(d)) return;
+    CHECK(d.validationErrors() > before);
+    CHECK(d.lastValidationMessage().find("SYNC-HAZARD") != std::string::npos);
+}
+
+// The test binary fails on a validation message from any device, thread or child process through
+// BLUE_VALIDATION_LOG (tests/main.cpp): a reporting device appends each message to that file.
+// Here the variable points at a file of this test's for the duration (no other device runs), and
+// stderr at /dev/null, so the suite's log shows no message that is not a finding.
+TEST_CASE("sync: a reporting device appends its validation messages to BLUE_VALIDATION_LOG") {
+    TempDir dir;
+    const std::string log = dir.path + "/validation.log";
+    std::fflush(stderr);
+    const int saved_stderr = dup(2);
+    const int devnull = open("/dev/null", O_WRONLY);
+    REQUIRE(saved_stderr >= 0);
+    REQUIRE(devnull >= 0);
+    dup2(devnull, 2);
+    close(devnull);
+    const char* was = std::getenv("BLUE_VALIDATION_LOG");
+    const std::string saved = was ? was : "";
+    setenv("BLUE_VALIDATION_LOG", log.c_str(), 1);
+    {
+        DeviceOptions o;
+        o.validation = true;
+        auto dev = Device::create(o);
+        REQUIRE_MESSAGE(dev.isOk(), dev.message());
+        if (provokeHazard(*dev.value())) {
+            std::string text = readAll(log);
+            CHECK(text.find("[validation error]") != std::string::npos);
+            CHECK(text.find("SYNC-HAZARD") != std::string::npos);
+            CHECK(text.find("[pid " + std::to_string(getpid()) + "]") != std::string::npos);
+        }
+    }
+    if (was) setenv("BLUE_VALIDATION_LOG", saved.c_str(), 1); else unsetenv("BLUE_VALIDATION_LOG");
+    std::fflush(stderr);
+    dup2(saved_stderr, 2);
+    close(saved_stderr);
 }
 
 }  // namespace

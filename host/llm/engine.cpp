@@ -85,6 +85,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
             // 16 instances' automata in one page of the device (1 MiB pages: 16384 words each);
             // none on a device whose pages cannot hold 4096 words for each.
             lo.grammar_words = uint32_t(std::min<uint64_t>(kDefaultGrammarWords, e->device_->maxPageBytes() / 4 / 16) & ~3u);
+            lo.grammar_words = std::min(lo.grammar_words, maxGrammarWords(deviceLoopLimit(e->device_->info().cpu)));
             if (lo.grammar_words < 4096) lo.grammar_words = 0;
         }
         lo.model_path = std::filesystem::absolute(gguf_path).string();
@@ -97,6 +98,17 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
     }
     if (const std::string* words = e->module_.metaValue(kMetaGrammarWords)) {
         e->grammar_words_ = uint32_t(std::strtoul(words->c_str(), nullptr, 10));
+    }
+    if (e->device_) {
+        const uint32_t limit = deviceLoopLimit(e->device_->info().cpu);
+        const uint32_t most = maxGrammarWords(limit);
+        if (e->grammar_words_ > most) {
+            return BLUE_ERROR("%s: grammar words %u: an instance copies a request's automaton in one cycle, and "
+                              "this device's compiler ends every loop of a shader invocation after %u iterations "
+                              "(lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS), which allows %u; use --grammar-words %u "
+                              "or less",
+                              path.c_str(), e->grammar_words_, limit, most, most);
+        }
     }
     if (const std::string* p = e->module_.metaValue(kMetaPooling)) {
         std::optional<Pooling> pooling = parsePooling(*p);
