@@ -567,6 +567,45 @@ TEST_CASE("cascade: every program in programs/ through bluec cascade and bluevm 
     }
 }
 
+TEST_CASE("cascade: a stage's repetition penalties over a window longer than the device can walk are refused at load") {
+    Child d({binary("host/bluevm"), "devices"});
+    REQUIRE(d.wait() == 0);
+    const bool cpu = d.out_text.find("(CPU)") != std::string::npos;
+    TempDir dir;
+    // 18,000 tokens of window at a context of 20,000: past lavapipe's loop limit (maxPenaltyWindow:
+    // about 16,300 at a 300-token vocabulary); no limit on a GPU. A tiny synthetic model trained
+    // for 32,768 positions (a cascade's context is at most its models').
+    const std::string model = dir.path + "/long.gguf";
+    Child synth({binary("tools/synth/blue-synth"), "--preset", "stories15M", "--layers", "1", "--dim", "64",
+                 "--heads", "4", "--vocab", "300", "--ctx", "32768", "-t", "f32", "-o", model});
+    REQUIRE_MESSAGE(synth.wait() == 0, synth.err_text);
+    auto compile = [&](const std::string& name, uint32_t window) {
+        std::string src = dir.path + "/" + name + ".cas";
+        std::ofstream(src) << "model m = \"" << model << "\"\ncontext 20000\nslot a[8]\nslot b[8]\n"
+                           << "stage plain {\n prompt input\n write a\n max_tokens 2\n temperature 0\n}\n"
+                           << "stage wide {\n prompt a\n write b\n max_tokens 2\n temperature 0\n"
+                           << " repeat_penalty 1.1\n repeat_last_n " << window << "\n}\n";
+        std::string bir = dir.path + "/" + name + ".bir";
+        Child c({binary("compiler/bluec"), "cascade", src, "-o", bir});
+        REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
+        return bir;
+    };
+    const std::string wide = compile("wide", 18000);
+    Child r({binary("host/bluevm"), "run", wide, "--prompt", "Lily"});
+    if (cpu) {
+        CHECK(r.wait(120) == 1);
+        CHECK_MESSAGE(r.err_text.find("bluevm: " + wide + ": stage 'wide' applies repetition penalties over 18000 "
+                                      "tokens (repeat_last_n), and this device applies them over at most ") == 0,
+                      r.err_text);
+        CHECK(r.err_text.find("give that stage repeat_last_n ") != std::string::npos);
+        CHECK(r.out_text.empty());
+    } else {
+        CHECK(r.wait(120) == 0);
+    }
+    Child ok({binary("host/bluevm"), "run", compile("narrow", 4000), "--prompt", "Lily"});
+    CHECK_MESSAGE(ok.wait(120) == 0, ok.err_text);
+}
+
 TEST_CASE("cascade: bluec cascade and bluevm run through the command line, with --stats, --dump-slots and errors") {
     TempDir dir;
     std::string bir = dir.path + "/loop.bir";

@@ -100,6 +100,10 @@ struct CascadeInfo {
     uint32_t loops = 0;               // loop nesting levels (counters in checkpoints)
     int32_t prefer_chosen = -1, prefer_rejected = -1;  // `prefer`: indices into slots, or -1
     uint32_t max_fork = 0;            // the most branches a stage forks (0: none)
+    // The longest window of tokens a stage applies repetition penalties over, and that stage's
+    // name (0 and empty: no penalties, or a module compiled before this was recorded).
+    uint32_t penalty_window = 0;
+    std::string penalty_stage;
     // The slot whose final writes the program streams (the last output; vm/cascade_abi.h), or -1
     // for a module compiled before streaming.
     int32_t stream_slot = -1;

@@ -1159,6 +1159,23 @@ Result<Module> Lowerer::run() {
               {"cascade.loops", std::to_string(loop_depth)},
               {"cascade.stream", std::to_string(stream_slot - 1)}};
     if (max_fork) m.meta.push_back({"cascade.fork", std::to_string(max_fork)});
+    {
+        // The longest window a stage applies repetition penalties over, and that stage: a device
+        // whose compiler limits loops refuses it at load (host: maxPenaltyWindow).
+        uint32_t window = 0;
+        const Stage* widest = nullptr;
+        for (const Stage& st : p.stages) {
+            uint32_t w = st.repeat_penalty != 1.0f ? std::min(st.repeat_last_n, max_ctx) : 0;
+            if (w > window) {
+                window = w;
+                widest = &st;
+            }
+        }
+        if (widest) {
+            m.meta.push_back({"cascade.penalty_window", std::to_string(window)});
+            m.meta.push_back({"cascade.penalty_stage", widest->name});
+        }
+    }
     if (p.prefer_loc.line) {
         m.meta.push_back({"cascade.prefer", std::to_string(slotIndex(p.prefer_chosen) - 1) + "," +
                                                 std::to_string(slotIndex(p.prefer_rejected) - 1)});
@@ -1270,6 +1287,10 @@ Result<CascadeInfo> CascadeInfo::fromModule(const Module& m) {
     if (const std::string* v = m.metaValue("cascade.fork"); v && (!number(*v, &info.max_fork) || info.max_fork > 64)) {
         return Status::error("cascade module: bad cascade.fork");
     }
+    if (const std::string* v = m.metaValue("cascade.penalty_window"); v && !number(*v, &info.penalty_window)) {
+        return Status::error("cascade module: bad cascade.penalty_window");
+    }
+    if (const std::string* v = m.metaValue("cascade.penalty_stage")) info.penalty_stage = *v;
     if (const std::string* v = m.metaValue("cascade.prefer")) {
         std::vector<std::string> pair = splitNames(*v);
         uint32_t a = 0, b = 0;

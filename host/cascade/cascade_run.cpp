@@ -8,6 +8,7 @@
 
 #include "compiler/gguf.h"
 #include "host/llm/engine.h"
+#include "host/machine_plan.h"
 #include "vm/abi.h"
 #include "vm/cascade_abi.h"
 #include "vm/interp.h"
@@ -87,6 +88,15 @@ Result<std::unique_ptr<CascadeRunner>> CascadeRunner::open(const std::string& pa
         for (const TensorDecl& t : r->module_.tensors) weights += t.source == DataSource::EXTERN ? t.bytes : 0;
         chooseLavapipeThreads(weights);
         if (Status s = r->resetDevice(); !s) return s;
+        const uint32_t limit = deviceLoopLimit(r->device_->info().cpu);
+        const uint32_t most = maxPenaltyWindow(limit, uint32_t(r->tokenizer_.vocabSize()));
+        if (r->info_.penalty_window > most) {
+            return BLUE_ERROR("%s: stage '%s' applies repetition penalties over %u tokens (repeat_last_n), and this "
+                              "device applies them over at most %u (its compiler ends every loop of a shader "
+                              "invocation after %u iterations: lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS); give that "
+                              "stage repeat_last_n %u or less",
+                              path.c_str(), r->info_.penalty_stage.c_str(), r->info_.penalty_window, most, limit, most);
+        }
     }
     return r;
 }
