@@ -28,7 +28,7 @@ constexpr const char* kUsage =
     "       bluec check FILE.bir             parse and verify a module\n"
     "       bluec lower --model M.gguf -o OUT.bir [--ctx N] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32] [--grammar-words N (structured output: automaton words per\n"
-    "                   instance, default 61440; 0: none)] [--pooling mean|cls|last|none (embeddings;\n"
+    "                   instance, default 58368; 0: none)] [--pooling mean|cls|last|none (embeddings;\n"
     "                   default: the file's pooling type)] [--sessions N (conversation slots kept on the GPU)]\n"
     "                                        compile a GGUF model into a generation program\n"
     "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--chunk N]\n"

@@ -21,9 +21,9 @@
 
 namespace blue {
 
-// 240 KiB per instance: the most a device whose compiler limits loops (lavapipe) copies in one
+// 228 KiB per instance: the most a device whose compiler limits loops (lavapipe) copies in one
 // cycle (host/machine_plan.h maxGrammarWords), so a program bluec lowers runs on every device.
-inline constexpr uint32_t kDefaultGrammarWords = 61440;
+inline constexpr uint32_t kDefaultGrammarWords = 58368;
 // Engines (host/llm/engine.h): kDefaultGrammarWords, or fewer when 16 instances' automata would
 // not fit one page of the device (Mali-class texel limits: 1 MiB pages, 16384 words).
 inline constexpr uint32_t kGrammarWordsAuto = 0xFFFFFFFFu;

@@ -87,7 +87,7 @@ typedef struct bluevm_model_options {
                              them into device memory ahead of use, 0 the device decides */
     uint32_t grammar_words; /* API 8: structured output, automaton words each instance holds
                                (bluevm_request.grammar...); default BLUEVM_GRAMMAR_WORDS_AUTO:
-                               61440, or fewer where 16 instances' would not fit one device page
+                               58368, or fewer where 16 instances' would not fit one device page
                                (1 MiB pages: 16384); 0: no grammars */
     int expert_cache;       /* API 9: MoE models with vram_budget: nonzero (the default) keeps
                                the experts in host memory and caches those the GPU's routing

@@ -449,6 +449,10 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
         if (!layout) return layout.status();
         impl->layout = layout.value();
     }
+    // lavapipe ends every loop of an invocation after kernels.loop_limit iterations: a cycle's
+    // steps are capped so the sequencer's walks keep room (an instance goes on next cycle).
+    impl->layout.header[BLUE_H_MAX_STEPS] =
+        std::min(impl->layout.header[BLUE_H_MAX_STEPS], maxCycleSteps(kernels.loop_limit));
     BLUE_TRY(checkDeviceFit(impl->pages, impl->layout, options.instances,
                             dev.info().device_local_bytes, dev.info().max_workgroup_count[0]));
     BLUE_TRY(impl->allocate());

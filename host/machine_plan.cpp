@@ -206,9 +206,13 @@ Status addExpertCopies(const Module& m, const PagePlan& pages, const ExpertCache
 
 }  // namespace
 
+uint32_t maxCycleSteps(uint32_t loop_limit) {
+    return loop_limit == 0 ? UINT32_MAX : loop_limit / 8;  // 8,191 for lavapipe
+}
+
 uint32_t maxGrammarWords(uint32_t loop_limit) {
     if (loop_limit == 0) return UINT32_MAX;
-    return loop_limit >= 4096 ? (loop_limit + 1 - 4096) & ~3u : 0;  // 61,440 for lavapipe
+    return loop_limit >= 7168 ? (loop_limit + 1 - 7168) & ~3u : 0;  // 58,368 for lavapipe
 }
 
 uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab) {

@@ -215,11 +215,19 @@ constexpr uint32_t deviceLoopLimit(bool cpu_driver) { return cpu_driver ? 65535u
 // of sampling (and a grammar's mask) takes. shaders/sample.comp applyPenalties has the count.
 uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab);
 
+// The most instructions one instance runs in one sequencer cycle on a device with this loop limit
+// (0: no limit, UINT32_MAX returned): a module's max_steps is capped there, so that the step loop
+// leaves the cycle's walks (INCMP, INCPY, INTCPY) most of the limit. An instance with steps left
+// goes on in the next cycle, max_steps' own meaning: the results are the same and only the cycle
+// count grows. bluec lowers 4,096.
+uint32_t maxCycleSteps(uint32_t loop_limit);
+
 // The most words a grammar automaton may take on a device with this loop limit (0: no limit,
 // UINT32_MAX returned). The generation program copies an automaton of more than 4,096 words into
 // its instance in a cycle of its own (INTCPY, one word a loop iteration; compiler/lower_model.cpp),
-// and instances that copy in the same cycle do it together; 4,096 iterations stay for the cycle's
-// other loops (another instance's prompt comparisons, up to about 10,000 tokens).
+// and instances that copy in the same cycle do it together; 7,168 iterations stay for the cycle's
+// other loops: the generation program's 4,096 steps and another instance's prompt comparison (8
+// tokens an iteration: about 24,000 tokens).
 uint32_t maxGrammarWords(uint32_t loop_limit);
 
 // Worst-case loop iterations of one ATTN/ATTNX invocation (planDispatches, KernelChoice).

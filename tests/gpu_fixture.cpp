@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "host/machine_plan.h"
+
 namespace blue::test {
 
 Gpu& gpu() {
@@ -54,7 +56,9 @@ BothRuns runBoth(const Module& m, const WeightSource& w, uint32_t instances,
                  const std::vector<std::vector<uint32_t>>& inputs, uint64_t max_cycles,
                  uint32_t chain_cycles, double max_submit_ms) {
     BothRuns out;
-    RefMachine ref(m, w, MachineOptions{instances, max_cycles});
+    // The cycle's step budget of the GPU machine on this device (capped on lavapipe).
+    const uint32_t cap = maxCycleSteps(deviceLoopLimit(gpu().device->info().cpu));
+    RefMachine ref(m, w, MachineOptions{instances, max_cycles, cap == UINT32_MAX ? 0u : cap});
     for (const auto& msg : inputs) ref.pushInput(msg);
     ref.closeInput();
     out.ref = ref.run();

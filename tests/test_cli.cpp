@@ -408,22 +408,22 @@ TEST_CASE("cli: generate refuses more grammar words than the device copies in on
     Child d({binary("host/bluevm"), "devices"});
     REQUIRE(d.wait() == 0);
     const bool cpu = d.out_text.find("(CPU)") != std::string::npos;
-    // 65,536 words: past lavapipe's loop limit for one cycle's copy (maxGrammarWords: 61,440).
+    // 65,536 words: past lavapipe's loop limit for one cycle's copy (maxGrammarWords: 58,368).
     Child c({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", "Lily", "-n", "2",
              "--grammar-words", "65536"});
     if (cpu) {
         CHECK(c.wait(120) == 1);
         CHECK_MESSAGE(c.err_text.find("grammar words 65536: an instance copies a request's automaton in one cycle, "
                                       "and this device's compiler ends every loop of a shader invocation after 65535 "
-                                      "iterations (lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS), which allows 61440; use "
-                                      "--grammar-words 61440 or less\n") != std::string::npos,
+                                      "iterations (lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS), which allows 58368; use "
+                                      "--grammar-words 58368 or less\n") != std::string::npos,
                       c.err_text);
         CHECK(c.out_text.empty());
     } else {
         CHECK(c.wait(120) == 0);
     }
     Child fits({binary("host/bluevm"), "generate", "--model", stories(), "--prompt", "Lily", "-n", "2",
-                "--grammar-words", "61440"});
+                "--grammar-words", "58368"});
     CHECK_MESSAGE(fits.wait(120) == 0, fits.err_text);
 }
 

@@ -1239,7 +1239,7 @@ TEST_CASE("interp gpu: INCPY and INCMP of a 40,000-word message in one cycle agr
     CHECK_NO_VALIDATION_ERRORS();
 }
 
-// Grammar automata as large as lavapipe allows (maxGrammarWords: 61,440 words, a 61,437-word
+// Grammar automata as large as lavapipe allows (maxGrammarWords: 58,368 words, a 58,365-word
 // section) copied into two instances' tensors (INTCPY) in one cycle, the way the generation
 // program copies them: after a yield, so that both copies run in the same round of the
 // sequencer's slow instructions, together. Instance 0 is a round behind before the yield (it calls
@@ -1247,8 +1247,8 @@ TEST_CASE("interp gpu: INCPY and INCMP of a 40,000-word message in one cycle agr
 // word a loop iteration, and the second stopped short of its 65,535 iterations a cycle (with
 // 40,001-word sections: instance tensor words from about 25,500 on were never written).
 // Each message's section starts one word in, after a word INTCPY skips.
-TEST_CASE("interp gpu: INTCPY of 61,437-word sections by two instances after a yield agrees with the reference") {
-    constexpr uint32_t kWords = 61437;
+TEST_CASE("interp gpu: INTCPY of 58,365-word sections by two instances after a yield agrees with the reference") {
+    constexpr uint32_t kWords = 58365;
     constexpr uint32_t kSlice = kWords + 2;
     const std::string src = ".layout regs=16 stack=2 in_slots=2 in_slot_words=" + std::to_string(kWords + 3) +
                             "\n.tensor g instance i32 [" + std::to_string(kSlice) + "]\n" + R"(
@@ -1270,13 +1270,13 @@ go:
     li r5, 32768
     tld r6, r5, g
     outu r6
-    li r5, 61435
+    li r5, 58363
     tld r6, r5, g
     outu r6
-    li r5, 61436
+    li r5, 58364
     tld r6, r5, g
     outu r6
-    li r5, 61437
+    li r5, 58365
     tld r6, r5, g
     outu r6
     halt
@@ -1303,8 +1303,8 @@ sub:
             REQUIRE(k < 2);
             taken.push_back(k);
             auto word = [&](uint32_t i) { return i * 5 + 11 + k * 1000003u; };
-            CHECK(v == std::vector<uint32_t>{kWords + 2, word(0), word(7), word(32768), word(61435),
-                                             word(61436), 0u});
+            CHECK(v == std::vector<uint32_t>{kWords + 2, word(0), word(7), word(32768), word(58363),
+                                             word(58364), 0u});
         }
         CHECK(taken[0] != taken[1]);
     };
@@ -1316,6 +1316,41 @@ sub:
     BothRuns both = runBoth(m, w.value(), 2, messages);
     REQUIRE(both.gpu.status.isOk());
     check(both.gpu.output);
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
+// A module that lets one cycle run 100,000 steps: 58,000 of them between copying a 40,000-word
+// message into local memory and comparing it (INCPY, INCMP: 5,000 loop iterations each). On
+// lavapipe the step loop's iterations and the walks' share the 65,535 an invocation gets, and
+// INCMP stopped after about 20,000 words; the machine caps a cycle's steps there
+// (maxCycleSteps), so the loop goes on over several cycles and INCMP runs whole.
+TEST_CASE("interp gpu: a long step loop between INCPY and INCMP in one cycle's budget agrees with the reference") {
+    constexpr uint32_t kWords = 40000;
+    const std::string src = ".layout regs=16 max_steps=100000 local=" + std::to_string(kWords) +
+                            " in_slots=1 in_slot_words=" + std::to_string(kWords + 1) + R"(
+    inrecv r1
+    li r2, 0
+    incpy r2, r1, r0
+    li r3, 29000
+spin:
+    addi r3, r3, -1
+    bnez r3, spin
+    li r4, 0
+    incmp r4, r1, r0
+    outu r4
+    halt
+)";
+    Module m = assembleOrFail(src, "long_steps");
+    std::vector<uint32_t> message(kWords);
+    for (uint32_t i = 0; i < kWords; ++i) message[i] = i * 3 + 1;
+    RunReport r = runRef(m, 1, {message});
+    REQUIRE(r.status.isOk());
+    CHECK(values(r.output) == std::vector<uint32_t>{kWords});
+    Result<WeightSource> w = WeightSource::open(m, "");
+    REQUIRE(w.isOk());
+    BothRuns both = runBoth(m, w.value(), 1, {message});
+    REQUIRE(both.gpu.status.isOk());
+    CHECK(values(both.gpu.output) == std::vector<uint32_t>{kWords});
     CHECK_NO_VALIDATION_ERRORS();
 }
 

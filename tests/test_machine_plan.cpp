@@ -753,12 +753,17 @@ TEST_CASE("plan: under a VRAM budget, activations stay device-local, then dense 
 
 namespace blue::test {
 
-TEST_CASE("plan: maxGrammarWords leaves 4,096 loop iterations for the copy cycle's other loops") {
+TEST_CASE("plan: maxGrammarWords leaves the copy cycle's steps and other loops 7,168 loop iterations") {
     CHECK(maxGrammarWords(0) == UINT32_MAX);  // no limit (GPUs)
-    CHECK(maxGrammarWords(65535) == 61440);   // lavapipe
-    CHECK(maxGrammarWords(65535) + 4096 <= 65536);
+    CHECK(maxGrammarWords(65535) == 58368);   // lavapipe
+    CHECK(maxGrammarWords(65535) + 7168 <= 65536);
     CHECK(maxGrammarWords(65535) % 4 == 0);
     CHECK(maxGrammarWords(100) == 0);
+    // bluec's generation program runs 4,096 steps a cycle at most; every module at most
+    // maxCycleSteps on such a device.
+    CHECK(maxCycleSteps(0) == UINT32_MAX);
+    CHECK(maxCycleSteps(65535) == 8191);
+    CHECK(maxGrammarWords(65535) + 4096 + 3000 <= 65535);
     // bluec's default runs on every device.
     CHECK(kDefaultGrammarWords <= maxGrammarWords(65535));
 }

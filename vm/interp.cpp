@@ -470,7 +470,8 @@ void RefMachine::runSequencer(RunReport* report, BlockRun* runs) {
         if (in.status != BLUE_ST_RUNNING) continue;
         in.local = std::span<uint32_t>(locals_).subspan(size_t(id) * m_.layout.local_words,
                                                          m_.layout.local_words);
-        for (uint32_t s = 0; s < m_.layout.max_steps; ++s) {
+        const uint32_t budget = opt_.cycle_steps ? std::min(opt_.cycle_steps, m_.layout.max_steps) : m_.layout.max_steps;
+        for (uint32_t s = 0; s < budget; ++s) {
             ++report->steps;
             if (step(id, in, runs, report) == Next::STOP) break;
         }

@@ -33,6 +33,10 @@ struct OutputRecord {
 struct MachineOptions {
     uint32_t instances = 1;
     uint64_t max_cycles = 1000000;
+    // Steps an instance runs in one cycle at most, below the module's max_steps (0: max_steps).
+    // The GPU machine caps them on devices whose compiler limits loops (host: maxCycleSteps);
+    // the same cap here gives the same cycle and step counts.
+    uint32_t cycle_steps = 0;
 };
 
 struct InstanceReport {

@@ -339,7 +339,7 @@ Command addGenerateCommand(CLI::App& app) {
                     "structured output: the text is JSON valid against this JSON schema file");
     sub->add_flag("--json", a->json, "structured output: the text is one JSON object");
     sub->add_option("--grammar-words", a->grammar_words,
-                    "words of grammar automaton an instance holds (default: 61440, or what 16 "
+                    "words of grammar automaton an instance holds (default: 58368, or what 16 "
                     "instances fit in one device page; 0: no grammar support)");
     return [a] {
         if (!a->seed_given) a->sampling.seed = uint32_t(std::time(nullptr));

@@ -228,7 +228,7 @@ Command addServeCommand(CLI::App& app) {
     sub->add_option("--port", a->port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
     sub->add_option("--ctx", a->ctx, "context length per instance (default: the model's, at most 2048)");
     sub->add_option("--grammar-words", a->grammar_words,
-                    "structured output: grammar automaton words per instance (default: 61440, or "
+                    "structured output: grammar automaton words per instance (default: 58368, or "
                     "what 16 instances fit in one device page; 0: no grammars)");
     sub->add_option("--pooling", a->pooling,
                     "/v1/embeddings: pool a prompt's output-normed hidden states by mean, cls (the first "

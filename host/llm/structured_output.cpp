@@ -40,7 +40,7 @@ Result<PackedGrammar> compileConstraint(const OutputConstraint& c, uint32_t max_
         case ConstraintKind::Grammar: return compileGbnf(c.text, max_words, "grammar");
         case ConstraintKind::JsonObject: {
             // Any JSON object, nested as deep as an instance's grammar words allow (each level
-            // doubles the automaton: 6 levels in the default 61440 words, 8 at most). The same for
+            // doubles the automaton: 6 levels in the default 58368 words, 8 at most). The same for
             // every request of an engine: compiled once per size.
             static std::mutex mutex;
             static std::map<uint32_t, PackedGrammar> cache;
