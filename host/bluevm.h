@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 11
+#define BLUEVM_API_VERSION 12
 #define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
@@ -62,8 +62,11 @@ typedef enum bluevm_status {
                                    bluevm_engine_create may simply be called again */
     BLUEVM_ERR_SNAPSHOT = 12,    /* (API 6) a KV snapshot is malformed, corrupt, of another
                                     format version or of another model */
-    BLUEVM_ERR_BUSY = 13         /* (API 11) the request's session has a turn running, or every
+    BLUEVM_ERR_BUSY = 13,        /* (API 11) the request's session has a turn running, or every
                                     session slot has one: send it after that turn ends */
+    BLUEVM_ERR_GRAMMAR_TOO_LARGE = 14 /* (API 12) the request's grammar, json_schema or json_object
+                                         needs more automaton words than an instance holds
+                                         (bluevm_model_options.grammar_words) */
 } bluevm_status;
 
 /* "ok", "invalid argument", ... (static strings). */

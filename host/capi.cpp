@@ -81,6 +81,7 @@ const char* bluevm_status_name(bluevm_status s) {
         case BLUEVM_ERR_DEVICE_LOST: return "device lost";
         case BLUEVM_ERR_SNAPSHOT: return "bad KV snapshot";
         case BLUEVM_ERR_BUSY: return "busy";
+        case BLUEVM_ERR_GRAMMAR_TOO_LARGE: return "grammar too large";
     }
     return "unknown status";
 }
@@ -311,8 +312,9 @@ bluevm_status bluevm_submit(bluevm_engine* engine, const bluevm_request* request
             r.prompt = request->parse_special ? e.specialTokens(text) : e.promptTokens(text);
         }
         setRequestParams(*request, &r);
-        if (blue::Status c = setRequestConstraint(*request, e, &r); !c) {
-            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, c.message());
+        bool too_large = false;
+        if (blue::Status c = setRequestConstraint(*request, e, &r, &too_large); !c) {
+            return failWith(too_large ? BLUEVM_ERR_GRAMMAR_TOO_LARGE : BLUEVM_ERR_INVALID_ARGUMENT, c.message());
         }
         if (r.prompt.size() >= e.contextLength()) {
             return failWith(BLUEVM_ERR_TOO_LONG,

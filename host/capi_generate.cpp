@@ -51,8 +51,9 @@ bluevm_status bluevm_generate(bluevm_model* model, const bluevm_request* request
             }
         }
         setRequestParams(*request, &r);
-        if (blue::Status c = setRequestConstraint(*request, e, &r); !c) {
-            return failWith(BLUEVM_ERR_INVALID_ARGUMENT, c.message());
+        bool too_large = false;
+        if (blue::Status c = setRequestConstraint(*request, e, &r, &too_large); !c) {
+            return failWith(too_large ? BLUEVM_ERR_GRAMMAR_TOO_LARGE : BLUEVM_ERR_INVALID_ARGUMENT, c.message());
         }
         const uint64_t restored = kv_load ? restore.tokens.size() : 0;
         if (restored + r.prompt.size() >= e.contextLength()) {

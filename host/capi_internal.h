@@ -40,8 +40,10 @@ inline void setRequestParams(const bluevm_request& in, GenerationRequest* r) {
 }
 
 // The request's structured-output constraint (API 8), compiled into r->grammar; the message
-// names the field and what is wrong.
-inline Status setRequestConstraint(const bluevm_request& in, const Engine& e, GenerationRequest* r) {
+// names the field and what is wrong. *too_large (when given): the failure is an automaton larger
+// than an instance's grammar memory (BLUEVM_ERR_GRAMMAR_TOO_LARGE).
+inline Status setRequestConstraint(const bluevm_request& in, const Engine& e, GenerationRequest* r,
+                                   bool* too_large = nullptr) {
     OutputConstraint c;
     int given = (in.grammar ? 1 : 0) + (in.json_schema ? 1 : 0) + (in.json_object ? 1 : 0);
     if (given > 1) return Status::error("at most one of grammar, json_schema and json_object");
@@ -56,7 +58,7 @@ inline Status setRequestConstraint(const bluevm_request& in, const Engine& e, Ge
         field = "json_object";
     }
     if (c.kind == ConstraintKind::None) return Status::ok();
-    Result<PackedGrammar> g = compileConstraint(c, e.grammarWords());
+    Result<PackedGrammar> g = compileConstraint(c, e.grammarWords(), too_large);
     if (!g) return Status::error(std::string(field) + ": " + g.status().message());
     r->grammar = g.value();
     return Status::ok();

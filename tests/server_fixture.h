@@ -25,6 +25,7 @@ struct TestModel {
     uint32_t grammar_words = 0;    // 0: the default
     const char* pooling = nullptr;
     uint32_t sessions = 0;
+    uint32_t chain_cycles = 0;     // the engine's (0: its default)
 };
 
 struct TestServer {
@@ -52,6 +53,7 @@ struct TestServer {
         bluevm_engine_options_init(&eo);
         eo.instances = instances;
         eo.max_queue = max_queue;
+        if (tm.chain_cycles) eo.chain_cycles = tm.chain_cycles;
         REQUIRE_MESSAGE(bluevm_engine_create(model, &eo, &engine) == BLUEVM_OK, bluevm_last_error());
         server::ServerOptions so;
         so.port = 0;

@@ -43,6 +43,35 @@ void open(Opened* o, uint32_t instances, uint32_t ctx, uint32_t max_queue = 0) {
     REQUIRE_MESSAGE(bluevm_engine_create(o->model, &eo, &o->engine) == BLUEVM_OK, bluevm_last_error());
 }
 
+// A grammar that does not fit an instance's grammar memory has its own status (API 12), so a
+// caller (the server's parallel tool calls) can tell it from a malformed one.
+TEST_CASE("capi: an automaton larger than grammar_words gets BLUEVM_ERR_GRAMMAR_TOO_LARGE, a bad one INVALID_ARGUMENT") {
+    bluevm_model_options mo;
+    bluevm_model_options_init(&mo);
+    mo.ctx = 64;
+    mo.grammar_words = 1024;
+    Opened o;
+    REQUIRE_MESSAGE(bluevm_model_open(storiesPath().c_str(), &mo, &o.model) == BLUEVM_OK, bluevm_last_error());
+    bluevm_engine_options eo;
+    bluevm_engine_options_init(&eo);
+    eo.instances = 1;
+    REQUIRE_MESSAGE(bluevm_engine_create(o.model, &eo, &o.engine) == BLUEVM_OK, bluevm_last_error());
+    bluevm_request r;
+    bluevm_request_init(&r);
+    r.prompt = "Lily";
+    r.max_tokens = 4;
+    uint64_t id = 0;
+    r.json_object = 1;  // 8 levels need far more than 1,024 words, and even one level does
+    CHECK(bluevm_submit(o.engine, &r, &id) == BLUEVM_ERR_GRAMMAR_TOO_LARGE);
+    CHECK(std::string(bluevm_last_error()).find("an instance holds 1024 (--grammar-words)") != std::string::npos);
+    CHECK(std::string(bluevm_status_name(BLUEVM_ERR_GRAMMAR_TOO_LARGE)) == "grammar too large");
+    r.json_object = 0;
+    r.grammar = "root ::= \"a\" (";
+    CHECK(bluevm_submit(o.engine, &r, &id) == BLUEVM_ERR_INVALID_ARGUMENT);
+    r.grammar = "root ::= \"yes\" | \"no\"";
+    REQUIRE_MESSAGE(bluevm_submit(o.engine, &r, &id) == BLUEVM_OK, bluevm_last_error());
+}
+
 // Polls a request to its end; returns its text and tokens.
 struct Finished {
     std::string text;

@@ -27,6 +27,7 @@
 #include "host/llm/engine.h"
 #include "host/server/http_server.h"
 #include "host/vk_check.h"
+#include "tests/server_fixture.h"
 #include "tests/test_paths.h"
 
 namespace blue::test {
@@ -236,48 +237,9 @@ struct Served {
     std::string retry_after;
 };
 
-struct LossServer {
-    bluevm_model* model = nullptr;
-    bluevm_engine* engine = nullptr;
-    std::unique_ptr<server::HttpServer> http;
-    std::thread thread;
-
-    LossServer(uint32_t instances, uint32_t chain_cycles, uint32_t ctx = 64) {
-        bluevm_model_options mo;
-        bluevm_model_options_init(&mo);
-        mo.ctx = ctx;
-        REQUIRE_MESSAGE(bluevm_model_open(stories().c_str(), &mo, &model) == BLUEVM_OK,
-                        bluevm_last_error());
-        bluevm_engine_options eo;
-        bluevm_engine_options_init(&eo);
-        eo.instances = instances;
-        eo.chain_cycles = chain_cycles;
-        REQUIRE_MESSAGE(bluevm_engine_create(model, &eo, &engine) == BLUEVM_OK,
-                        bluevm_last_error());
-        server::ServerOptions so;
-        so.port = 0;
-        so.model_names = {"stories260K"};
-        auto s = server::HttpServer::create(model, engine, so);
-        REQUIRE_MESSAGE(s.isOk(), s.message());
-        http = std::move(s.value());
-        REQUIRE(http->bind().isOk());
-        thread = std::thread([this] { (void)http->run(); });
-    }
-    ~LossServer() {
-        http->stop();
-        thread.join();
-        http.reset();
-        bluevm_model_info info;
-        bluevm_model_get_info(model, &info);
-        CHECK(info.validation_errors == 0u);
-        bluevm_engine_destroy(engine);
-        bluevm_model_close(model);
-    }
-    httplib::Client client() const {
-        httplib::Client c("127.0.0.1", http->port());
-        c.set_read_timeout(60, 0);
-        return c;
-    }
+struct LossServer : TestServer {
+    LossServer(uint32_t instances, uint32_t chain_cycles, uint32_t ctx = 64)
+        : TestServer(instances, ctx, 0, {}, {.chain_cycles = chain_cycles}) {}
     Served complete(const std::string& prompt, uint32_t n, bool stream) const {
         json body = {{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"stream", stream}};
         auto r = client().Post("/v1/completions", body.dump(), "application/json");

@@ -1132,6 +1132,7 @@ TEST_CASE("server: parallel tool calls that do not fit the grammar memory fall b
     REQUIRE(res);
     CHECK(res->status == 400);
     CHECK(res->body.find("--grammar-words") != std::string::npos);
+    CHECK(json::parse(res->body)["error"]["code"] == "grammar_too_large");
 }
 
 // Parameters as pydantic writes them: definitions under "$defs" referenced by "$ref", a

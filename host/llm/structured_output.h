@@ -28,7 +28,8 @@ using PackedGrammar = std::shared_ptr<const std::vector<uint32_t>>;
 // The packed automaton (null for None). Errors name what is wrong and where: "grammar line 3,
 // column 7: ...", "schema at /properties/age: ...", "the grammar needs more than N automaton
 // states (at most M)". `max_words` bounds the packed size (an instance's grammar tensor; 0: the
-// program has none, and every constraint is refused).
-Result<PackedGrammar> compileConstraint(const OutputConstraint& c, uint32_t max_words);
+// program has none, and every constraint is refused). *too_large (when given) is set when the
+// failure is an automaton larger than max_words.
+Result<PackedGrammar> compileConstraint(const OutputConstraint& c, uint32_t max_words, bool* too_large = nullptr);
 
 }  // namespace blue

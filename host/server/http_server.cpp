@@ -156,6 +156,8 @@ void refuseSubmitAs(httplib::Response& res, bluevm_status st, const std::string&
             return sendError(res, apiError(400, message, "invalid_request_error", prompt_param, "context_length_exceeded"));
         case BLUEVM_ERR_INVALID_ARGUMENT:
             return sendError(res, apiError(400, message, "invalid_request_error", invalid_param));
+        case BLUEVM_ERR_GRAMMAR_TOO_LARGE:
+            return sendError(res, apiError(400, message, "invalid_request_error", invalid_param, "grammar_too_large"));
         case BLUEVM_ERR_SHUTDOWN:
             return sendError(res, apiError(503, message, "server_error"));
         case BLUEVM_ERR_BUSY:
@@ -583,8 +585,7 @@ bool HttpServer::Impl::submitModel(const ApiRequest& ar, Generation& g, httplib:
     r.n_stop = stops.size();
 
     bluevm_status st = bluevm_submit(engine, &r, &g.id);
-    if (st == BLUEVM_ERR_INVALID_ARGUMENT && toolsOffered(ar) && ar.parallel_tool_calls &&
-        std::string(bluevm_last_error()).find("automaton needs") != std::string::npos) {
+    if (st == BLUEVM_ERR_GRAMMAR_TOO_LARGE && toolsOffered(ar) && ar.parallel_tool_calls) {
         // Several calls do not fit an instance's grammar memory: the request again with one call
         // per answer, its tools text saying so too.
         ApiRequest single = ar;
