@@ -1204,6 +1204,22 @@ TEST_CASE("interp: INCMP counts the leading words a message shares with local me
     CHECK_NO_VALIDATION_ERRORS();
 }
 
+// Runs `src` on one instance with one input message on the reference machine and the GPU; both
+// must print `expected`.
+void checkOneMessage(const std::string& src, const char* name, const std::vector<uint32_t>& message,
+                     const std::vector<uint32_t>& expected) {
+    Module m = assembleOrFail(src, name);
+    RunReport r = runRef(m, 1, {message});
+    REQUIRE(r.status.isOk());
+    CHECK(values(r.output) == expected);
+    Result<WeightSource> w = WeightSource::open(m, "");
+    REQUIRE(w.isOk());
+    BothRuns both = runBoth(m, w.value(), 1, {message});
+    REQUIRE(both.gpu.status.isOk());
+    CHECK(values(both.gpu.output) == expected);
+    CHECK_NO_VALIDATION_ERRORS();
+}
+
 // A prompt of 40,000 tokens copied into local memory (INCPY) and compared with it (INCMP) in one
 // cycle, as the generation program does with prefix reuse: one word an iteration, the two walks
 // took 80,000 loop iterations in one sequencer invocation, past lavapipe's 65,535
@@ -1224,19 +1240,9 @@ TEST_CASE("interp gpu: INCPY and INCMP of a 40,000-word message in one cycle agr
     outu r6
     halt
 )";
-    Module m = assembleOrFail(src, "long_copy");
     std::vector<uint32_t> message(kWords);
     for (uint32_t i = 0; i < kWords; ++i) message[i] = i * 7 + 3;
-    const std::vector<uint32_t> expected = {kWords, kWords, 39999 * 7 + 3};
-    RunReport r = runRef(m, 1, {message});
-    REQUIRE(r.status.isOk());
-    CHECK(values(r.output) == expected);
-    Result<WeightSource> w = WeightSource::open(m, "");
-    REQUIRE(w.isOk());
-    BothRuns both = runBoth(m, w.value(), 1, {message});
-    REQUIRE(both.gpu.status.isOk());
-    CHECK(values(both.gpu.output) == expected);
-    CHECK_NO_VALIDATION_ERRORS();
+    checkOneMessage(src, "long_copy", message, {kWords, kWords, 39999 * 7 + 3});
 }
 
 // Grammar automata as large as lavapipe allows (maxGrammarWords: 58,368 words, a 58,365-word
@@ -1340,18 +1346,9 @@ spin:
     outu r4
     halt
 )";
-    Module m = assembleOrFail(src, "long_steps");
     std::vector<uint32_t> message(kWords);
     for (uint32_t i = 0; i < kWords; ++i) message[i] = i * 3 + 1;
-    RunReport r = runRef(m, 1, {message});
-    REQUIRE(r.status.isOk());
-    CHECK(values(r.output) == std::vector<uint32_t>{kWords});
-    Result<WeightSource> w = WeightSource::open(m, "");
-    REQUIRE(w.isOk());
-    BothRuns both = runBoth(m, w.value(), 1, {message});
-    REQUIRE(both.gpu.status.isOk());
-    CHECK(values(both.gpu.output) == std::vector<uint32_t>{kWords});
-    CHECK_NO_VALIDATION_ERRORS();
+    checkOneMessage(src, "long_steps", message, {kWords});
 }
 
 TEST_CASE("interp: INPOLL gives -2 while the input is open and empty, never yields") {
