@@ -101,6 +101,14 @@ Status runTransfer(Device& dev, VkBuffer src, VkDeviceSize src_off, VkBuffer dst
 Status bindMemory(Device& dev, MemKind kind, Buffer* b) {
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(dev.device(), b->buffer, &req);
+    // maxMemoryAllocationCount: past it vkAllocateMemory may fail or, on some drivers, succeed
+    // and misbehave; refuse with the numbers instead.
+    const uint32_t live = dev.allocations().load();
+    if (live >= dev.info().max_allocations) {
+        return BLUE_ERROR("the device allows %u memory allocations at once (maxMemoryAllocationCount) and %u are in "
+                          "use",
+                          dev.info().max_allocations, live);
+    }
     Status failed = Status::error("no memory type fits");
     VkMemoryPropertyFlags got = 0;
     for (const MemPreference& pref : preferences(kind)) {
@@ -112,6 +120,7 @@ Status bindMemory(Device& dev, MemKind kind, Buffer* b) {
         const int line = __LINE__ + 1;  // the call's, for the message
         VkResult r = BLUE_VK_CALL(vkAllocateMemory(dev.device(), &ai, nullptr, &b->memory));
         if (r == VK_SUCCESS) {
+            dev.allocations().fetch_add(1);
             got = dev.memory().memoryTypes[type].propertyFlags;
             failed = Status::ok();
             break;
@@ -160,7 +169,10 @@ Result<Buffer> createBuffer(Device& dev, VkDeviceSize size, VkBufferUsageFlags u
 
 void destroyBuffer(Device& dev, Buffer& b) {
     if (b.buffer) vkDestroyBuffer(dev.device(), b.buffer, nullptr);
-    if (b.memory) vkFreeMemory(dev.device(), b.memory, nullptr);
+    if (b.memory) {
+        vkFreeMemory(dev.device(), b.memory, nullptr);
+        dev.allocations().fetch_sub(1);
+    }
     b = Buffer{};
 }
 

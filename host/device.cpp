@@ -146,6 +146,7 @@ int typeRank(VkPhysicalDeviceType t) {
 void readLimits(const VkPhysicalDeviceLimits& l, DeviceInfo& info) {
     info.max_storage_buffer_range = l.maxStorageBufferRange;
     info.max_texel_buffer_elements = l.maxTexelBufferElements;
+    info.max_allocations = l.maxMemoryAllocationCount;
     for (int i = 0; i < 3; ++i) {
         info.max_workgroup_count[i] = l.maxComputeWorkGroupCount[i];
         info.max_workgroup_size[i] = l.maxComputeWorkGroupSize[i];

@@ -54,6 +54,7 @@ struct DeviceInfo {
     uint64_t max_storage_buffer_range = 0;   // maxStorageBufferRange
     uint64_t max_texel_buffer_elements = 0;  // maxTexelBufferElements
     uint64_t max_allocation = 0;             // maxMemoryAllocationSize
+    uint32_t max_allocations = 0;            // maxMemoryAllocationCount (live allocations)
     uint32_t max_workgroup_count[3] = {0, 0, 0};
     uint32_t max_workgroup_size[3] = {0, 0, 0};
     uint32_t max_workgroup_invocations = 0;
@@ -136,6 +137,10 @@ public:
         return std::min(info_.max_allocation, info_.device_local_bytes);
     }
 
+    // Memory allocations live on this device (host/buffer.cpp counts them against
+    // DeviceInfo::max_allocations: maxMemoryAllocationCount, 4096 on many drivers).
+    std::atomic<uint32_t>& allocations() { return allocations_; }
+
     // Validation-layer errors and warnings seen since creation (0 when validation is off).
     uint32_t validationErrors() const { return validation_errors_.load(); }
     bool validationEnabled() const { return messenger_ != VK_NULL_HANDLE; }
@@ -175,6 +180,7 @@ private:
     DeviceInfo info_;
     std::string validation_checks_;
     std::atomic<uint32_t> validation_errors_{0};
+    std::atomic<uint32_t> allocations_{0};
     bool report_validation_ = true;
     mutable std::mutex message_mutex_;
     std::string last_message_;

@@ -44,6 +44,7 @@ struct LimitKey {
 const LimitKey kLimits[] = {
     BLUE_LIMIT("maxStorageBufferRange", max_storage_buffer_range, UINT32_MAX),
     BLUE_LIMIT("maxMemoryAllocationSize", max_allocation, UINT64_MAX),
+    BLUE_LIMIT("maxMemoryAllocationCount", max_allocations, UINT32_MAX),
     BLUE_LIMIT("deviceLocalHeapSize", device_local_bytes, UINT64_MAX),
     BLUE_LIMIT("maxTexelBufferElements", max_texel_buffer_elements, UINT32_MAX),
     BLUE_LIMIT("maxComputeSharedMemorySize", max_shared_memory, UINT32_MAX),

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "compiler/asm.h"
+#include "host/buffer.h"
 #include "host/device_needs.h"
 #include "host/device_profile.h"
 #include "host/kernel_info.h"
@@ -551,6 +552,51 @@ TEST_CASE(
     auto refused = GpuMachine::create(dev, *pipelines.value(), big.value(), bw.value(), gopt);
     REQUIRE_FALSE(refused.isOk());
     CHECK(refused.message().rfind("tensor 'D' needs ", 0) == 0);
+    pipelines.value().reset();
+    CHECK(dev.validationErrors() == 0u);
+}
+
+TEST_CASE("device limits: memory allocations past maxMemoryAllocationCount are refused with the numbers") {
+    std::unique_ptr<Device> made = emulatedDevice(R"({
+  "name": "few-allocations", "device": "test", "source": "tests/test_device_limits.cpp",
+  "limits": {"maxMemoryAllocationCount": 2}})");
+    Device& dev = *made;
+    CHECK(dev.info().max_allocations == 2u);
+    {
+        std::vector<Buffer> held;
+        for (int i = 0; i < 2; ++i) {
+            auto b = createBuffer(dev, 256, 0, MemKind::DEVICE, "test");
+            REQUIRE_MESSAGE(b.isOk(), b.message());
+            held.push_back(b.value());
+        }
+        CHECK(dev.allocations().load() == 2u);
+        auto third = createBuffer(dev, 256, 0, MemKind::DEVICE, "test");
+        REQUIRE_FALSE(third.isOk());
+        CHECK_MESSAGE(third.message().find("the device allows 2 memory allocations at once "
+                                           "(maxMemoryAllocationCount) and 2 are in use") != std::string::npos,
+                      third.message());
+        destroyBuffer(dev, held.back());
+        held.pop_back();
+        auto again = createBuffer(dev, 256, 0, MemKind::DEVICE, "test");
+        REQUIRE(again.isOk());
+        held.push_back(again.value());
+        for (Buffer& b : held) destroyBuffer(dev, b);
+        CHECK(dev.allocations().load() == 0u);
+    }
+    // A machine needs three allocations even for this small program: refused at load,
+    // and what it had allocated is freed.
+    auto pipelines = Pipelines::create(dev);
+    REQUIRE(pipelines.isOk());
+    Result<Module> m = assemble(pagesSource(), "pages");
+    REQUIRE(m.isOk());
+    Result<WeightSource> w = WeightSource::open(m.value(), "");
+    REQUIRE(w.isOk());
+    GpuOptions gopt;
+    gopt.instances = 2;
+    auto refused = GpuMachine::create(dev, *pipelines.value(), m.value(), w.value(), gopt);
+    REQUIRE_FALSE(refused.isOk());
+    CHECK_MESSAGE(refused.message().find("(maxMemoryAllocationCount)") != std::string::npos, refused.message());
+    CHECK(dev.allocations().load() == 0u);
     pipelines.value().reset();
     CHECK(dev.validationErrors() == 0u);
 }
