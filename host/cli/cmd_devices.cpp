@@ -30,10 +30,10 @@ void printLimits(const DeviceInfo& d) {
     uint64_t page = std::min(d.max_storage_buffer_range, d.max_texel_buffer_elements * 16);
     std::printf(
         "   memory: device-local %.1f GiB%s; largest storage binding %.0f MiB; largest "
-        "allocation %.0f MiB; largest page %.0f MiB (binding, and texel view of %llu "
-        "texels)\n",
+        "allocation %.0f MiB, %u allocations at once; largest page %.0f MiB (binding, and texel "
+        "view of %llu texels)\n",
         double(d.device_local_bytes) / (1ull << 30), d.unified_memory ? " (host-mappable)" : "",
-        mib(d.max_storage_buffer_range), mib(d.max_allocation), mib(page),
+        mib(d.max_storage_buffer_range), mib(d.max_allocation), d.max_allocations, mib(page),
         (unsigned long long)d.max_texel_buffer_elements);
     std::printf(
         "   compute: max count %u x %u x %u; max size %u x %u x %u, %u invocations; shared "
