@@ -102,9 +102,10 @@ Status bindMemory(Device& dev, MemKind kind, Buffer* b) {
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(dev.device(), b->buffer, &req);
     // maxMemoryAllocationCount: past it vkAllocateMemory may fail or, on some drivers, succeed
-    // and misbehave; refuse with the numbers instead.
-    const uint32_t live = dev.allocations().load();
-    if (live >= dev.info().max_allocations) {
+    // and misbehave; refuse with the numbers instead. The count is reserved before the call, so
+    // threads allocating at once cannot pass it together.
+    uint32_t live = 0;
+    if (!dev.reserveAllocation(&live)) {
         return BLUE_ERROR("the device allows %u memory allocations at once (maxMemoryAllocationCount) and %u are in "
                           "use",
                           dev.info().max_allocations, live);
@@ -120,7 +121,6 @@ Status bindMemory(Device& dev, MemKind kind, Buffer* b) {
         const int line = __LINE__ + 1;  // the call's, for the message
         VkResult r = BLUE_VK_CALL(vkAllocateMemory(dev.device(), &ai, nullptr, &b->memory));
         if (r == VK_SUCCESS) {
-            dev.allocations().fetch_add(1);
             got = dev.memory().memoryTypes[type].propertyFlags;
             failed = Status::ok();
             break;
@@ -133,7 +133,10 @@ Status bindMemory(Device& dev, MemKind kind, Buffer* b) {
         }
         // Out of this kind of memory: the next preference may have room.
     }
-    BLUE_TRY(failed);
+    if (!failed) {
+        dev.releaseAllocation();
+        return failed;
+    }
     BLUE_VK_TRY_ON(dev, vkBindBufferMemory(dev.device(), b->buffer, b->memory, 0));
     if (got & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
         BLUE_VK_TRY_ON(dev, vkMapMemory(dev.device(), b->memory, 0, VK_WHOLE_SIZE, 0, &b->mapped));
@@ -171,7 +174,7 @@ void destroyBuffer(Device& dev, Buffer& b) {
     if (b.buffer) vkDestroyBuffer(dev.device(), b.buffer, nullptr);
     if (b.memory) {
         vkFreeMemory(dev.device(), b.memory, nullptr);
-        dev.allocations().fetch_sub(1);
+        dev.releaseAllocation();
     }
     b = Buffer{};
 }

@@ -137,9 +137,18 @@ public:
         return std::min(info_.max_allocation, info_.device_local_bytes);
     }
 
-    // Memory allocations live on this device (host/buffer.cpp counts them against
-    // DeviceInfo::max_allocations: maxMemoryAllocationCount, 4096 on many drivers).
-    std::atomic<uint32_t>& allocations() { return allocations_; }
+    // Memory allocations live on this device, counted against DeviceInfo::max_allocations
+    // (maxMemoryAllocationCount, 4096 on many drivers) by host/buffer.cpp: reserveAllocation
+    // takes one before vkAllocateMemory (false, nothing taken, when all are in use; *live then
+    // holds how many), releaseAllocation gives it back when the memory is freed or not allocated.
+    bool reserveAllocation(uint32_t* live) {
+        *live = allocations_.fetch_add(1);
+        if (*live < info_.max_allocations) return true;
+        allocations_.fetch_sub(1);
+        return false;
+    }
+    void releaseAllocation() { allocations_.fetch_sub(1); }
+    uint32_t allocations() const { return allocations_.load(); }
 
     // Validation-layer errors and warnings seen since creation (0 when validation is off).
     uint32_t validationErrors() const { return validation_errors_.load(); }

@@ -206,6 +206,12 @@ Status addExpertCopies(const Module& m, const PagePlan& pages, const ExpertCache
 
 }  // namespace
 
+std::string loopLimitReason(uint32_t loop_limit) {
+    return strFormat("its compiler ends every loop of a shader invocation after %u iterations: lavapipe's "
+                     "LP_MAX_TGSI_LOOP_ITERATIONS",
+                     loop_limit);
+}
+
 uint32_t maxCycleSteps(uint32_t loop_limit) {
     return loop_limit == 0 ? UINT32_MAX : loop_limit / 8;  // 8,191 for lavapipe
 }
@@ -736,12 +742,11 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                             if (split && loops.split > budget) {
                                 return BLUE_ERROR(
                                     "block '%s': %s over %llu positions of head size %llu needs %llu loop "
-                                    "iterations in one invocation; this device ends every loop of an "
-                                    "invocation after %u (lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS), which "
-                                    "would cut attention short: use a shorter context",
+                                    "iterations in one invocation, which this device would cut short (%s): "
+                                    "use a shorter context",
                                     m.blocks[b].name.c_str(), std::string(info.name).c_str(),
                                     (unsigned long long)loops.positions, (unsigned long long)loops.head,
-                                    (unsigned long long)loops.split, kernels.loop_limit);
+                                    (unsigned long long)loops.split, loopLimitReason(kernels.loop_limit).c_str());
                             }
                         }
                         if (split && Pipelines::exists(d.pipeline + "_split")) {

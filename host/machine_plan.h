@@ -215,6 +215,10 @@ constexpr uint32_t deviceLoopLimit(bool cpu_driver) { return cpu_driver ? 65535u
 // of sampling (and a grammar's mask) takes. shaders/sample.comp applyPenalties has the count.
 uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab);
 
+// Why a size past the loop limit is refused, for messages: "its compiler ends every loop of a
+// shader invocation after 65535 iterations: lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS".
+std::string loopLimitReason(uint32_t loop_limit);
+
 // The most instructions one instance runs in one sequencer cycle on a device with this loop limit
 // (0: no limit, UINT32_MAX returned): a module's max_steps is capped there, so that the step loop
 // leaves the cycle's walks (INCMP, INCPY, INTCPY) most of the limit. An instance with steps left

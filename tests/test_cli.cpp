@@ -414,9 +414,10 @@ TEST_CASE("cli: generate refuses more grammar words than the device copies in on
     if (cpu) {
         CHECK(c.wait(120) == 1);
         CHECK_MESSAGE(c.err_text.find("grammar words 65536: an instance copies a request's automaton in one cycle, "
-                                      "and this device's compiler ends every loop of a shader invocation after 65535 "
-                                      "iterations (lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS), which allows 58368; use "
-                                      "--grammar-words 58368 or less\n") != std::string::npos,
+                                      "and this device copies at most 58368 words there (its compiler ends every "
+                                      "loop of a shader invocation after 65535 iterations: lavapipe's "
+                                      "LP_MAX_TGSI_LOOP_ITERATIONS); use --grammar-words 58368 or less\n") !=
+                          std::string::npos,
                       c.err_text);
         CHECK(c.out_text.empty());
     } else {

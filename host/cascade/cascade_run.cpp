@@ -92,10 +92,9 @@ Result<std::unique_ptr<CascadeRunner>> CascadeRunner::open(const std::string& pa
         const uint32_t most = maxPenaltyWindow(limit, uint32_t(r->tokenizer_.vocabSize()));
         if (r->info_.penalty_window > most) {
             return BLUE_ERROR("%s: stage '%s' applies repetition penalties over %u tokens (repeat_last_n), and this "
-                              "device applies them over at most %u (its compiler ends every loop of a shader "
-                              "invocation after %u iterations: lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS); give that "
-                              "stage repeat_last_n %u or less",
-                              path.c_str(), r->info_.penalty_stage.c_str(), r->info_.penalty_window, most, limit, most);
+                              "device applies them over at most %u (%s); give that stage repeat_last_n %u or less",
+                              path.c_str(), r->info_.penalty_stage.c_str(), r->info_.penalty_window, most,
+                              loopLimitReason(limit).c_str(), most);
         }
     }
     return r;

@@ -104,10 +104,8 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         const uint32_t most = maxGrammarWords(limit);
         if (e->grammar_words_ > most) {
             return BLUE_ERROR("%s: grammar words %u: an instance copies a request's automaton in one cycle, and "
-                              "this device's compiler ends every loop of a shader invocation after %u iterations "
-                              "(lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS), which allows %u; use --grammar-words %u "
-                              "or less",
-                              path.c_str(), e->grammar_words_, limit, most, most);
+                              "this device copies at most %u words there (%s); use --grammar-words %u or less",
+                              path.c_str(), e->grammar_words_, most, loopLimitReason(limit).c_str(), most);
         }
     }
     if (const std::string* p = e->module_.metaValue(kMetaPooling)) {
@@ -272,9 +270,8 @@ Status Engine::validate(const GenerationRequest& r) const {
         const uint32_t window = std::min(s.repeat_last_n, ctx_);
         if (window > most) {
             return BLUE_ERROR("repeat_last_n %u: the penalties would walk %u tokens, and this device applies them "
-                              "over at most %u (its compiler ends every loop of a shader invocation after %u "
-                              "iterations: lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS); use --repeat-last-n %u or less",
-                              s.repeat_last_n, window, most, limit, most);
+                              "over at most %u (%s); use --repeat-last-n %u or less",
+                              s.repeat_last_n, window, most, loopLimitReason(limit).c_str(), most);
         }
     }
     return Status::ok();
