@@ -61,7 +61,7 @@ struct GpuOptions {
     // split) if set, else SPLIT on GPUs and ROWS on CPU drivers.
     enum class DecodeKernel { AUTO, ROWS, SPLIT };
     DecodeKernel decode_kernel = DecodeKernel::AUTO;
-    // The ATTN/ATTNX kernel: LANES gives each head one lane walking the positions, SPLIT gives
+    // The ATTN/ATTNX/ATTNP kernel: LANES gives each head one lane walking the positions, SPLIT gives
     // each head a workgroup whose lanes split the positions. On an H100 SPLIT measured 1.84x
     // LANES' generation and 1.57x its prompt rate (tinyllama shape, README); on lavapipe it is
     // 2.3x slower. AUTO: the BLUE_ATTN_KERNEL environment variable (lanes or split) if set, else

@@ -66,14 +66,17 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
             break;
         }
         case Op::KVSTORE:
+        case Op::KVSTOREP:
         case Op::ATTN:
-        case Op::ATTNX: {
+        case Op::ATTNX:
+        case Op::ATTNP: {
             const TensorDecl& kc = m.tensors[a[1]];
             if (kc.dtype == DType::F16 && kc.ne[0] % 2) {
                 return strFormat("an F16 KV cache needs an even row length, not %llu",
                                  (unsigned long long)kc.ne[0]);
             }
-            uint64_t head = ti.op != Op::KVSTORE ? m.tensors[a[0]].elements() / a[4] : 0;
+            const bool store = ti.op == Op::KVSTORE || ti.op == Op::KVSTOREP;
+            uint64_t head = !store ? m.tensors[a[0]].elements() / a[4] : 0;
             if (head > BLUE_ATTN_MAX_HEAD) {
                 return strFormat("head size %llu is more than the kernel's %u",
                                  (unsigned long long)head, BLUE_ATTN_MAX_HEAD);
@@ -84,6 +87,18 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
             break;
     }
     return {};
+}
+
+// The KV pool [D, PS, NP] a paged-KV instruction reads through page tables (operand 1 of
+// KVSTOREP and ATTNP, 0 of PGCOPY and KVCOPYP); null for other ops.
+const TensorDecl* kvPool(const Module& m, const TensorInstr& ti) {
+    switch (ti.op) {
+        case Op::KVSTOREP:
+        case Op::ATTNP: return &m.tensors[ti.args[1]];
+        case Op::PGCOPY:
+        case Op::KVCOPYP: return &m.tensors[ti.args[0]];
+        default: return nullptr;
+    }
 }
 
 // A MATMUL dispatch over `rows` weight rows made split-K (GPUs): the kernel named with
@@ -119,18 +134,20 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
     return g;
 }
 
-// The worst case of loop iterations one invocation of the ATTN/ATTNX kernels runs (each loop
-// counted once more than its iterations, as lavapipe counts them): the lane-per-head kernel walks
-// every position of the context with two loops over the head's quads (four at a time, then the
-// rest: shaders/attn.comp); the split kernel's lanes take every BLUE_ATTN_SPLIT_WG-th position,
-// then merge. ATTNX's window is not counted: the bound holds for any window. `heads`: the query
-// heads, as the dispatch grid reads them from the instruction's format.
+// The worst case of loop iterations one invocation of the ATTN/ATTNX/ATTNP kernels runs (each
+// loop counted once more than its iterations, as lavapipe counts them): the lane-per-head kernel
+// walks every position of the context with two loops over the head's quads (four at a time, then
+// the rest: shaders/attn.comp); the split kernel's lanes take every BLUE_ATTN_SPLIT_WG-th
+// position, then merge. ATTNX's window is not counted: the bound holds for any window. ATTNP's
+// context is the positions its page table covers, U_n * PS (unmapped ones still take an
+// iteration). `heads`: the query heads, as the dispatch grid reads them from the instruction's
+// format.
 AttnLoops attnLoops(const Module& m, const TensorInstr& ti, uint32_t heads) {
     const TensorDecl& dst = m.tensors[ti.args[0]];
     const TensorDecl& kc = m.tensors[ti.args[1]];
     AttnLoops a;
     a.head = dst.ne[0] / std::max<uint64_t>(1, heads);
-    a.positions = kc.ne[1];
+    a.positions = ti.op == Op::ATTNP ? uint64_t(ti.args[11]) * kc.ne[1] : kc.ne[1];
     const uint64_t quads = a.head / 4, per = 2 * ((quads / 4 + 1) + (quads % 4 + 1));
     a.lanes = 2 * (quads + 1) + (a.positions + 1) + a.positions * per;
     const uint64_t mine = (a.positions + BLUE_ATTN_SPLIT_WG - 1) / BLUE_ATTN_SPLIT_WG;
@@ -713,6 +730,23 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 base.push[BLUE_PC_KV_ROW_WORDS] = uint32_t(*dtypeRowBytes(dst.dtype, dst.ne[0]) / 4);
                 base.push[BLUE_PC_KV_CTX] = uint32_t(dst.ne[1]);
             }
+            // ELEM grids size x by the destination's elements; the paged copies' destination is a
+            // whole pool, so they take one page (PGCOPY) or a store slot (KVCOPYP) of words.
+            uint64_t elem_count = dst.elements();
+            if (const TensorDecl* pool = kvPool(m, ti)) {
+                const uint32_t row_words = uint32_t(*dtypeRowBytes(pool->dtype, pool->ne[0]) / 4);
+                base.push[BLUE_PC_KVP_PAGE] = uint32_t(pool->ne[1]);
+                base.push[BLUE_PC_KVP_PAGES] = uint32_t(pool->ne[2]);
+                if (ti.op == Op::PGCOPY) {
+                    base.push[BLUE_PC_KV_ROW_WORDS] = row_words;
+                    elem_count = uint64_t(row_words) * pool->ne[1];
+                } else if (ti.op == Op::KVCOPYP) {
+                    const uint64_t ctx = m.tensors[ti.args[1]].ne[1];
+                    base.push[BLUE_PC_KV_ROW_WORDS] = row_words;
+                    base.push[BLUE_PC_KV_CTX] = uint32_t(ctx);
+                    elem_count = uint64_t(row_words) * ctx;
+                }
+            }
             // The rest of the plan for one dispatch over `n` destination elements.
             auto emit = [&](DispatchDesc d, uint64_t n) -> Status {
                 switch (info.grid) {
@@ -899,7 +933,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 }
                 continue;
             }
-            BLUE_TRY(emit(base, dst.elements()));
+            BLUE_TRY(emit(base, elem_count));
         }
     }
     return out;

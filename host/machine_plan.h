@@ -196,12 +196,12 @@ struct KernelChoice {
     // K (`_b1s`, `_s`) instead of lanes over rows (`_b1` and the 4-item tile: CPU drivers), 16+
     // items run the shared-memory tiled `_t` instead of `_g`, and RMSNORM its wide `_w`.
     bool split_matmul = false;
-    // ATTN/ATTNX: a workgroup per head whose lanes split the positions (`_split`) instead of one
+    // ATTN/ATTNX/ATTNP: a workgroup per head whose lanes split the positions (`_split`) instead of one
     // lane per head.
     bool split_attn = false;
     // Loop iterations after which the driver ends every loop of an invocation (lavapipe:
     // LP_MAX_TGSI_LOOP_ITERATIONS, 65535, counted over all loops of the invocation; 0: no limit).
-    // ATTN/ATTNX then take the split kernel where one lane's walk could pass it, and a context
+    // ATTN/ATTNX/ATTNP then take the split kernel where one lane's walk could pass it, and a context
     // even that would cut short is refused at load.
     uint32_t loop_limit = 0;
 };
@@ -234,7 +234,8 @@ uint32_t maxCycleSteps(uint32_t loop_limit);
 // tokens an iteration: about 24,000 tokens).
 uint32_t maxGrammarWords(uint32_t loop_limit);
 
-// Worst-case loop iterations of one ATTN/ATTNX invocation (planDispatches, KernelChoice).
+// Worst-case loop iterations of one ATTN/ATTNX/ATTNP invocation (planDispatches, KernelChoice;
+// ATTNP: positions = the U_n * PS its page table covers).
 struct AttnLoops {
     uint64_t head = 0, positions = 0;
     uint64_t lanes = 0;  // a lane per head

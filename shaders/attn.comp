@@ -7,7 +7,11 @@
 // time (ATTN_SPLIT, below) with a workgroup per head whose lanes split the positions.
 // Head size must be a multiple of 8 (F16 caches) or 4 (F32). CACHE_F16: caches hold halves.
 // ATTNX (built with ATTN_EXT): positions start at the sliding window's first, and the scaled
-// logits are soft-capped.
+// logits are soft-capped. ATTNP (ATTN_EXT and KV_PAGED): the caches are pools [kv_dim, PS, NP]
+// (GLOBAL: sliceOffset is the pool's start), position t is read from its row through the
+// instance's page table (common/bytes.glsl pageRow: one local-memory load a position), and an
+// unmapped position is skipped, leaving (m, l, o) as they were; a head with no mapped position
+// writes zeros. The arithmetic per position is ATTNX's, so the same rows give the same bits.
 // Grid: x = ceil(heads / BLUE_ATTN_WG), y = items.
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
@@ -63,10 +67,18 @@ void main() {
     uint h = gl_GlobalInvocationID.x, item = gl_WorkGroupID.y;
 #endif
     if (h >= n_head || item >= itemCount()) return;
-    uint head = dst.n / n_head, kv_dim = head * n_kv, ctx = kc.n / kv_dim;
+    uint head = dst.n / n_head, kv_dim = head * n_kv;
     uint quads = head / 4u;
     uint kv_off = (h / (n_head / n_kv)) * head;
-    uint last = min(blockArg(itemInstance(item), arg) + itemRowLocal(item), ctx - 1u);
+    uint inst = itemInstance(item);
+#ifdef KV_PAGED
+    uint tab = pc.w[BLUE_PC_OPERANDS + 22u], tab_n = pc.w[BLUE_PC_OPERANDS + 23u];
+    uint ctx = tab_n * pc.w[BLUE_PC_KVP_PAGE];  // positions the table covers
+    uint last = min(addPositions(blockArg(inst, arg), itemRowLocal(item)), ctx - 1u);
+#else
+    uint ctx = kc.n / kv_dim;
+    uint last = min(blockArg(inst, arg) + itemRowLocal(item), ctx - 1u);
+#endif
     uint qbase = sliceOffset(q, item) / 16u + h * quads;
     for (uint j = 0u; j < quads; ++j) {
         qv[j] = TEXELF(3, qbase + j) * scale;
@@ -89,7 +101,13 @@ void main() {
         // The head's quads four at a time, then the rest: lavapipe ends all loops of an
         // invocation after 65535 iterations in all (KernelChoice::loop_limit), so the loops per
         // position are kept few; attnLoops (host/machine_plan.cpp) counts them.
-        const uint kt = kbase + t * row_texels, vt = vbase + t * row_texels;
+#ifdef KV_PAGED
+        const uint row = pageRow(inst, tab, tab_n, t);
+        if (row == KVP_UNMAPPED) continue;
+#else
+        const uint row = t;
+#endif
+        const uint kt = kbase + row * row_texels, vt = vbase + row * row_texels;
         float s = 0.0;
         uint j = 0u;
         for (; j + 4u <= quads; j += 4u) {
@@ -125,6 +143,9 @@ void main() {
     barrier();
     float ll = 0.0;
     for (uint i = 0u; i < BLUE_ATTN_SPLIT_WG; ++i) ll += s_l[i];
+#ifdef KV_PAGED
+    if (ll == 0.0) ll = 1.0;  // no mapped position: o is zero, and so is the output
+#endif
     for (uint c = 0u; c < quads; c += ATTN_SPLIT_QUADS) {
         for (uint j = 0u; j < ATTN_SPLIT_QUADS; ++j) s_o[lane][j] = c + j < quads ? o[c + j] * w : vec4(0.0);
         barrier();
@@ -137,6 +158,9 @@ void main() {
         barrier();
     }
     return;
+#endif
+#ifdef KV_PAGED
+    if (l == 0.0) l = 1.0;  // no mapped position: o is zero, and so is the output
 #endif
     for (uint j = 0u; j < quads; ++j) {
         vec4 r = o[j] / l;

@@ -100,6 +100,11 @@
 // KVCOPY: 32-bit words of one cache row, and the context (rows of a cache, and of a store's slot).
 #define BLUE_PC_KV_ROW_WORDS 20
 #define BLUE_PC_KV_CTX 21
+// KVSTOREP, ATTNP, PGCOPY and KVCOPYP: the pools' positions per page (PS) and pages (NP). After
+// ATTNP's 28 operand words, the longest; PGCOPY and KVCOPYP also get BLUE_PC_KV_ROW_WORDS, and
+// KVCOPYP BLUE_PC_KV_CTX (the store's context).
+#define BLUE_PC_KVP_PAGE 28
+#define BLUE_PC_KVP_PAGES 29
 
 // ---- control buffer: header words ----------------------------------------------------------
 #define BLUE_H_NINST 0

@@ -2,6 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 // KVSTORE: writes row k into kcache and row v into vcache at position arg + row index (ignored
 // past the cache's context). CACHE_F16: caches hold halves, two per word, one word per invocation.
+// KVSTOREP (KV_PAGED): the caches are pools [D, PS, NP] (GLOBAL: sliceOffset is the pool's start)
+// and the position goes to its row through the instance's page table (common/bytes.glsl
+// pageRow); dropped where unmapped.
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
 
@@ -31,8 +34,15 @@ void main() {
     uint count = k.n;
 #endif
     if (i >= count || item >= itemCount()) return;
-    uint pos = blockArg(itemInstance(item), arg) + itemRowLocal(item);
+    uint inst = itemInstance(item);
+#ifdef KV_PAGED
+    uint p = addPositions(blockArg(inst, arg), itemRowLocal(item));
+    uint pos = pageRow(inst, pc.w[BLUE_PC_OPERANDS + 17u], pc.w[BLUE_PC_OPERANDS + 18u], p);
+    if (pos == KVP_UNMAPPED) return;
+#else
+    uint pos = blockArg(inst, arg) + itemRowLocal(item);
     if (pos >= kc.n / k.n) return;
+#endif
     storeRow(k, kc, item, pos, i);
     storeRow(v, vc, item, pos, i);
 }

@@ -468,6 +468,80 @@ halt
     CHECK(gpu.value()[0].pipeline == "attn_f16");
 }
 
+// ATTNP's context under the loop limit is the positions its page table covers, U_n * PS, not
+// the pool's NP * PS: a pool of 8 pages of 16 read through tables of 128 entries (2,048
+// positions) takes the split kernel at head 256 as ATTN over 2,048 does, and tables of 4,096
+// entries (65,536 positions) are refused. The page size and count follow the operands.
+TEST_CASE("plan: ATTNP counts the positions of its page table, U_n * PS") {
+    auto plan = [](uint32_t head, uint32_t tab_n, uint32_t limit) {
+        Module m = assembleOrFail(strFormat(R"(.layout regs=4 max_rows=4 local=%u
+.tensor q rows f32 [%u]
+.tensor kp global f16 [%u, 16, 8]
+.tensor vp global f16 [%u, 16, 8]
+.block b args=2
+    attnp q, kp, vp, q, 2, 1, 1, 0.5, 0, 0.0, 3, %u
+.end
+halt
+)", tab_n + 3, 2 * head, head, head, tab_n));
+        Result<PagePlan> pages = planPages(m, 1, 1u << 30);
+        REQUIRE_MESSAGE(pages.isOk(), pages.message());
+        KernelChoice kernels;
+        kernels.loop_limit = limit;
+        return planDispatches(m, pages.value(), 65535, kernels);
+    };
+    Result<std::vector<DispatchDesc>> ok = plan(64, 128, 65535);
+    REQUIRE_MESSAGE(ok.isOk(), ok.message());
+    const DispatchDesc& d = ok.value()[0];
+    CHECK(d.pipeline == "attnp_f16");
+    CHECK(d.push[BLUE_PC_OPERANDS + 22] == 3);    // U_tab
+    CHECK(d.push[BLUE_PC_OPERANDS + 23] == 128);  // U_n
+    CHECK(d.push[BLUE_PC_KVP_PAGE] == 16);
+    CHECK(d.push[BLUE_PC_KVP_PAGES] == 8);
+    Result<std::vector<DispatchDesc>> wide = plan(256, 128, 65535);
+    REQUIRE_MESSAGE(wide.isOk(), wide.message());
+    CHECK(wide.value()[0].pipeline == "attnp_f16_split");
+    CHECK(wide.value()[0].fixed == 2);
+    Result<std::vector<DispatchDesc>> cut = plan(256, 4096, 65535);
+    REQUIRE_FALSE(cut.isOk());
+    CHECK(cut.message().find("ATTNP over 65536 positions of head size 256 needs") != std::string::npos);
+    Result<std::vector<DispatchDesc>> gpu = plan(256, 4096, 0);
+    REQUIRE(gpu.isOk());
+    CHECK(gpu.value()[0].pipeline == "attnp_f16");
+}
+
+// The paged copies' destination is a whole pool; their grid covers one page (PGCOPY) or one store
+// slot (KVCOPYP) of 32-bit words, not the pool's elements (1,000 pages here: 5,375 workgroups).
+TEST_CASE("plan: PGCOPY and KVCOPYP size their grid by a page and a store slot") {
+    Module m = assembleOrFail(R"(.layout regs=4 max_rows=4 local=8
+.tensor kp global f16 [172, 8, 1000]
+.tensor st global f16 [172, 20, 2]
+.block b args=3
+    pgcopy kp, 0, 1, 2
+    kvcopyp kp, st, 1, 0, 1, 2, 4, 2
+.end
+halt
+)");
+    Result<PagePlan> pages = planPages(m, 1, 1u << 30);
+    REQUIRE_MESSAGE(pages.isOk(), pages.message());
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    REQUIRE(d.value().size() == 2);
+    const DispatchDesc& pg = d.value()[0];
+    CHECK(pg.pipeline == "pgcopy");
+    CHECK(pg.mode == 1);  // a GLOBAL first operand: one item per instance
+    CHECK(pg.fixed == 3);  // 86 words a row x 8 rows / 256
+    CHECK(pg.push[BLUE_PC_KV_ROW_WORDS] == 86);
+    CHECK(pg.push[BLUE_PC_KVP_PAGE] == 8);
+    CHECK(pg.push[BLUE_PC_KVP_PAGES] == 1000);
+    const DispatchDesc& cp = d.value()[1];
+    CHECK(cp.pipeline == "kvcopyp");
+    CHECK(cp.fixed == 7);  // 86 x 20 / 256
+    CHECK(cp.push[BLUE_PC_KV_ROW_WORDS] == 86);
+    CHECK(cp.push[BLUE_PC_KV_CTX] == 20);
+    CHECK(cp.push[BLUE_PC_KVP_PAGE] == 8);
+    CHECK(cp.push[BLUE_PC_KVP_PAGES] == 1000);
+}
+
 // Instructions the op's rules accept (the reference machine runs them) but whose kernel cannot:
 // the plan refuses them at load with the reason, and accepts the nearest shape that fits.
 TEST_CASE("plan: shapes a kernel cannot run are refused with the reason") {

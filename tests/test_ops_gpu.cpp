@@ -6,7 +6,8 @@
 // (1, 3, 2, ...), at positions that do not start at 0, with widths that are not multiples of
 // the workgroup sizes; inputs are seeded random values (embedded ROWS rows, TST-written INSTANCE
 // slices, WEIGHT and GLOBAL data, quantized with quantizeRow). SAMPLE is checked draw by draw
-// (test_ops_gpu_sample.cpp); RoPE, KV store and attention live in test_ops_gpu_llm.cpp. A tensor op
+// (test_ops_gpu_sample.cpp); RoPE, KV store and attention live in test_ops_gpu_llm.cpp, their paged
+// forms (KVSTOREP, ATTNP, PGCOPY, KVCOPYP) in test_ops_gpu_kvpages.cpp. A tensor op
 // without a case here fails the test, and so does a kernel that is built but that no case
 // dispatches.
 #include <doctest/doctest.h>
@@ -433,6 +434,18 @@ void runOpCase(Op op) {
             return;
         case Op::KVCOPY:
             for (DType t : {DType::F32, DType::F16}) kvcopyCase(t);
+            return;
+        case Op::KVSTOREP:
+            for (DType t : kernelTypes("kvstorep", kCacheTypes)) kvstorepCase(t);
+            return;
+        case Op::ATTNP:
+            for (DType t : kernelTypes("attnp", kCacheTypes)) attnpCase(t);
+            return;
+        case Op::PGCOPY:
+            for (DType t : {DType::F32, DType::F16}) pgcopyCase(t);
+            return;
+        case Op::KVCOPYP:
+            for (DType t : {DType::F32, DType::F16}) kvcopypCase(t);
             return;
         case Op::MOEROUTE:
             moerouteCase();

@@ -33,6 +33,10 @@ void kvstoreCase(DType cache);  // test_ops_gpu_llm.cpp
 void kvcopyCase(DType cache);   // test_ops_gpu_llm.cpp
 void attnCase(DType cache);     // test_ops_gpu_llm.cpp
 void attnxCase(DType cache);    // test_ops_gpu_llm.cpp
+void kvstorepCase(DType cache); // test_ops_gpu_kvpages.cpp
+void attnpCase(DType cache);    // test_ops_gpu_kvpages.cpp
+void pgcopyCase(DType cache);   // test_ops_gpu_kvpages.cpp
+void kvcopypCase(DType cache);  // test_ops_gpu_kvpages.cpp
 void sampleCase();              // test_ops_gpu_sample.cpp (runs sampleTopCase too)
 void sampleTopCase();           // test_ops_gpu_sample.cpp
 void samplegCase();             // test_ops_gpu_sampleg.cpp

@@ -995,3 +995,71 @@ halt
 }
 
 }  // namespace blue::test
+
+namespace blue::test {
+
+// The paged-KV ops' rules (vm/tensor_ops_kvpages.cpp): pools GLOBAL F32/F16 [D, PS, NP] with PS
+// a power of two in [8, 32] and whole words per F16 row, K and V pools alike, a page table of
+// at least one entry within an instance's local words, a copy store that is not the pool.
+TEST_CASE("verify: KVSTOREP, ATTNP, PGCOPY and KVCOPYP operand rules") {
+    const char* src = R"(.layout regs=4 max_rows=2 local=40
+.tensor x rows f32 [8]
+.tensor y rows f32 [7]
+.tensor kp global f16 [8, 16, 4]
+.tensor vp global f16 [8, 16, 4]
+.tensor st global f16 [8, 20, 2]
+.tensor ki instance f16 [8, 16, 4]
+.tensor k12 global f16 [8, 12, 4]
+.tensor k64 global f16 [8, 64, 4]
+.tensor v8 global f16 [8, 16, 8]
+.tensor vf global f32 [8, 16, 4]
+.tensor ko global f16 [7, 16, 4]
+.block b args=2
+    kvstorep x, kp, x, vp, 1, 32, 8
+    attnp x, kp, vp, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8
+    pgcopy kp, 0, 1, 1
+    kvcopyp kp, st, 1, 0, 0, 1, 32, 8
+.end
+halt
+)";
+    Result<Module> good = assemble(src, "kvp");
+    REQUIRE_MESSAGE(good.isOk(), good.message());
+    REQUIRE(verifyModule(good.value()).isOk());
+    Result<Module> again = assemble(disassemble(good.value()), "kvp");
+    REQUIRE_MESSAGE(again.isOk(), again.message());
+    CHECK(again.value().tcode == good.value().tcode);
+    struct Case {
+        std::string from, to, message;
+    };
+    const std::string store = "kvstorep x, kp, x, vp, 1, 32, 8", attn = "attnp x, kp, vp, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8";
+    const std::string copy = "kvcopyp kp, st, 1, 0, 0, 1, 32, 8";
+    const Case cases[] = {
+        {store, "kvstorep x, ki, x, vp, 1, 32, 8", "KVSTOREP at TCODE word 0: operand 1 (tensor 'ki'): a KV pool must be a GLOBAL tensor"},
+        {store, "kvstorep y, ko, y, ko, 1, 32, 8", "KVSTOREP at TCODE word 0: operand 1 (tensor 'ko'): an F16 pool needs an even row length, not 7"},
+        {store, "kvstorep x, kp, x, vp, 1, 33, 8", "KVSTOREP at TCODE word 0: the page table local[33 .. 41) passes the 40 local words of an instance"},
+        {store, "kvstorep x, kp, x, vp, 1, 32, 0", "KVSTOREP at TCODE word 0: the page table has no entries (U_n is 0)"},
+        {store, "kvstorep x, kp, x, vp, 9, 32, 8", "KVSTOREP at TCODE word 0: block argument 9 does not exist"},
+        {attn, "attnp x, k12, k12, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8", "ATTNP at TCODE word 8: operand 1 (tensor 'k12'): a page of 12 positions; pages hold 8, 16 or 32"},
+        {attn, "attnp x, k64, k64, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8", "ATTNP at TCODE word 8: operand 1 (tensor 'k64'): a page of 64 positions; pages hold 8, 16 or 32"},
+        {attn, "attnp x, kp, v8, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8", "ATTNP at TCODE word 8: operand 2 (tensor 'v8'): K and V pools differ in shape"},
+        {attn, "attnp x, kp, vf, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8", "ATTNP at TCODE word 8: operand 2 (tensor 'vf'): K and V pools differ in type"},
+        {attn, "attnp x, kp, vp, x, 4, 2, 1, 0.5, 0, 0.0, 32, 8", "ATTNP at TCODE word 8: operand 1 (tensor 'kp'): a KV pool must be [4, PS, NP]"},
+        {attn, "attnp x, kp, vp, x, 2, 2, 1, 0.5, 0, -1.0, 32, 8", "ATTNP at TCODE word 8: soft cap -1 must be 0 (none) or positive"},
+        {attn, "attnp x, kp, vp, x, 2, 2, 1, 0.5, 0, 0.0, 40, 1", "ATTNP at TCODE word 8: the page table local[40 .. 41) passes the 40 local words of an instance"},
+        {"pgcopy kp, 0, 1, 1", "pgcopy x, 0, 1, 1", "PGCOPY at TCODE word 21: operand 0 (tensor 'x'): a KV pool must be a GLOBAL tensor"},
+        {"pgcopy kp, 0, 1, 1", "pgcopy kp, 0, 1, 8", "PGCOPY at TCODE word 21: block argument 8 does not exist"},
+        {copy, "kvcopyp kp, kp, 1, 0, 0, 1, 32, 8", "KVCOPYP at TCODE word 26: operand 1 (tensor 'kp'): the store must not be the pool"},
+        {copy, "kvcopyp kp, st, 2, 0, 0, 1, 32, 8", "KVCOPYP at TCODE word 26: copy direction 2 is not 0 (store to pool) or 1 (pool to store)"},
+        {copy, "kvcopyp kp, vf, 1, 0, 0, 1, 32, 8", "KVCOPYP at TCODE word 26: operand 1 (tensor 'vf'): type F32, expected F16"},
+        {copy, "kvcopyp kp, st, 1, 0, 0, 1, 39, 2", "KVCOPYP at TCODE word 26: the page table local[39 .. 41) passes the 40 local words of an instance"},
+    };
+    for (const Case& c : cases) {
+        std::string bad = src;
+        bad.replace(bad.find(c.from), c.from.size(), c.to);
+        Result<Module> m = assemble(bad, "kvp");
+        REQUIRE(!m.isOk());
+        CHECK(m.message() == "kvp: block 0 'b': " + c.message);
+    }
+}
+
+}  // namespace blue::test

@@ -22,7 +22,8 @@ namespace {
 
 // Tensors the generated block draws its operands from, f32 first so that the search prefers
 // combinations the GPU has kernels for. Weights hold small integers (exact in any order); `ff2`
-// is a RoPE frequency-factor table and `kc48`/`vc48` are KV caches of 8 positions.
+// is a RoPE frequency-factor table, `kc48`/`vc48` are KV caches of 8 positions and `kp483`/`vp483`
+// KV pools of 3 pages of 8 positions.
 constexpr const char* kTensorPool =
     R"(.tensor m44 weight f32 [4, 4] data f32 1 2 3 4 5 6 7 8 -1 -2 -3 -4 0 1 0 1
 .tensor w4 weight f32 [4] data f32 0.5 1 -1 2
@@ -49,6 +50,8 @@ constexpr const char* kTensorPool =
 .tensor gr80 instance i32 [80]
 .tensor r4 rows f32 [4]
 .tensor q324 weight q8_0 [32, 4] data hex 003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101003c0101010101010101010101010101010101010101010101010101010101010101
+.tensor kp483 global f32 [4, 8, 3]
+.tensor vp483 global f32 [4, 8, 3]
 )";
 
 // Local memory follows vm/llm_abi.h: the sampling block at BLUE_LM_SAMPLING, stop tokens, then
@@ -79,6 +82,14 @@ const std::vector<ScalarHint>& scalarHints() {
         // 2 query heads of 2 dims over 2 KV heads, position arg, scale
         {Op::ATTN, {"2", "2", std::to_string(BLUE_FA_POS), "0.7"}},
         {Op::SAMPLE, {std::to_string(BLUE_FA_SAMPLING)}},
+        // Paged KV: the page table is the 2 words at local 28, the history's first tokens 1 and 3
+        // (page 1 maps positions 0-7; 3 is past the pools' 3 pages: 8-15 unmapped).
+        {Op::KVSTOREP, {std::to_string(BLUE_FA_POS), "28", "2"}},
+        {Op::ATTNP, {"2", "2", std::to_string(BLUE_FA_POS), "0.7", "0", "0.5", "28", "2"}},
+        // page arg 3 (the sampling block's address: 0) to page arg 0 (the rows: 2), 2 rows
+        {Op::PGCOPY, {"3", "0", "0"}},
+        // save into slot arg 0 (2) the rows from arg 0 (2) to arg 1 (5)
+        {Op::KVCOPYP, {"1", std::to_string(BLUE_FA_ROWS), std::to_string(BLUE_FA_ROWS), std::to_string(BLUE_FA_POS), "28", "2"}},
         // 2 of 4 experts per row, top-k renormalised: the map of 4 rows is 41 words (vm/abi.h)
         {Op::MOEROUTE, {"2", "0"}},
     };

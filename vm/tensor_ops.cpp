@@ -178,6 +178,10 @@ Status checkTensorOp(const Module& m, const TensorInstr& ti) {
         case Op::MOEROUTE:
         case Op::MOEMM:
         case Op::MOEMIX: return checkMoeOp(c);
+        case Op::KVSTOREP:
+        case Op::ATTNP:
+        case Op::PGCOPY:
+        case Op::KVCOPYP: return checkKvPagesOp(c);
         default: return checkLlmOp(c);
     }
 }
@@ -203,7 +207,7 @@ void runTensorOpRef(const TensorOpEnv& env, const TensorInstr& ti) {
         case Op::TSUM: refSum(it, ti); return;
         case Op::KERNEL: assert(false && "refCanRun() refuses modules with custom kernels"); return;
         default:
-            if (!runLlmOpRef(it, ti) && !runMoeOpRef(it, ti)) assert(false && "tensor op without a reference implementation");
+            if (!runLlmOpRef(it, ti) && !runMoeOpRef(it, ti) && !runKvPagesOpRef(it, ti)) assert(false && "tensor op without a reference implementation");
     }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,31 @@ float bitsToFloat(uint32_t u);
 // Per-op checks and reference implementations of the LLM ops (tensor_ops_llm.cpp).
 Status checkLlmOp(const Checker& c);
 bool runLlmOpRef(const Items& it, const TensorInstr& ti);
+// ... and of the paged-KV ops KVSTOREP, ATTNP, PGCOPY, KVCOPYP (tensor_ops_kvpages.cpp).
+Status checkKvPagesOp(const Checker& c);
+bool runKvPagesOpRef(const Items& it, const TensorInstr& ti);
+
+// ---- KV rows and attention, shared by the cached (tensor_ops_llm.cpp) and paged ops -----------
+
+// Operand i is a ROWS F32 tensor.
+Status rowsDst(const Checker& c, size_t i);
+// Block argument k exists.
+Status argSlot(uint32_t k);
+// ATTN, ATTNX and ATTNP's query side: dst (0) ROWS F32, q (3) as long, heads (4) and KV heads (5)
+// that divide it, and (ATTNX, ATTNP) a soft cap (9) of 0 or more. *kv_row: the K/V row length.
+Status checkAttnQuery(const Checker& c, uint64_t* kv_row);
+// Element `index` of KV data of type t (F32 or F16) as a float, and the store of one.
+float cacheRead(const TensorDecl& t, const uint8_t* data, uint64_t index);
+void cacheWrite(const TensorDecl& t, uint8_t* data, uint64_t index, float v);
+// The row of K/V data (operands 1 and 2, as it.slice gives them) that holds position t of the
+// item's instance, or kNoKvRow where the position has none.
+constexpr uint64_t kNoKvRow = ~uint64_t(0);
+using KvRowOf = std::function<uint64_t(uint32_t item, uint64_t t)>;
+// Attention (ATTN; ATTNX and ATTNP with window and soft cap) of every item over positions
+// 0..min(arg + row index, positions - 1), position t read from row row_of(item, t); positions
+// without a row take no part, and an item with none gets zeros. ATTN's cache is row_of = t, so a
+// paged table that maps positions to rows holding the same values gives the same bits.
+void attnRows(const Items& it, const TensorInstr& ti, uint64_t positions, const KvRowOf& row_of);
 // ... and of the mixture-of-experts ops (tensor_ops_moe.cpp).
 Status checkMoeOp(const Checker& c);
 bool runMoeOpRef(const Items& it, const TensorInstr& ti);

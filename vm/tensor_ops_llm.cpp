@@ -1,6 +1,8 @@
 // Reference semantics of the LLM tensor ops: RMSNORM, EMBED, ROPE, KVSTORE, ATTN (and ATTNX, its
-// sliding-window, soft-capped form), SWIGLU, GEGLU, SAMPLE, POOL and KVCOPY. Written for clarity, accumulating in double; the GPU kernels match them within the
-// tolerances tests/test_ops_gpu.cpp states.
+// sliding-window, soft-capped form), SWIGLU, GEGLU, SAMPLE, POOL and KVCOPY. Written for clarity,
+// accumulating in double; the GPU kernels match them within the tolerances tests/test_ops_gpu.cpp
+// states. attnRows (attention over rows a function picks) is shared with the paged ops
+// (tensor_ops_kvpages.cpp).
 #include <algorithm>
 #include <cstring>
 #include <cmath>
@@ -16,12 +18,6 @@
 
 namespace blue {
 
-namespace {
-
-constexpr uint32_t kNone = 0xFFFFFFFFu;
-
-// ---- checks ------------------------------------------------------------------------------------
-
 Status rowsDst(const Checker& c, size_t i) {
     if (c.t(i).cls != BLUE_TC_ROWS) return c.fail(i, "must be a ROWS tensor (one row per token)");
     return c.dtype(i, DType::F32);
@@ -31,6 +27,88 @@ Status argSlot(uint32_t k) {
     if (k >= BLUE_MAX_BLOCK_ARGS) return BLUE_ERROR("block argument %u does not exist", k);
     return Status::ok();
 }
+
+Status checkAttnQuery(const Checker& c, uint64_t* kv_row) {
+    BLUE_TRY(rowsDst(c, 0));
+    BLUE_TRY(c.dtype(3, DType::F32));
+    BLUE_TRY(c.elements(3, c.t(0).elements()));
+    uint32_t n_head = c.ti.args[4], n_kv = c.ti.args[5];
+    uint64_t n = c.t(0).elements();
+    if (n_head == 0 || n_kv == 0 || n_head % n_kv || n % n_head) {
+        return BLUE_ERROR("%u query heads and %u KV heads do not fit a row of %llu", n_head, n_kv, (unsigned long long)n);
+    }
+    if (c.ti.op != Op::ATTN) {
+        float cap = bitsToFloat(c.ti.args[9]);
+        if (!(cap >= 0.0f) || !std::isfinite(cap)) return BLUE_ERROR("soft cap %g must be 0 (none) or positive", cap);
+    }
+    *kv_row = n / n_head * n_kv;
+    return Status::ok();
+}
+
+float cacheRead(const TensorDecl& t, const uint8_t* data, uint64_t index) {
+    if (t.dtype == DType::F16) return halfToF32(reinterpret_cast<const uint16_t*>(data)[index]);
+    return reinterpret_cast<const float*>(data)[index];
+}
+
+void cacheWrite(const TensorDecl& t, uint8_t* data, uint64_t index, float v) {
+    if (t.dtype == DType::F16) {
+        reinterpret_cast<uint16_t*>(data)[index] = halfFromF32(v);
+    } else {
+        reinterpret_cast<float*>(data)[index] = v;
+    }
+}
+
+// Three passes in double per head: scores (and their max), exponentials (and their sum), outputs.
+void attnRows(const Items& it, const TensorInstr& ti, uint64_t positions, const KvRowOf& row_of) {
+    const auto& a = ti.args;
+    const TensorDecl& kc = it.decl(a[1]);
+    const TensorDecl& vc = it.decl(a[2]);
+    uint32_t n_head = a[4], n_kv = a[5];
+    float scale = bitsToFloat(a[7]);
+    const bool ext = ti.op != Op::ATTN;
+    const uint64_t window = ext ? a[8] : 0;
+    const double cap = ext ? bitsToFloat(a[9]) : 0.0;
+    uint64_t n = it.decl(a[0]).elements(), head = n / n_head, kv_dim = kc.ne[0];
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        uint64_t last = std::min<uint64_t>(uint64_t(it.arg(item, a[6])) + it.rowLocal(item), positions - 1);
+        uint64_t first = window && last + 1 > window ? last + 1 - window : 0;
+        const float* q = it.f32(a[3], item);
+        const uint8_t* k = it.slice(a[1], item);
+        const uint8_t* v = it.slice(a[2], item);
+        float* dst = it.f32(a[0], item);
+        std::vector<double> score(last + 1);
+        std::vector<uint64_t> row(last + 1);
+        for (uint64_t t = first; t <= last; ++t) row[t] = row_of(item, t);
+        for (uint32_t h = 0; h < n_head; ++h) {
+            uint64_t kv_off = uint64_t(h / (n_head / n_kv)) * head;
+            double m = -INFINITY, z = 0;
+            for (uint64_t t = first; t <= last; ++t) {
+                if (row[t] == kNoKvRow) continue;
+                double dot = 0;
+                for (uint64_t i = 0; i < head; ++i) dot += double(q[h * head + i]) * cacheRead(kc, k, row[t] * kv_dim + kv_off + i);
+                score[t] = dot * scale;
+                if (cap > 0) score[t] = cap * std::tanh(score[t] / cap);
+                m = std::max(m, score[t]);
+            }
+            for (uint64_t t = first; t <= last; ++t) {
+                if (row[t] != kNoKvRow) z += (score[t] = std::exp(score[t] - m));
+            }
+            for (uint64_t i = 0; i < head; ++i) {
+                double acc = 0;
+                for (uint64_t t = first; t <= last; ++t) {
+                    if (row[t] != kNoKvRow) acc += score[t] * cacheRead(vc, v, row[t] * kv_dim + kv_off + i);
+                }
+                dst[h * head + i] = z > 0 ? float(acc / z) : 0.0f;
+            }
+        }
+    }
+}
+
+namespace {
+
+constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+// ---- checks ------------------------------------------------------------------------------------
 
 Status cacheTensor(const Checker& c, size_t i, uint64_t row_elems) {
     const TensorDecl& t = c.t(i);
@@ -112,21 +190,11 @@ Status checkKvcopy(const Checker& c) {
 }
 
 Status checkAttn(const Checker& c) {
-    BLUE_TRY(rowsDst(c, 0));
-    BLUE_TRY(c.dtype(3, DType::F32));
-    BLUE_TRY(c.elements(3, c.t(0).elements()));
-    uint32_t n_head = c.ti.args[4], n_kv = c.ti.args[5];
-    uint64_t n = c.t(0).elements();
-    if (n_head == 0 || n_kv == 0 || n_head % n_kv || n % n_head) {
-        return BLUE_ERROR("%u query heads and %u KV heads do not fit a row of %llu", n_head, n_kv, (unsigned long long)n);
-    }
-    BLUE_TRY(cacheTensor(c, 1, n / n_head * n_kv));
-    BLUE_TRY(cacheTensor(c, 2, n / n_head * n_kv));
+    uint64_t kv_row = 0;
+    BLUE_TRY(checkAttnQuery(c, &kv_row));
+    BLUE_TRY(cacheTensor(c, 1, kv_row));
+    BLUE_TRY(cacheTensor(c, 2, kv_row));
     BLUE_TRY(sameCaches(c, 1, 2));
-    if (c.ti.op == Op::ATTNX) {
-        float cap = bitsToFloat(c.ti.args[9]);
-        if (!(cap >= 0.0f) || !std::isfinite(cap)) return BLUE_ERROR("soft cap %g must be 0 (none) or positive", cap);
-    }
     return argSlot(c.ti.args[6]);
 }
 
@@ -218,19 +286,6 @@ void refRope(const Items& it, const TensorInstr& ti) {
     }
 }
 
-float cacheRead(const TensorDecl& t, const uint8_t* slice, uint64_t index) {
-    if (t.dtype == DType::F16) return halfToF32(reinterpret_cast<const uint16_t*>(slice)[index]);
-    return reinterpret_cast<const float*>(slice)[index];
-}
-
-void cacheWrite(const TensorDecl& t, uint8_t* slice, uint64_t index, float v) {
-    if (t.dtype == DType::F16) {
-        reinterpret_cast<uint16_t*>(slice)[index] = halfFromF32(v);
-    } else {
-        reinterpret_cast<float*>(slice)[index] = v;
-    }
-}
-
 void refKvstore(const Items& it, const TensorInstr& ti) {
     const TensorDecl& kc = it.decl(ti.args[1]);
     uint64_t dim = kc.ne[0], ctx = kc.ne[1];
@@ -263,41 +318,7 @@ void refKvcopy(const Items& it, const TensorInstr& ti) {
 }
 
 void refAttn(const Items& it, const TensorInstr& ti) {
-    const auto& a = ti.args;
-    const TensorDecl& kc = it.decl(a[1]);
-    const TensorDecl& vc = it.decl(a[2]);
-    uint32_t n_head = a[4], n_kv = a[5];
-    float scale = bitsToFloat(a[7]);
-    const bool ext = ti.op == Op::ATTNX;
-    const uint64_t window = ext ? a[8] : 0;
-    const double cap = ext ? bitsToFloat(a[9]) : 0.0;
-    uint64_t n = it.decl(a[0]).elements(), head = n / n_head, kv_dim = kc.ne[0], ctx = kc.ne[1];
-    for (uint32_t item = 0; item < it.count(); ++item) {
-        uint64_t last = std::min<uint64_t>(uint64_t(it.arg(item, a[6])) + it.rowLocal(item), ctx - 1);
-        uint64_t first = window && last + 1 > window ? last + 1 - window : 0;
-        const float* q = it.f32(a[3], item);
-        const uint8_t* k = it.slice(a[1], item);
-        const uint8_t* v = it.slice(a[2], item);
-        float* dst = it.f32(a[0], item);
-        std::vector<double> score(last + 1);
-        for (uint32_t h = 0; h < n_head; ++h) {
-            uint64_t kv_off = uint64_t(h / (n_head / n_kv)) * head;
-            double m = -INFINITY, z = 0;
-            for (uint64_t t = first; t <= last; ++t) {
-                double dot = 0;
-                for (uint64_t i = 0; i < head; ++i) dot += double(q[h * head + i]) * cacheRead(kc, k, t * kv_dim + kv_off + i);
-                score[t] = dot * scale;
-                if (cap > 0) score[t] = cap * std::tanh(score[t] / cap);
-                m = std::max(m, score[t]);
-            }
-            for (uint64_t t = first; t <= last; ++t) z += (score[t] = std::exp(score[t] - m));
-            for (uint64_t i = 0; i < head; ++i) {
-                double acc = 0;
-                for (uint64_t t = first; t <= last; ++t) acc += score[t] * cacheRead(vc, v, t * kv_dim + kv_off + i);
-                dst[h * head + i] = float(acc / z);
-            }
-        }
-    }
+    attnRows(it, ti, it.decl(ti.args[1]).ne[1], [](uint32_t, uint64_t t) { return t; });
 }
 
 void refSwiglu(const Items& it, const TensorInstr& ti) {

@@ -19,5 +19,24 @@ uint loadU32(uint page, uint offset) {
 uint localWord(uint inst, uint addr) {
     return ctl[ctl[BLUE_O_LOCAL] + inst * ctl[BLUE_H_LOCAL_WORDS] + addr];
 }
+// Paged KV (KVSTOREP, ATTNP, KVCOPYP; vm/tensor_ops_kvpages.cpp pageRow): the pool row of
+// position p of an instance through its page table local[tab .. tab + n), in pages of PS
+// positions out of NP (push constants BLUE_PC_KVP_*; PS a power of two); KVP_UNMAPPED where the
+// position has none (past the table, or an entry >= NP).
+#define KVP_UNMAPPED 0xFFFFFFFFu
+uint pageRow(uint inst, uint tab, uint n, uint p) {
+    uint ps = pc.w[BLUE_PC_KVP_PAGE], np = pc.w[BLUE_PC_KVP_PAGES];
+    uint j = p >> uint(findMSB(ps));
+    if (j >= n) return KVP_UNMAPPED;
+    uint page = localWord(inst, tab + j);
+    if (page >= np) return KVP_UNMAPPED;
+    return page * ps + (p & (ps - 1u));
+}
+// A position arg + row index, saturating at 0xFFFFFFFF where the reference's 64-bit sum passes
+// 32 bits (past any table).
+uint addPositions(uint a, uint b) {
+    uint s = a + b;
+    return s < a ? 0xFFFFFFFFu : s;
+}
 // Block argument k of an instance.
 uint blockArg(uint inst, uint k) { return ctl[ctl[BLUE_O_BARGS] + inst * BLUE_MAX_BLOCK_ARGS + k]; }
