@@ -469,20 +469,21 @@ halt
 }
 
 // ATTNP's context under the loop limit is the positions its page table covers, U_n * PS, not
-// the pool's NP * PS: a pool of 8 pages of 16 read through tables of 128 entries (2,048
-// positions) takes the split kernel at head 256 as ATTN over 2,048 does, and tables of 4,096
-// entries (65,536 positions) are refused. The page size and count follow the operands.
+// the pool's NP * PS: a pool of twice the table's pages of 16, read through tables of 128
+// entries (2,048 positions), takes the split kernel at head 256 as ATTN over 2,048 does, and
+// tables of 4,096 entries (65,536 positions) are refused. The page size and count follow the
+// operands.
 TEST_CASE("plan: ATTNP counts the positions of its page table, U_n * PS") {
     auto plan = [](uint32_t head, uint32_t tab_n, uint32_t limit) {
         Module m = assembleOrFail(strFormat(R"(.layout regs=4 max_rows=4 local=%u
 .tensor q rows f32 [%u]
-.tensor kp global f16 [%u, 16, 8]
-.tensor vp global f16 [%u, 16, 8]
+.tensor kp global f16 [%u, 16, %u]
+.tensor vp global f16 [%u, 16, %u]
 .block b args=2
     attnp q, kp, vp, q, 2, 1, 1, 0.5, 0, 0.0, 3, %u
 .end
 halt
-)", tab_n + 3, 2 * head, head, head, tab_n));
+)", tab_n + 3, 2 * head, head, 2 * tab_n, head, 2 * tab_n, tab_n));
         Result<PagePlan> pages = planPages(m, 1, 1u << 30);
         REQUIRE_MESSAGE(pages.isOk(), pages.message());
         KernelChoice kernels;
@@ -496,7 +497,7 @@ halt
     CHECK(d.push[BLUE_PC_OPERANDS + 22] == 3);    // U_tab
     CHECK(d.push[BLUE_PC_OPERANDS + 23] == 128);  // U_n
     CHECK(d.push[BLUE_PC_KVP_PAGE] == 16);
-    CHECK(d.push[BLUE_PC_KVP_PAGES] == 8);
+    CHECK(d.push[BLUE_PC_KVP_PAGES] == 256);
     Result<std::vector<DispatchDesc>> wide = plan(256, 128, 65535);
     REQUIRE_MESSAGE(wide.isOk(), wide.message());
     CHECK(wide.value()[0].pipeline == "attnp_f16_split");

@@ -1005,15 +1005,15 @@ TEST_CASE("verify: KVSTOREP, ATTNP, PGCOPY and KVCOPYP operand rules") {
     const char* src = R"(.layout regs=4 max_rows=2 local=40
 .tensor x rows f32 [8]
 .tensor y rows f32 [7]
-.tensor kp global f16 [8, 16, 4]
-.tensor vp global f16 [8, 16, 4]
+.tensor kp global f16 [8, 16, 8]
+.tensor vp global f16 [8, 16, 8]
 .tensor st global f16 [8, 20, 2]
-.tensor ki instance f16 [8, 16, 4]
-.tensor k12 global f16 [8, 12, 4]
-.tensor k64 global f16 [8, 64, 4]
-.tensor v8 global f16 [8, 16, 8]
-.tensor vf global f32 [8, 16, 4]
-.tensor ko global f16 [7, 16, 4]
+.tensor ki instance f16 [8, 16, 8]
+.tensor k12 global f16 [8, 12, 8]
+.tensor k64 global f16 [8, 64, 8]
+.tensor v8 global f16 [8, 16, 16]
+.tensor vf global f32 [8, 16, 8]
+.tensor ko global f16 [7, 16, 8]
 .block b args=2
     kvstorep x, kp, x, vp, 1, 32, 8
     attnp x, kp, vp, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8
@@ -1038,6 +1038,7 @@ halt
         {store, "kvstorep y, ko, y, ko, 1, 32, 8", "KVSTOREP at TCODE word 0: operand 1 (tensor 'ko'): an F16 pool needs an even row length, not 7"},
         {store, "kvstorep x, kp, x, vp, 1, 33, 8", "KVSTOREP at TCODE word 0: the page table local[33 .. 41) passes the 40 local words of an instance"},
         {store, "kvstorep x, kp, x, vp, 1, 32, 0", "KVSTOREP at TCODE word 0: the page table has no entries (U_n is 0)"},
+        {store, "kvstorep x, kp, x, vp, 1, 31, 9", "KVSTOREP at TCODE word 0: the page table has 9 entries, more than the pool's 8 pages"},
         {store, "kvstorep x, kp, x, vp, 9, 32, 8", "KVSTOREP at TCODE word 0: block argument 9 does not exist"},
         {attn, "attnp x, k12, k12, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8", "ATTNP at TCODE word 8: operand 1 (tensor 'k12'): a page of 12 positions; pages hold 8, 16 or 32"},
         {attn, "attnp x, k64, k64, x, 2, 2, 1, 0.5, 0, 0.0, 32, 8", "ATTNP at TCODE word 8: operand 1 (tensor 'k64'): a page of 64 positions; pages hold 8, 16 or 32"},
@@ -1052,6 +1053,7 @@ halt
         {copy, "kvcopyp kp, st, 2, 0, 0, 1, 32, 8", "KVCOPYP at TCODE word 26: copy direction 2 is not 0 (store to pool) or 1 (pool to store)"},
         {copy, "kvcopyp kp, vf, 1, 0, 0, 1, 32, 8", "KVCOPYP at TCODE word 26: operand 1 (tensor 'vf'): type F32, expected F16"},
         {copy, "kvcopyp kp, st, 1, 0, 0, 1, 39, 2", "KVCOPYP at TCODE word 26: the page table local[39 .. 41) passes the 40 local words of an instance"},
+        {attn, "attnp x, kp, vp, x, 2, 2, 1, 0.5, 0, 0.0, 0, 16", "ATTNP at TCODE word 8: the page table has 16 entries, more than the pool's 8 pages"},
     };
     for (const Case& c : cases) {
         std::string bad = src;

@@ -48,11 +48,17 @@ Status samePools(const Checker& c, size_t k, size_t v) {
     return Status::ok();
 }
 
-// The page table's operands at `at` (U_tab) and at + 1 (U_n): at least one entry, all within an
-// instance's local memory.
-Status pageTable(const Checker& c, size_t at) {
-    const uint64_t tab = c.ti.args[at], n = c.ti.args[at + 1];
+// The page table's operands at `at` (U_tab) and at + 1 (U_n): at least one entry, no more than
+// the pool's pages (a table past them could map a page twice, and it would let a small pool stand
+// for a long context: the reference's attention walks every position the table covers), all
+// within an instance's local memory.
+Status pageTable(const Checker& c, size_t at, size_t pool) {
+    const uint64_t tab = c.ti.args[at], n = c.ti.args[at + 1], pages = c.t(pool).ne[2];
     if (n == 0) return BLUE_ERROR("the page table has no entries (U_n is 0)");
+    if (n > pages) {
+        return BLUE_ERROR("the page table has %llu entries, more than the pool's %llu pages",
+                          (unsigned long long)n, (unsigned long long)pages);
+    }
     if (tab + n > c.m.layout.local_words) {
         return BLUE_ERROR(
             "the page table local[%llu .. %llu) passes the %u local words of an instance",
@@ -69,7 +75,7 @@ Status checkKvstorep(const Checker& c) {
     BLUE_TRY(poolTensor(c, 3, c.t(0).elements()));
     BLUE_TRY(samePools(c, 1, 3));
     BLUE_TRY(argSlot(c.ti.args[4]));
-    return pageTable(c, 5);
+    return pageTable(c, 5, 1);
 }
 
 Status checkAttnp(const Checker& c) {
@@ -79,7 +85,7 @@ Status checkAttnp(const Checker& c) {
     BLUE_TRY(poolTensor(c, 2, kv_row));
     BLUE_TRY(samePools(c, 1, 2));
     BLUE_TRY(argSlot(c.ti.args[6]));
-    return pageTable(c, 10);
+    return pageTable(c, 10, 1);
 }
 
 Status checkPgcopy(const Checker& c) {
@@ -102,7 +108,7 @@ Status checkKvcopyp(const Checker& c) {
         return BLUE_ERROR("copy direction %u is not 0 (store to pool) or 1 (pool to store)",
                           c.ti.args[2]);
     for (size_t k : {3, 4, 5}) BLUE_TRY(argSlot(c.ti.args[k]));
-    return pageTable(c, 6);
+    return pageTable(c, 6, 0);
 }
 
 // ---- reference implementations ---------------------------------------------------------------
