@@ -250,6 +250,37 @@ uint execAtomic(uint op, uint a, uint b, uint c) {
     return CONTINUE;
 }
 
+// HASHL, HCMPL, HCPYL: at most BLUE_MAX_WALK (8) words of local memory from R(b), hashed into
+// R(a) or compared with / copied to the heap from R(a). Unrolled whole: no loop, so a cycle of
+// walks spends none of lavapipe's loop iterations (maxCycleSteps), and a walk is one step.
+uint execWalk(uint op, uint a, uint b, uint c) {
+    uint n = R(c), at = R(b), lw = ctl[BLUE_H_LOCAL_WORDS];
+    if (n > BLUE_MAX_WALK) return fault(BLUE_FAULT_WALK);
+    if (at > lw || n > lw - at) return fault(BLUE_FAULT_LOCAL_OOB);
+    uint hw = R(a), heap_words = ctl[BLUE_H_HEAP_WORDS];
+    if (op != OP_HASHL && (hw > heap_words || n > heap_words - hw)) return fault(BLUE_FAULT_HEAP_OOB);
+    uint local = ctl[BLUE_O_LOCAL] + g_id * lw + at, heap = ctl[BLUE_O_HEAP] + hw;
+    uint v = op == OP_HASHL ? hw : 0u;
+    bool equal = true;
+    [[unroll]] for (uint k = 0u; k < BLUE_MAX_WALK; ++k) {
+        if (k < n) {
+            uint w = ctl[local + k];
+            if (op == OP_HASHL) {
+                v = (v ^ w) * 16777619u;
+            } else if (op == OP_HCPYL) {
+                ctl[heap + k] = w;
+            } else if (equal && ctl[heap + k] == w) {
+                v = k + 1u;
+            } else {
+                equal = false;
+            }
+        }
+    }
+    if (op != OP_HCPYL) R(a) = v;
+    g_pc += 1u;
+    return CONTINUE;
+}
+
 // Page access with a per-invocation page index. Descriptor arrays may only be indexed with
 // dynamically uniform values unless the device has non-uniform indexing (lavapipe does not), so
 // each page gets its own constant-index branch.
@@ -489,6 +520,7 @@ uint slowStep(uint op, uint a, uint b, uint c, uint imm) {
         case OP_ALLOC: result = execAlloc(a, b); break;
         case OP_TLD: case OP_TST: result = execTensorWord(op, a, b, imm); break;
         case OP_INTCPY: result = execTensorCopy(a, b, imm); break;
+        case OP_HASHL: case OP_HCMPL: case OP_HCPYL: result = execWalk(op, a, b, c); break;
         case OP_SEND: case OP_RECV: result = execMailbox(op, a, b); break;
         case OP_INRECV: case OP_INPOLL: case OP_INPEEK: case OP_INLEN: case OP_INLD: case OP_INCPY: case OP_INCMP: case OP_INFREE: case OP_INFLAG:
             result = execInput(op, a, b, c);

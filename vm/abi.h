@@ -25,7 +25,8 @@
 #define BLUE_FAULT_BLOCK_ROWS 10u
 #define BLUE_FAULT_PC_OOB 11u
 #define BLUE_FAULT_BAD_OPCODE 12u
-#define BLUE_FAULT_COUNT 13u
+#define BLUE_FAULT_WALK 13u  // HASHL, HCMPL or HCPYL over more than BLUE_MAX_WALK words
+#define BLUE_FAULT_COUNT 14u
 
 // Output ring record kinds (record = {instance | kind << 24, value}).
 #define BLUE_OUT_INT 1u
@@ -54,6 +55,7 @@
 #define BLUE_MAX_ROWS 65535u
 #define BLUE_MAX_INSTANCES (1u << 24)
 #define BLUE_MAX_STEPS (1u << 20)
+#define BLUE_MAX_WALK 8u  // words one HASHL, HCMPL or HCPYL walks: one step, unrolled on the GPU
 #define BLUE_MAX_IN_SLOTS 4096u
 #define BLUE_MAX_IN_SLOT_WORDS (1u << 20)
 

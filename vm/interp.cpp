@@ -144,6 +144,7 @@ const char* faultName(uint32_t fault) {
         case BLUE_FAULT_BLOCK_ROWS: return "block row count is 0 or above max_rows";
         case BLUE_FAULT_PC_OOB: return "ran past the end of the code";
         case BLUE_FAULT_BAD_OPCODE: return "invalid opcode";
+        case BLUE_FAULT_WALK: return "HASHL, HCMPL or HCPYL over more than 8 words";
     }
     return "unknown fault";
 }
@@ -319,6 +320,34 @@ RefMachine::Next RefMachine::execInput(uint32_t id, Inst& in, uint8_t op, uint32
     return Next::CONTINUE;
 }
 
+// HASHL, HCMPL, HCPYL: at most BLUE_MAX_WALK words of local memory from r[b], hashed into r[a]
+// or compared with / copied to the heap from r[a]. Faults are checked in the sequencer's order.
+RefMachine::Next RefMachine::execWalk(Inst& in, uint8_t op, uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t* r = in.regs.data();
+    const Layout& l = m_.layout;
+    const uint32_t n = r[c], at = r[b];
+    if (n > BLUE_MAX_WALK) return fault(in, BLUE_FAULT_WALK);
+    if (at > l.local_words || n > l.local_words - at) return fault(in, BLUE_FAULT_LOCAL_OOB);
+    const uint32_t* words = in.local.data() + at;
+    if (Op(op) == Op::HASHL) {
+        uint32_t h = r[a];
+        for (uint32_t i = 0; i < n; ++i) h = (h ^ words[i]) * 16777619u;
+        r[a] = h;
+    } else {
+        const uint32_t hw = r[a];
+        if (hw > l.heap_words || n > l.heap_words - hw) return fault(in, BLUE_FAULT_HEAP_OOB);
+        if (Op(op) == Op::HCPYL) {
+            std::copy(words, words + n, heap_.begin() + hw);
+        } else {
+            uint32_t i = 0;
+            while (i < n && heap_[hw + i] == words[i]) ++i;
+            r[a] = i;
+        }
+    }
+    ++in.pc;
+    return Next::CONTINUE;
+}
+
 RefMachine::Next RefMachine::step(uint32_t id, Inst& in, BlockRun* runs, RunReport* report) {
     if (in.pc >= m_.instrCount()) return fault(in, BLUE_FAULT_PC_OOB);
     Instr ins = decodeInstr(m_.code[in.pc * 2], m_.code[in.pc * 2 + 1]);
@@ -457,6 +486,9 @@ RefMachine::Next RefMachine::step(uint32_t id, Inst& in, BlockRun* runs, RunRepo
         case Op::INFREE:
         case Op::INFLAG: return execInput(id, in, ins.op, a, b, c);
         case Op::INTCPY: return execInput(id, in, ins.op, a, b, imm);
+        case Op::HASHL:
+        case Op::HCMPL:
+        case Op::HCPYL: return execWalk(in, ins.op, a, b, c);
         default: return fault(in, BLUE_FAULT_BAD_OPCODE);
     }
     ++in.pc;

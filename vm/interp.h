@@ -108,6 +108,7 @@ private:
     Next fault(Inst& in, uint32_t code);
     Next execRun(uint32_t id, Inst& in, uint32_t block, uint32_t arg_reg, BlockRun* runs);
     Next execInput(uint32_t id, Inst& in, uint8_t op, uint32_t a, uint32_t b, uint32_t c);
+    Next execWalk(Inst& in, uint8_t op, uint32_t a, uint32_t b, uint32_t c);
     void runBlocks(BlockRun* runs, RunReport* report);
 
     const Module& m_;
