@@ -346,7 +346,7 @@ TEST_CASE("interp: every ALU, compare, float, move and branch case gives its exp
                        op->op == Op::STG || op->op == Op::SEND || op->op == Op::INLEN ||
                        op->op == Op::INLD || op->op == Op::INCPY || op->op == Op::INCMP || op->op == Op::ALLOC ||
                        op->op == Op::INFLAG || op->op == Op::HASHL || op->op == Op::HCMPL ||
-                       op->op == Op::HCPYL ||  // memory walks: tests/test_kv_pages.cpp
+                       op->op == Op::HCPYL ||  // memory walks: tests/test_interp_walks.cpp
                        (op->op >= Op::ATOMADD && op->op <= Op::ATOMCAS);
         if (alu && !not_alu) {
             CAPTURE(op->name);

@@ -71,7 +71,7 @@ std::vector<uint32_t> filledLocal() {
 
 }  // namespace
 
-TEST_CASE("kv pages: HASHL chains, HCPYL copies and HCMPL counts as defined, on both machines") {
+TEST_CASE("interp walks: HASHL chains, HCPYL copies and HCMPL counts as defined, on both machines") {
     const std::string src = std::string(".layout regs=16 local=16 heap=32 heap_static=32\nmain:") + kFill + R"(
     li r4, -2128831035      ; the FNV offset basis, 0x811C9DC5
     li r5, 0
@@ -132,7 +132,7 @@ TEST_CASE("kv pages: HASHL chains, HCPYL copies and HCMPL counts as defined, on 
     CHECK(valuesOf(r.output) == expected);
 }
 
-TEST_CASE("kv pages: a walk past 8 words, local memory or the heap faults at the walk") {
+TEST_CASE("interp walks: a walk past 8 words, local memory or the heap faults at the walk") {
     struct Case {
         const char* name;
         const char* code;
@@ -168,7 +168,7 @@ TEST_CASE("kv pages: a walk past 8 words, local memory or the heap faults at the
 // 16 instances, each hashing its 16 words 3,000 times (12,000 steps), in cycles capped at the
 // device's step limit: walks are unrolled, so a cycle of them takes none of lavapipe's loop
 // iterations beyond the step loop's own.
-TEST_CASE("kv pages: many cycles of walks on 16 instances agree with the reference") {
+TEST_CASE("interp walks: many cycles of walks on 16 instances agree with the reference") {
     const std::string src = std::string(".layout regs=16 local=16 heap=32 heap_static=32 max_steps=100000\nmain:") +
                             kFill + R"(
     iid r4                  ; each instance starts from its id
