@@ -96,7 +96,14 @@ void Lowering::saveSession(CodeBuilder& cb, uint32_t ctx) {
 // Several holders race; whichever claims first takes it. INRECV takes the next message, which may
 // be another than the one looked at: the instance runs whatever it claims, so this choice moves
 // work and never changes results. kSlot is the claimed slot after it.
+// A paged program keeps no rows between requests (no prefix sharing yet), so any instance takes
+// the next request at once.
 void Lowering::claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt) {
+    if (kv_page) {
+        cb.op(Op::INRECV, {kSlot});
+        cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
+        return;
+    }
     auto peek = cb.newLabel("peek_request"), waiting = cb.newLabel("request_waiting");
     auto seen = cb.newLabel("request_seen"), wait = cb.newLabel("request_wait");
     auto claim = cb.newLabel("claim_request");
@@ -172,12 +179,18 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     cb.li(kMinus1, 0xFFFFFFFFu);
     cb.li(kCtx, ctx);
     cb.op(Op::IID, {kIid});
+    if (kv_page) {
+        cb.li(kOne, 1);
+        cb.li(kHeld, 0);
+        cb.li(kLeft, 0);
+    }
     cb.bind(g.next);
     claimRequest(cb, ctx, g.halt);
     requestParams(cb, ctx, g);
     promptSection(cb, g);
+    if (kv_page) admitPages(cb, g);
     prefixReuse(cb, ctx);
-    prefill(cb, block, chunk, g);
+    prefill(cb, block, ctx, chunk, g);
     decode(cb, block, ctx, eog_at, g);
     finishRequest(cb, ctx, g);
 }
@@ -259,7 +272,7 @@ void Lowering::promptSection(CodeBuilder& cb, const GenLabels& g) {
         // loop of a sequencer invocation after 65,535 iterations in all (one 8-lane group), and
         // INTCPY takes one word an iteration. Instances that resume at the copy all run it in the
         // same round of slow instructions, so their copies overlap instead of adding up, and the
-        // prompt's comparisons wait for the g.next cycle. The host keeps an automaton under the
+        // prompt's comparisons wait for the next cycle. The host keeps an automaton under the
         // limit on such devices (maxGrammarWords).
         auto copy_grammar = cb.newLabel("copy_grammar");
         cb.op(Op::INLD, {kWord, kSlot, kTmp2});
@@ -292,6 +305,10 @@ void Lowering::promptSection(CodeBuilder& cb, const GenLabels& g) {
 // OUTU when some; kHist = the history's address.
 void Lowering::prefixReuse(CodeBuilder& cb, uint32_t ctx) {
     cb.li(kHist, BLUE_LM_HISTORY);
+    if (kv_page) {  // no rows kept between requests yet (prefix sharing is plan commit 5)
+        cb.li(kReuse, 0);
+        return;
+    }
     // Prefix reuse: the KV rows of the positions the instance processed last stay valid for the
     // leading prompt tokens that equal its history there, so prefill starts after them (at most
     // at the last prompt token, whose logits give the first sample). Not for a restored
@@ -328,7 +345,7 @@ void Lowering::prefixReuse(CodeBuilder& cb, uint32_t ctx) {
 
 // The prompt goes into the history and is prefilled in chunks; an embedding request then emits
 // its pooled vector and ends.
-void Lowering::prefill(CodeBuilder& cb, uint32_t block, uint32_t chunk, const GenLabels& g) {
+void Lowering::prefill(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk, const GenLabels& g) {
     cb.op(Op::ANDI, {kFlags, kFlags}, BLUE_REQ_FLAG_IGNORE_EOG);
     cb.op(Op::ADD, {kPos, kStart, kReuse});  // one of them is 0
     cb.op(Op::ADD, {kPrompt, kHist, kStart});
@@ -352,6 +369,7 @@ void Lowering::prefill(CodeBuilder& cb, uint32_t block, uint32_t chunk, const Ge
     // The RNG counter is the position of the token being sampled, so a seed draws the same
     // numbers however the sequence was split into chunks, requests or restored snapshots.
     cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
+    if (kv_page) ensurePages(cb, ctx, g);
     if (embed_block != kNone) {
         auto run_embed = cb.newLabel("run_embed"), ran = cb.newLabel("ran");
         cb.jump(Op::BNEZ, {kEmbed}, run_embed);
@@ -383,7 +401,7 @@ void Lowering::prefill(CodeBuilder& cb, uint32_t block, uint32_t chunk, const Ge
 // Decode: check the sampled token, emit it, feed it back, until a stop, the length limit, the
 // context's end or a cancel.
 void Lowering::decode(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t eog_at, const GenLabels& g) {
-    // Decode: check the sampled token, g.emit it, feed it back.
+    // Decode: check the sampled token, emit it, feed it back.
     cb.bind(g.gen);
     cb.jump(Op::BGEU, {kGenerated, kMaxNew}, g.finish);
     cb.op(Op::LD, {kTok, 0}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
@@ -425,7 +443,7 @@ void Lowering::decode(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t eo
     cb.jump(Op::JMP, {}, emit_top);
     cb.bind(emit_token);
     cb.op(Op::OUTT, {kTok});
-    if (grammar != kNone) {  // the automaton takes the emitted token at the g.next sample
+    if (grammar != kNone) {  // the automaton takes the emitted token at the next sample
         cb.op(Op::ADDI, {kWord, kTok}, 1);
         cb.li(kTmp, BLUE_GR_PENDING);
         cb.op(Op::TST, {kWord, kTmp}, grammar);
@@ -441,6 +459,7 @@ void Lowering::decode(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t eo
     cb.op(Op::ADDI, {kPos, kPos}, 1);
     cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
     cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
+    if (kv_page) ensurePages(cb, ctx, g);
     cb.op(Op::RUN, {kArgRows}, block);
     cb.jump(Op::JMP, {}, g.gen);
 }
@@ -451,9 +470,13 @@ void Lowering::finishRequest(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) 
     cb.op(Op::INFREE, {kSlot});
     cb.li(kSess, 0);  // a rejected request saves nothing into a session
     cb.bind(g.finish);
-    // The positions before kPos hold KV rows of the history's tokens: what the g.next request may
+    // The positions before kPos hold KV rows of the history's tokens: what the next request may
     // reuse. (A rejected request leaves kPos as the last request ended it.)
-    cb.op(Op::ST, {kPos, 0}, kvValidAddr(ctx));
+    if (kv_page) {
+        releasePages(cb, ctx);
+    } else {
+        cb.op(Op::ST, {kPos, 0}, kvValidAddr(ctx));
+    }
     if (sessions) saveSession(cb, ctx);
     cb.op(Op::OUTEND, {kTag});
     cb.jump(Op::JMP, {}, g.next);

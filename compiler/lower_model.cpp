@@ -217,13 +217,17 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
         cb.tensor(Op::ROPE, {t, t, freqs, BLUE_FA_POS, cfg.head_dim, cfg.n_rot, mode,
                              floatBits(base), floatBits(scale)});
     }
+    // RoPE's attention factor scales the rotated Q and K, so their products by its square.
+    const float magnitude = ropeMagnitude(cfg, own_base);
+    float qscale = (cfg.attn_scale > 0 ? cfg.attn_scale : 1.0f / std::sqrt(float(cfg.head_dim))) * magnitude * magnitude;
+    if (kv_page) {
+        pagedCaches(cb, l, ctx, a, floatBits(qscale), sliding ? cfg.sliding_window : 0u, floatBits(cfg.attn_softcap));
+        return;
+    }
     std::string ln = std::to_string(l);
     uint32_t kc = activation("kcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
     uint32_t vc = activation("vcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
     cb.tensor(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
-    // RoPE's attention factor scales the rotated Q and K, so their products by its square.
-    const float magnitude = ropeMagnitude(cfg, own_base);
-    float qscale = (cfg.attn_scale > 0 ? cfg.attn_scale : 1.0f / std::sqrt(float(cfg.head_dim))) * magnitude * magnitude;
     if (sliding || cfg.attn_softcap > 0) {
         cb.tensor(Op::ATTNX, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS, floatBits(qscale),
                               sliding ? cfg.sliding_window : 0u, floatBits(cfg.attn_softcap)});
@@ -338,6 +342,42 @@ std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelCon
     return eog;
 }
 
+// verifyModule's limit on a computed tensor's storage (vm/verify.cpp).
+constexpr uint64_t kMaxPoolBytes = uint64_t(1) << 32;
+
+Result<KvPaging> kvPaging(const LowerOptions& opt, uint32_t ctx, uint64_t row_bytes) {
+    if (opt.kv_page == 0) return KvPaging{};
+    const uint32_t ps = opt.kv_page;
+    if (ps < BLUE_KVP_MIN_PAGE || ps > BLUE_KVP_MAX_PAGE || (ps & (ps - 1)) != 0) {
+        return BLUE_ERROR("kv page %u: positions per page must be a power of two from %u to %u (8, 16 or 32)", ps,
+                          BLUE_KVP_MIN_PAGE, BLUE_KVP_MAX_PAGE);
+    }
+    if (opt.sessions) {
+        return BLUE_ERROR("%u session slots with a paged KV cache (kv page %u): not supported yet; lower with kv page 0",
+                          opt.sessions, ps);
+    }
+    const uint64_t pool = opt.kv_pool ? opt.kv_pool : uint64_t(std::max(opt.kv_pool_contexts, 1u)) * ctx;
+    const uint64_t pages = (pool + ps - 1) / ps, need = (uint64_t(ctx) + ps - 1) / ps;
+    if (pages < need) {
+        return BLUE_ERROR("kv pool of %llu positions (%llu pages of %u) is smaller than one request of the full "
+                          "context: %u positions need %llu pages (%llu positions)",
+                          (unsigned long long)pool, (unsigned long long)pages, ps, ctx, (unsigned long long)need,
+                          (unsigned long long)(need * ps));
+    }
+    if (pages * ps * row_bytes > kMaxPoolBytes) {
+        return BLUE_ERROR("kv pool of %llu positions needs %.1f GiB per layer for K and as much for V; a tensor holds "
+                          "at most 4 GiB (%llu positions)",
+                          (unsigned long long)pool, double(pages * ps * row_bytes) / (1u << 30),
+                          (unsigned long long)(kMaxPoolBytes / row_bytes / ps * ps));
+    }
+    const uint64_t heap = BLUE_KVP_BASE(uint64_t(opt.in_slots)) + BLUE_KVP_HEAP_WORDS(pages);
+    if (heap > BLUE_MAX_HEAP_WORDS) {
+        return BLUE_ERROR("kv pool of %llu pages: its page state needs %llu heap words, more than %u",
+                          (unsigned long long)pages, (unsigned long long)heap, BLUE_MAX_HEAP_WORDS);
+    }
+    return KvPaging{ps, uint32_t(pages)};
+}
+
 Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const LowerOptions& opt) {
     if (Status s = checkLowerable(cfg); !s) return Status::error(gguf.name() + ": " + s.message());
     uint32_t ctx = opt.ctx ? opt.ctx : std::min<uint32_t>(cfg.n_ctx_train ? cfg.n_ctx_train : 2048, 2048);
@@ -346,6 +386,9 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     if (ctx < 2) return Status::error("context length must be at least 2");
     if (max_rows > BLUE_MAX_ROWS) return BLUE_ERROR("max rows %u is above %u", max_rows, BLUE_MAX_ROWS);
     if (opt.sessions > kMaxSessions) return BLUE_ERROR("%u session slots: at most %u", opt.sessions, kMaxSessions);
+    Result<KvPaging> paging =
+        kvPaging(opt, ctx, dtypeRowBytes(opt.kv_type, uint64_t(cfg.n_head_kv) * cfg.head_dim).value_or(0));
+    if (!paging) return paging.status();
 
     Module m;
     Lowering lw{gguf, cfg, opt.kv_type, m, "", 0, {}};
@@ -358,6 +401,15 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     m.layout.max_steps = 4096;
     m.layout.heap_words = 2 * opt.in_slots;  // claimRequest's marks: a tag and a cycle per input slot
     m.layout.heap_static = m.layout.heap_words;
+    if (paging.value().page) {  // the page table and the page state (lower_kv_pages.cpp)
+        lw.kv_page = paging.value().page;
+        lw.kv_pages = paging.value().pages;
+        lw.kv_heap = BLUE_KVP_BASE(opt.in_slots);
+        m.layout.regs = kPagedRegs;
+        m.layout.local_words += (ctx + lw.kv_page - 1) / lw.kv_page;
+        m.layout.heap_words += BLUE_KVP_HEAP_WORDS(lw.kv_pages);
+        m.layout.heap_static = m.layout.heap_words;
+    }
     if (opt.grammar_words) {
         if (opt.grammar_words < BLUE_GR_HEADER_WORDS + 2) {
             return BLUE_ERROR("grammar words %u: at least %u, or 0 for none", opt.grammar_words, BLUE_GR_HEADER_WORDS + 2);
@@ -388,6 +440,10 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
               {kMetaGrammarWords, std::to_string(opt.grammar_words)},
               {kMetaPooling, poolingName(lw.pooling)},
               {kMetaSessions, std::to_string(opt.sessions)}};
+    if (lw.kv_page) {
+        m.meta.push_back({kMetaKvPage, std::to_string(lw.kv_page)});
+        m.meta.push_back({kMetaKvPages, std::to_string(lw.kv_pages)});
+    }
     Status s = verifyModule(m);
     if (!s) return s.prefix("lowered module fails verification (compiler bug)");
     return m;

@@ -12,6 +12,7 @@
 #include "compiler/code_builder.h"
 #include "compiler/lower_model.h"
 #include "vm/abi.h"
+#include "vm/kv_pages_abi.h"
 #include "vm/llm_abi.h"
 
 namespace blue::lower_model {
@@ -30,7 +31,12 @@ enum Reg : uint8_t {
     kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
     kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kIid, kCancelMark, kFlagWord,
     kStart, kLp, kReuse, kEmbed, kSess,
+    // Paged KV (lower_kv_pages.cpp): pages the page table maps, pages reserved but not taken yet,
+    // and scratch of the allocation and release loops.
+    kHeld, kLeft, kPage, kProbe, kAddr, kOld, kOne,
 };
+// Registers of a paged program (an unpaged one keeps 32: its module is as before paging).
+constexpr uint32_t kPagedRegs = 40;
 
 // Where SAMPLE writes the top log-probabilities: after the history.
 inline uint32_t topLogprobsAddr(uint32_t ctx) { return BLUE_LM_HISTORY + ctx; }
@@ -39,6 +45,8 @@ inline uint32_t kvValidAddr(uint32_t ctx) { return topLogprobsAddr(ctx) + 2 * BL
 // The word after it: the first position whose KV row and token a session save writes (those
 // before it came from the slot unchanged).
 inline uint32_t sessionFromAddr(uint32_t ctx) { return kvValidAddr(ctx) + 1; }
+// Paged KV: the page table, ceil(ctx / PS) words after it (local_words grows by as many).
+inline uint32_t pageTableAddr(uint32_t ctx) { return sessionFromAddr(ctx) + 1; }
 
 // The labels of the generation program, made in one place so the pieces below share them.
 struct GenLabels {
@@ -59,6 +67,9 @@ struct Lowering {
     uint32_t embed_block = kNone, pooled = kNone;     // ... and writes `pooled`
     uint32_t sessions = 0;                            // session slots (LowerOptions::sessions)
     uint32_t session_tokens = kNone, session_load = kNone, session_save = kNone;
+    // Paged KV (LowerOptions::kv_page; 0: per-instance caches): positions a page, pages in the
+    // pools, and the heap word where the page state starts (vm/kv_pages_abi.h).
+    uint32_t kv_page = 0, kv_pages = 0, kv_heap = 0;
 
     // A WEIGHT tensor read from the GGUF file, by its GGUF name.
     uint32_t weight(const std::string& name) {
@@ -148,9 +159,15 @@ struct Lowering {
     void requestParams(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
     void promptSection(CodeBuilder& cb, const GenLabels& g);
     void prefixReuse(CodeBuilder& cb, uint32_t ctx);
-    void prefill(CodeBuilder& cb, uint32_t block, uint32_t chunk, const GenLabels& g);
+    void prefill(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk, const GenLabels& g);
     void decode(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t eog_at, const GenLabels& g);
     void finishRequest(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
+    // Paged KV (lower_kv_pages.cpp).
+    void pagedCaches(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a,
+                     uint32_t qscale, uint32_t window, uint32_t softcap);
+    void admitPages(CodeBuilder& cb, const GenLabels& g);
+    void ensurePages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
+    void releasePages(CodeBuilder& cb, uint32_t ctx);
     void claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt);
     void loadSession(CodeBuilder& cb, uint32_t ctx);
     void saveSession(CodeBuilder& cb, uint32_t ctx);
