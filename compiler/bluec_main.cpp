@@ -4,6 +4,7 @@
 //   bluec check prog.bir                parse and verify only
 //   bluec lower --model M.gguf -o M.bir [--ctx N] [--max-rows N] [--chunk N] [--kv f16|f32]
 //               [--grammar-words N] [--pooling mean|cls|last|none] [--sessions N]
+//               [--kv-page 8|16|32] [--kv-pool N]
 //                                       compile a GGUF model into a generation program
 //   bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...]
 //                                       compile a cascade (compiler/cascade/cascade.h)
@@ -30,6 +31,9 @@ constexpr const char* kUsage =
     "                   [--kv f16|f32] [--grammar-words N (structured output: automaton words per\n"
     "                   instance, default 58368; 0: none)] [--pooling mean|cls|last|none (embeddings;\n"
     "                   default: the file's pooling type)] [--sessions N (conversation slots kept on the GPU)]\n"
+    "                   [--kv-page 8|16|32 (paged KV: positions per page; default 0, per-instance caches)]\n"
+    "                   [--kv-pool N (paged KV: positions in each layer's pool, shared by all instances;\n"
+    "                   default 8 x ctx)]\n"
     "                                        compile a GGUF model into a generation program\n"
     "       bluec cascade FILE.cas -o OUT.bir [--model NAME=PATH ...] [--max-rows N] [--chunk N]\n"
     "                   [--kv f16|f32] [--forks N (fork stages in flight at once, default 16)]\n"
@@ -83,6 +87,8 @@ int lower(int argc, char** argv) {
         else if (a == "--grammar-words") ok = parseU32(v, &opt.grammar_words);
         else if (a == "--pooling" && blue::parsePooling(v)) opt.pooling = blue::parsePooling(v);
         else if (a == "--sessions") ok = parseU32(v, &opt.sessions);
+        else if (a == "--kv-page") ok = parseU32(v, &opt.kv_page);
+        else if (a == "--kv-pool") ok = parseU32(v, &opt.kv_pool);
         else if (a == "--kv" && (v == "f16" || v == "f32")) opt.kv_type = v == "f16" ? blue::DType::F16 : blue::DType::F32;
         else return fail("lower: unknown or incomplete option '" + a + "'\n" + kUsage);
         if (!ok) return fail("lower: " + a + " needs a number, got '" + v + "'");
@@ -96,6 +102,11 @@ int lower(int argc, char** argv) {
     opt.model_path = modelPathForModule(model, output);
     auto m = blue::lowerModel(g.value(), cfg.value(), opt);
     if (!m) return fail(m.message());
+    if (const std::string* page = m.value().metaValue(blue::kMetaKvPage)) {
+        const std::string* pages = m.value().metaValue(blue::kMetaKvPages);
+        std::printf("bluec: paged KV: %s pages of %s positions in each layer's pool%s\n", pages ? pages->c_str() : "?",
+                    page->c_str(), opt.kv_pool ? "" : " (default: 8 x the context)");
+    }
     blue::Status s = blue::writeModuleFile(m.value(), output);
     return s ? 0 : fail(s.message());
 }

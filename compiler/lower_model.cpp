@@ -1,4 +1,5 @@
-// The model compiler (see lower_model.h): tensors, the forward block, the generation program.
+// The model compiler (see lower_model.h): tensors and the forward block; the generation program
+// is in lower_generate.cpp, the state both share in lower_model_internal.h.
 #include "compiler/lower_model.h"
 
 #include <bit>
@@ -8,6 +9,7 @@
 
 #include "compiler/asm.h"
 #include "compiler/code_builder.h"
+#include "compiler/lower_model_internal.h"
 #include "compiler/tokenizer.h"
 #include "vm/abi.h"
 #include "vm/llm_abi.h"
@@ -15,143 +17,7 @@
 
 namespace blue {
 
-namespace {
-
-constexpr uint32_t kNone = 0xFFFFFFFFu;
-// Heap words of claimRequest: per input slot, the tag + 1 of the message first seen there, and the
-// cycle it was first seen in (in_slots words after).
-constexpr uint32_t kSeenTagHeap = 0;
-// A grammar automaton of more words than this is copied into the instance in a cycle of its own.
-constexpr uint32_t kGrammarCopyAlone = 4096;
-
-uint32_t floatBits(float f) { return std::bit_cast<uint32_t>(f); }
-
-struct Lowering {
-    const GgufFile& gguf;
-    const ModelConfig& cfg;
-    DType kv_type;
-    Module& m;
-    std::string prefix;         // before every tensor and block name (several models in one module)
-    uint32_t extern_index = 0;  // the model's file among the module's externs
-    std::map<std::string, uint32_t> ids;
-    uint32_t grammar = kNone, token_bytes = kNone;  // SAMPLEG's operands (structured output)
-    Pooling pooling = Pooling::None;                  // embeddings: the embed block pools so
-    uint32_t embed_block = kNone, pooled = kNone;     // ... and writes `pooled`
-    uint32_t sessions = 0;                            // session slots (LowerOptions::sessions)
-    uint32_t session_tokens = kNone, session_load = kNone, session_save = kNone;
-
-    // A WEIGHT tensor read from the GGUF file, by its GGUF name.
-    uint32_t weight(const std::string& name) {
-        if (auto it = ids.find(prefix + name); it != ids.end()) return it->second;
-        const GgufTensor* g = gguf.findTensor(name);
-        assert(g && "modelConfigFromGguf checked the tensor exists");
-        TensorDecl t;
-        t.name = prefix + name;
-        t.dtype = g->type;
-        t.cls = BLUE_TC_WEIGHT;
-        t.ndim = g->n_dims;
-        for (uint32_t d = 0; d < 4; ++d) t.ne[d] = uint64_t(g->ne[d]);
-        t.source = DataSource::EXTERN;
-        t.extern_index = extern_index;
-        t.offset = g->offset;
-        t.bytes = g->n_bytes;
-        return add(t);
-    }
-    uint32_t layerWeight(uint32_t layer, const char* name) {
-        return weight("blk." + std::to_string(layer) + "." + name);
-    }
-    // Rows [row0, row0 + rows) of a fused matrix as a WEIGHT of its own (the rows are contiguous
-    // in every type, so this is a narrower view of the same file bytes).
-    uint32_t layerWeightRows(uint32_t layer, const char* name, uint64_t row0, uint64_t rows) {
-        std::string gname = "blk." + std::to_string(layer) + "." + name;
-        std::string view = gname + strFormat("[%llu:%llu]", (unsigned long long)row0, (unsigned long long)(row0 + rows));
-        if (auto it = ids.find(prefix + view); it != ids.end()) return it->second;
-        const GgufTensor* g = gguf.findTensor(gname);
-        assert(g && "modelConfigFromGguf checked the tensor exists");
-        uint64_t row_bytes = *dtypeRowBytes(g->type, uint64_t(g->ne[0]));
-        TensorDecl t;
-        t.name = prefix + view;
-        t.dtype = g->type;
-        t.cls = BLUE_TC_WEIGHT;
-        t.ndim = 2;
-        t.ne[0] = uint64_t(g->ne[0]);
-        t.ne[1] = rows;
-        t.source = DataSource::EXTERN;
-        t.extern_index = extern_index;
-        t.offset = g->offset + row0 * row_bytes;
-        t.bytes = rows * row_bytes;
-        return add(t);
-    }
-    bool hasTensor(const std::string& name) const { return gguf.findTensor(name) != nullptr; }
-    // A constant WEIGHT vector the compiler computes, stored in the module's DATA section.
-    template <typename T>
-    uint32_t constant(const std::string& name, DType type, const std::vector<T>& values) {
-        TensorDecl t;
-        t.name = prefix + name;
-        t.dtype = type;
-        t.cls = BLUE_TC_WEIGHT;
-        t.ne[0] = values.size();
-        appendTensorData(&m, &t, values.data(), values.size() * sizeof(T));
-        return add(t);
-    }
-    // YaRN's per-pair frequency divisors, computed here from the config: one DATA tensor every
-    // layer's ROPE shares.
-    uint32_t yarnDivisors() {
-        if (auto it = ids.find(prefix + "rope_yarn_divisors"); it != ids.end()) return it->second;
-        return constant("rope_yarn_divisors", DType::F32, yarnFreqDivisors(cfg));
-    }
-
-    uint32_t activation(const std::string& name, uint32_t cls, DType type,
-                        std::initializer_list<uint64_t> dims) {
-        if (auto it = ids.find(prefix + name); it != ids.end()) return it->second;  // another block's
-        TensorDecl t;
-        t.name = prefix + name;
-        t.dtype = type;
-        t.cls = cls;
-        t.ndim = uint32_t(dims.size());
-        uint32_t d = 0;
-        for (uint64_t n : dims) t.ne[d++] = n;
-        return add(t);
-    }
-    uint32_t add(const TensorDecl& t) {
-        m.tensors.push_back(t);
-        return ids[t.name] = uint32_t(m.tensors.size() - 1);
-    }
-
-    uint32_t forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head = ForwardHead::Sample, uint32_t table = kNone);
-    void attention(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a);
-    void experts(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
-    void feedForward(CodeBuilder& cb, uint32_t layer, const std::map<std::string, uint32_t>& a);
-    void sessionBlocks(CodeBuilder& cb, uint32_t ctx);
-    void generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk);
-    void claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt);
-    void loadSession(CodeBuilder& cb, uint32_t ctx);
-    void saveSession(CodeBuilder& cb, uint32_t ctx);
-    void unlessStored(CodeBuilder& cb, CodeBuilder::Label skip);
-};
-
-// The session store (LowerOptions::sessions): per layer a GLOBAL K and V store of `sessions`
-// slots shaped like the caches, a GLOBAL token table ((ctx + 1) words a slot: the count, then the
-// tokens), and two blocks that copy KV rows between an instance's caches and a slot, taking the
-// block arguments (rows = 1, slot, first row, end row).
-void Lowering::sessionBlocks(CodeBuilder& cb, uint32_t ctx) {
-    const uint32_t kv_dim = cfg.n_head_kv * cfg.head_dim;
-    session_tokens = activation("session_tokens", BLUE_TC_GLOBAL, DType::I32, {uint64_t(ctx + 1) * sessions});
-    for (uint32_t dir : {0u, 1u}) {
-        uint32_t b = cb.beginBlock(prefix + (dir ? "session_save" : "session_load"), 4);
-        for (uint32_t l = 0; l < cfg.n_layer; ++l) {
-            for (const char* kv : {"k", "v"}) {
-                const std::string ln = std::to_string(l);
-                const uint32_t cache = ids.at(prefix + kv + "cache." + ln);
-                const uint32_t store = activation(std::string(kv) + "session." + ln, BLUE_TC_GLOBAL, kv_type,
-                                                  {kv_dim, ctx, sessions});
-                cb.tensor(Op::KVCOPY, {cache, store, dir, 1, 2, 3});
-            }
-        }
-        cb.endBlock();
-        (dir ? session_save : session_load) = b;
-    }
-}
+using namespace lower_model;
 
 uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head, uint32_t table) {
     const uint32_t dim = cfg.n_embd, q_dim = cfg.n_head * cfg.head_dim;
@@ -351,13 +217,17 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
         cb.tensor(Op::ROPE, {t, t, freqs, BLUE_FA_POS, cfg.head_dim, cfg.n_rot, mode,
                              floatBits(base), floatBits(scale)});
     }
+    // RoPE's attention factor scales the rotated Q and K, so their products by its square.
+    const float magnitude = ropeMagnitude(cfg, own_base);
+    float qscale = (cfg.attn_scale > 0 ? cfg.attn_scale : 1.0f / std::sqrt(float(cfg.head_dim))) * magnitude * magnitude;
+    if (kv_page) {
+        pagedCaches(cb, l, ctx, a, floatBits(qscale), sliding ? cfg.sliding_window : 0u, floatBits(cfg.attn_softcap));
+        return;
+    }
     std::string ln = std::to_string(l);
     uint32_t kc = activation("kcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
     uint32_t vc = activation("vcache." + ln, BLUE_TC_INSTANCE, kv_type, {kv_dim, ctx});
     cb.tensor(Op::KVSTORE, {k, kc, v, vc, BLUE_FA_POS});
-    // RoPE's attention factor scales the rotated Q and K, so their products by its square.
-    const float magnitude = ropeMagnitude(cfg, own_base);
-    float qscale = (cfg.attn_scale > 0 ? cfg.attn_scale : 1.0f / std::sqrt(float(cfg.head_dim))) * magnitude * magnitude;
     if (sliding || cfg.attn_softcap > 0) {
         cb.tensor(Op::ATTNX, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS, floatBits(qscale),
                               sliding ? cfg.sliding_window : 0u, floatBits(cfg.attn_softcap)});
@@ -365,417 +235,6 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
         cb.tensor(Op::ATTN, {a.at("att"), kc, vc, q, cfg.n_head, cfg.n_head_kv, BLUE_FA_POS, floatBits(qscale)});
     }
 }
-
-// Registers of the generation program.
-enum Reg : uint8_t {
-    kSlot = 1, kTmp, kTmp2, kPrompt, kMaxNew, kTag, kPos, kGenerated, kCtx, kChunk, kMinus1,
-    kTok, kI, kN, kWord, kHist, kNStop, kFlags, kArgRows = 20, kArgPos, kArgTokens, kArgSampling, kIid, kCancelMark, kFlagWord,
-    kStart, kLp, kReuse, kEmbed, kSess,
-};
-
-// Where SAMPLE writes the top log-probabilities: after the history.
-uint32_t topLogprobsAddr(uint32_t ctx) { return BLUE_LM_HISTORY + ctx; }
-// The word after them: positions whose KV rows match the history (vm/llm_abi.h).
-uint32_t kvValidAddr(uint32_t ctx) { return topLogprobsAddr(ctx) + 2 * BLUE_MAX_TOP_LOGPROBS; }
-// The word after it: the first position whose KV row and token a session save writes (those
-// before it came from the slot unchanged).
-uint32_t sessionFromAddr(uint32_t ctx) { return kvValidAddr(ctx) + 1; }
-
-// Jumps to `skip` unless the request continues a conversation its slot holds: no session, or a
-// new one (BLUE_REQ_FLAG_SESSION_NEW: the slot holds another's or nothing).
-void Lowering::unlessStored(CodeBuilder& cb, CodeBuilder::Label skip) {
-    cb.jump(Op::BEQZ, {kSess}, skip);
-    cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_SESSION_NEW);
-    cb.jump(Op::BNEZ, {kWord}, skip);
-}
-
-// A session request before prefix reuse: the slot's tokens become the history and its count the
-// positions whose KV rows are valid, so INCMP finds what the prompt shares with the conversation.
-// Not for a new session (nothing stored) or a request without one.
-void Lowering::loadSession(CodeBuilder& cb, uint32_t ctx) {
-    auto done = cb.newLabel("session_loaded"), copy = cb.newLabel("session_copy");
-    unlessStored(cb, done);
-    cb.op(Op::ADDI, {kN, kSess}, uint32_t(-1));
-    cb.op(Op::MULI, {kN, kN}, ctx + 1);  // the slot's count word
-    cb.op(Op::TLD, {kWord, kN}, session_tokens);
-    cb.op(Op::MINU, {kWord, kWord, kCtx});
-    cb.op(Op::ST, {kWord, 0}, kvValidAddr(ctx));
-    cb.li(kI, 0);
-    cb.bind(copy);
-    cb.jump(Op::BGEU, {kI, kWord}, done);
-    cb.op(Op::ADD, {kTok, kN, kI});
-    cb.op(Op::ADDI, {kTok, kTok}, 1);
-    cb.op(Op::TLD, {kTok, kTok}, session_tokens);
-    cb.op(Op::ST, {kTok, kI}, BLUE_LM_HISTORY);
-    cb.op(Op::ADDI, {kI, kI}, 1);
-    cb.jump(Op::JMP, {}, copy);
-    cb.bind(done);
-}
-
-// At a request's end: its tokens and KV rows from sessionFrom to kPos go into its slot, and the
-// slot's count becomes kPos. Nothing without a session.
-void Lowering::saveSession(CodeBuilder& cb, uint32_t ctx) {
-    auto done = cb.newLabel("session_saved"), copy = cb.newLabel("session_save_tokens");
-    auto copied = cb.newLabel("session_tokens_saved");
-    cb.jump(Op::BEQZ, {kSess}, done);
-    cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));  // block argument 1: the slot
-    cb.op(Op::MULI, {kN, kArgPos}, ctx + 1);
-    cb.op(Op::TST, {kPos, kN}, session_tokens);
-    cb.op(Op::LD, {kI, 0}, sessionFromAddr(ctx));
-    cb.op(Op::MOV, {kArgTokens, kI});  // block argument 2: the first row
-    cb.bind(copy);
-    cb.jump(Op::BGEU, {kI, kPos}, copied);
-    cb.op(Op::LD, {kTok, kI}, BLUE_LM_HISTORY);
-    cb.op(Op::ADD, {kWord, kN, kI});
-    cb.op(Op::ADDI, {kWord, kWord}, 1);
-    cb.op(Op::TST, {kTok, kWord}, session_tokens);
-    cb.op(Op::ADDI, {kI, kI}, 1);
-    cb.jump(Op::JMP, {}, copy);
-    cb.bind(copied);
-    cb.li(kArgRows, 1);
-    cb.op(Op::MOV, {kArgSampling, kPos});  // block argument 3: the end row
-    cb.op(Op::RUN, {kArgRows}, session_save);
-    cb.bind(done);
-}
-
-// Which idle instance takes the next request is decided here, on the GPU, by what the instances
-// hold (INPEEK looks at the next message without taking it; INCMP compares its prompt with the
-// instance's history, as prefix reuse does):
-//   - an instance whose KV rows hold more than the prompt's first token takes it at once;
-//   - an instance that holds nothing takes it one cycle after the message was first seen;
-//   - an instance that holds another conversation, two cycles after.
-// So a conversation's next turn goes to the instance that holds it, and a new one to an empty
-// instance before it displaces anyone's rows. The first instance to see a message marks it (heap
-// words: per input slot, the message's tag + 1 at kSeenTagHeap and the cycle in_slots words after).
-// Several holders race; whichever claims first takes it. INRECV takes the next message, which may
-// be another than the one looked at: the instance runs whatever it claims, so this choice moves
-// work and never changes results. kSlot is the claimed slot after it.
-void Lowering::claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt) {
-    auto peek = cb.newLabel("peek_request"), waiting = cb.newLabel("request_waiting");
-    auto seen = cb.newLabel("request_seen"), wait = cb.newLabel("request_wait");
-    auto claim = cb.newLabel("claim_request");
-    cb.bind(peek);
-    cb.op(Op::INPEEK, {kSlot});
-    cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
-    cb.li(kWord, 0xFFFFFFFEu);
-    cb.jump(Op::BNE, {kSlot, kWord}, waiting);
-    cb.bind(wait);
-    cb.op(Op::YIELD, {});
-    cb.jump(Op::JMP, {}, peek);
-    cb.bind(waiting);
-    // The prompt starts after the header and the grammar section (its length word, then that
-    // many words).
-    cb.li(kTmp2, BLUE_REQ_HEADER);
-    cb.op(Op::INLEN, {kTmp, kSlot});
-    cb.jump(Op::BGEU, {kTmp2, kTmp}, claim);  // no grammar word: malformed, let the request reject it
-    cb.op(Op::INLD, {kWord, kSlot, kTmp2});
-    cb.op(Op::ADD, {kTmp2, kTmp2, kWord});
-    cb.op(Op::ADDI, {kTmp2, kTmp2}, 1);
-    cb.jump(Op::BLTU, {kTmp, kTmp2}, claim);
-    cb.li(kReuse, BLUE_LM_HISTORY);
-    cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
-    cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
-    cb.op(Op::MINU, {kReuse, kReuse, kWord});
-    cb.li(kWord, 2);
-    cb.jump(Op::BGEU, {kReuse, kWord}, claim);  // holds more of it than the first token
-    cb.li(kTmp, BLUE_REQ_TAG);
-    cb.op(Op::INLD, {kTag, kSlot, kTmp});
-    cb.op(Op::ADDI, {kTag, kTag}, 1);
-    cb.op(Op::LDG, {kWord, kSlot}, kSeenTagHeap);
-    cb.jump(Op::BEQ, {kWord, kTag}, seen);
-    cb.op(Op::STG, {kTag, kSlot}, kSeenTagHeap);  // the first to see it
-    cb.op(Op::CYCLE, {kWord});
-    cb.op(Op::STG, {kWord, kSlot}, kSeenTagHeap + m.layout.in_slots);
-    cb.jump(Op::JMP, {}, wait);
-    cb.bind(seen);
-    cb.op(Op::CYCLE, {kTmp});
-    cb.op(Op::LDG, {kWord, kSlot}, kSeenTagHeap + m.layout.in_slots);
-    cb.op(Op::SUB, {kTmp, kTmp, kWord});  // cycles since it was first seen
-    cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
-    cb.op(Op::SEQI, {kN, kWord}, 0);  // 1: this instance holds nothing
-    cb.li(kWord, 2);
-    cb.op(Op::SUB, {kN, kWord, kN});  // cycles to wait: 1 when empty, else 2
-    cb.jump(Op::BLTU, {kTmp, kN}, wait);
-    cb.bind(claim);
-    cb.op(Op::INRECV, {kSlot});
-    cb.jump(Op::BEQ, {kSlot, kMinus1}, halt);
-}
-
-void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk) {
-    auto next = cb.newLabel("next_request"), halt = cb.newLabel("halt");
-    auto copy_params = cb.newLabel("copy_params"), copy_stop = cb.newLabel("copy_stop");
-    auto prefill = cb.newLabel("prefill"), gen = cb.newLabel("generate");
-    auto finish = cb.newLabel("finish"), chunk_ok = cb.newLabel("chunk_ok");
-    auto eog_loop = cb.newLabel("eog_loop"), stop_loop = cb.newLabel("stop_loop");
-    auto emit = cb.newLabel("emit"), reject = cb.newLabel("reject");
-
-    // End-of-generation tokens of the model, in the constant pool: {count, ids...}.
-    std::vector<uint32_t> eog = endOfGenerationTokens(gguf, cfg);
-    uint32_t eog_at = uint32_t(m.consts.size());
-    m.consts.push_back(uint32_t(eog.size()));
-    m.consts.insert(m.consts.end(), eog.begin(), eog.end());
-    // The loop's LDK names eog_at + 1 even when the count is 0 (a file without end tokens): the
-    // verifier checks that offset against the pool, so it must exist (never read then).
-    if (eog.empty()) m.consts.push_back(0);
-    m.syms.push_back({SymKind::CONST, eog_at, "eog_tokens"});
-
-    cb.li(kMinus1, 0xFFFFFFFFu);
-    cb.li(kCtx, ctx);
-    cb.op(Op::IID, {kIid});
-    cb.bind(next);
-    claimRequest(cb, ctx, halt);
-    cb.li(kTmp, BLUE_REQ_TAG);
-    cb.op(Op::INLD, {kTag, kSlot, kTmp});
-    cb.op(Op::OUTBEGIN, {kTag});
-    cb.op(Op::ADDI, {kCancelMark, kTag}, 1);  // the host sets this instance's flag to tag + 1 to cancel
-    cb.li(kTmp, BLUE_REQ_MAX_NEW);
-    cb.op(Op::INLD, {kMaxNew, kSlot, kTmp});
-    cb.li(kTmp, BLUE_REQ_FLAGS);
-    cb.op(Op::INLD, {kFlags, kSlot, kTmp});  // all flags until prefix reuse read its own
-    // An embedding request runs the embed block and emits the pooled vector; a program lowered
-    // without one rejects it.
-    cb.op(Op::ANDI, {kEmbed, kFlags}, BLUE_REQ_FLAG_EMBED);
-    if (embed_block == kNone) cb.jump(Op::BNEZ, {kEmbed}, reject);
-    // A session (1 + its slot): none beyond the program's slots.
-    cb.li(kTmp, BLUE_REQ_SESSION);
-    cb.op(Op::INLD, {kSess, kSlot, kTmp});
-    cb.li(kWord, sessions + 1);
-    cb.jump(Op::BGEU, {kSess, kWord}, reject);
-    if (sessions) {  // a save writes from here on; loading a stored conversation moves it
-        cb.li(kWord, 0);
-        cb.op(Op::ST, {kWord, 0}, sessionFromAddr(ctx));
-    }
-    // Log-probabilities: kLp = 0 (none) or 1 + N alternatives, which SAMPLE writes when N > 0.
-    cb.li(kTmp, BLUE_REQ_LOGPROBS);
-    cb.op(Op::INLD, {kLp, kSlot, kTmp});
-    cb.li(kTmp, BLUE_MAX_TOP_LOGPROBS + 1);
-    cb.op(Op::MINU, {kLp, kLp, kTmp});
-    cb.op(Op::ADDI, {kWord, kLp}, uint32_t(-1));
-    cb.op(Op::MINU, {kWord, kWord, kLp});  // kLp - 1, or 0 when kLp is 0
-    cb.op(Op::ST, {kWord, 0}, BLUE_LM_SAMPLING + BLUE_SP_TOP_N);
-    cb.li(kWord, topLogprobsAddr(ctx));
-    cb.op(Op::ST, {kWord, 0}, BLUE_LM_SAMPLING + BLUE_SP_TOP_ADDR);
-    // Sampling parameters: request words TEMP..SEED map in order onto SP_TEMP..SP_SEED.
-    cb.li(kI, 0);
-    cb.li(kN, BLUE_SP_SEED + 1);
-    cb.bind(copy_params);
-    cb.op(Op::ADDI, {kTmp, kI}, BLUE_REQ_TEMP);
-    cb.op(Op::INLD, {kWord, kSlot, kTmp});
-    cb.op(Op::ST, {kWord, kI}, BLUE_LM_SAMPLING + BLUE_SP_TEMP);
-    cb.op(Op::ADDI, {kI, kI}, 1);
-    cb.jump(Op::BLTU, {kI, kN}, copy_params);
-    // Stop tokens of the request: the count (clamped) and all slots.
-    cb.li(kTmp, BLUE_REQ_N_STOP);
-    cb.op(Op::INLD, {kWord, kSlot, kTmp});
-    cb.li(kTmp, BLUE_REQ_MAX_STOP);
-    cb.op(Op::MINU, {kNStop, kWord, kTmp});
-    cb.li(kI, 0);
-    cb.bind(copy_stop);
-    cb.op(Op::ADDI, {kTmp, kI}, BLUE_REQ_STOP);
-    cb.op(Op::INLD, {kWord, kSlot, kTmp});
-    cb.op(Op::ST, {kWord, kI}, BLUE_LM_STOP);
-    cb.op(Op::ADDI, {kI, kI}, 1);
-    cb.li(kN, BLUE_REQ_MAX_STOP);
-    cb.jump(Op::BLTU, {kI, kN}, copy_stop);
-    // The prompt goes into the history at its start position (the positions before it are a
-    // restored conversation: history and KV rows the host wrote); one that does not fit is
-    // rejected.
-    cb.li(kTmp, BLUE_REQ_START);
-    cb.op(Op::INLD, {kStart, kSlot, kTmp});
-    cb.jump(Op::BGEU, {kStart, kCtx}, reject);
-    // The grammar section (its length, then the automaton) goes into the instance's grammar
-    // tensor, which starts empty (no grammar); kTmp2 = where the prompt starts. A program
-    // lowered without grammars skips the (empty) section.
-    cb.li(kTmp2, BLUE_REQ_HEADER);
-    if (grammar != kNone) {
-        // A large automaton is copied in a cycle of its own, at its start: lavapipe ends every
-        // loop of a sequencer invocation after 65,535 iterations in all (one 8-lane group), and
-        // INTCPY takes one word an iteration. Instances that resume at the copy all run it in the
-        // same round of slow instructions, so their copies overlap instead of adding up, and the
-        // prompt's comparisons wait for the next cycle. The host keeps an automaton under the
-        // limit on such devices (maxGrammarWords).
-        auto copy_grammar = cb.newLabel("copy_grammar");
-        cb.op(Op::INLD, {kWord, kSlot, kTmp2});
-        cb.li(kTmp, kGrammarCopyAlone);
-        cb.op(Op::SLTU, {kN, kTmp, kWord});  // 1: copied in a cycle of its own
-        cb.jump(Op::BEQZ, {kN}, copy_grammar);
-        cb.op(Op::YIELD, {});
-        cb.bind(copy_grammar);
-        cb.li(kWord, 0);
-        cb.li(kTmp, BLUE_GR_STATES);
-        cb.op(Op::TST, {kWord, kTmp}, grammar);
-        cb.op(Op::INTCPY, {kTmp2, kSlot}, grammar);
-        auto copied = cb.newLabel("grammar_copied");
-        cb.jump(Op::BEQZ, {kN}, copied);
-        cb.op(Op::YIELD, {});
-        cb.bind(copied);
-    } else {
-        cb.op(Op::INLD, {kWord, kSlot, kTmp2});
-        cb.jump(Op::BNEZ, {kWord}, reject);
-        cb.op(Op::ADDI, {kTmp2, kTmp2}, 1);
-    }
-    cb.op(Op::INLEN, {kTmp, kSlot});
-    cb.op(Op::SUB, {kTmp, kTmp, kTmp2});
-    cb.jump(Op::BGEU, {kTmp, kCtx}, reject);
-    cb.op(Op::ADD, {kTmp, kTmp, kStart});
-    cb.jump(Op::BGEU, {kTmp, kCtx}, reject);
-    cb.li(kHist, BLUE_LM_HISTORY);
-    // Prefix reuse: the KV rows of the positions the instance processed last stay valid for the
-    // leading prompt tokens that equal its history there, so prefill starts after them (at most
-    // at the last prompt token, whose logits give the first sample). Not for a restored
-    // conversation (the host wrote what precedes the start) or when the request opts out.
-    auto no_reuse = cb.newLabel("no_reuse");
-    cb.li(kReuse, 0);
-    cb.jump(Op::BNEZ, {kStart}, no_reuse);
-    cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_NO_PREFIX);
-    cb.jump(Op::BNEZ, {kWord}, no_reuse);
-    // Mean and first-token pooling need every prompt row computed in this request.
-    if (pooling == Pooling::Mean || pooling == Pooling::Cls) cb.jump(Op::BNEZ, {kEmbed}, no_reuse);
-    if (sessions) loadSession(cb, ctx);
-    cb.li(kReuse, BLUE_LM_HISTORY);
-    cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
-    cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
-    cb.op(Op::MINU, {kReuse, kReuse, kWord});
-    cb.op(Op::ADDI, {kWord, kTmp}, uint32_t(-1));  // kTmp: prompt length (start is 0)
-    cb.op(Op::MINU, {kReuse, kReuse, kWord});       // no prompt: -1, and kReuse is 0 already
-    cb.jump(Op::BEQZ, {kReuse}, no_reuse);
-    cb.op(Op::OUTU, {kReuse});
-    if (sessions) {  // the shared rows of a stored conversation come from its slot
-        auto own = cb.newLabel("own_rows");
-        unlessStored(cb, own);
-        cb.li(kArgRows, 1);
-        cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));
-        cb.li(kArgTokens, 0);
-        cb.op(Op::MOV, {kArgSampling, kReuse});
-        cb.op(Op::RUN, {kArgRows}, session_load);
-        cb.op(Op::ST, {kReuse, 0}, sessionFromAddr(ctx));
-        cb.bind(own);
-    }
-    cb.bind(no_reuse);
-    cb.op(Op::ANDI, {kFlags, kFlags}, BLUE_REQ_FLAG_IGNORE_EOG);
-    cb.op(Op::ADD, {kPos, kStart, kReuse});  // one of them is 0
-    cb.op(Op::ADD, {kPrompt, kHist, kStart});
-    cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
-    cb.op(Op::INFREE, {kSlot});
-    cb.jump(Op::BEQZ, {kPrompt}, finish);
-    cb.op(Op::ADD, {kPrompt, kPrompt, kStart});  // kPrompt = the position after the prompt
-    cb.op(Op::ST, {kHist, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_ADDR);
-    cb.li(kChunk, chunk);
-    cb.li(kArgSampling, BLUE_LM_SAMPLING);
-    // Prefill in chunks; every chunk samples, the last chunk's sample is the first token.
-    cb.bind(prefill);
-    cb.op(Op::SUB, {kArgRows, kPrompt, kPos});
-    cb.jump(Op::BLTU, {kArgRows, kChunk}, chunk_ok);
-    cb.op(Op::MOV, {kArgRows, kChunk});
-    cb.bind(chunk_ok);
-    cb.op(Op::MOV, {kArgPos, kPos});
-    cb.op(Op::ADD, {kArgTokens, kHist, kPos});
-    cb.op(Op::ADD, {kPos, kPos, kArgRows});
-    cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
-    // The RNG counter is the position of the token being sampled, so a seed draws the same
-    // numbers however the sequence was split into chunks, requests or restored snapshots.
-    cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
-    if (embed_block != kNone) {
-        auto run_embed = cb.newLabel("run_embed"), ran = cb.newLabel("ran");
-        cb.jump(Op::BNEZ, {kEmbed}, run_embed);
-        cb.op(Op::RUN, {kArgRows}, block);
-        cb.jump(Op::JMP, {}, ran);
-        cb.bind(run_embed);
-        cb.op(Op::RUN, {kArgRows}, embed_block);
-        cb.bind(ran);
-    } else {
-        cb.op(Op::RUN, {kArgRows}, block);
-    }
-    cb.jump(Op::BLTU, {kPos, kPrompt}, prefill);
-    if (embed_block != kNone) {  // the pooled vector, one OUTF per element, ends the request
-        auto embedded = cb.newLabel("generate_or_embed"), emit_pooled = cb.newLabel("emit_pooled");
-        cb.jump(Op::BEQZ, {kEmbed}, embedded);
-        cb.li(kI, 0);
-        cb.li(kN, cfg.n_embd);
-        cb.bind(emit_pooled);
-        cb.op(Op::TLD, {kWord, kI}, pooled);
-        cb.op(Op::OUTF, {kWord});
-        cb.op(Op::ADDI, {kI, kI}, 1);
-        cb.jump(Op::BLTU, {kI, kN}, emit_pooled);
-        cb.jump(Op::JMP, {}, finish);
-        cb.bind(embedded);
-    }
-    cb.li(kGenerated, 0);
-    // Decode: check the sampled token, emit it, feed it back.
-    cb.bind(gen);
-    cb.jump(Op::BGEU, {kGenerated, kMaxNew}, finish);
-    cb.op(Op::LD, {kTok, 0}, BLUE_LM_SAMPLING + BLUE_SP_OUT_TOKEN);
-    cb.jump(Op::BNEZ, {kFlags}, stop_loop);
-    cb.li(kI, 0);
-    cb.li(kTmp2, 0);
-    cb.op(Op::LDK, {kN, kTmp2}, eog_at);
-    cb.bind(eog_loop);
-    cb.jump(Op::BGEU, {kI, kN}, stop_loop);
-    cb.op(Op::LDK, {kWord, kI}, eog_at + 1);
-    cb.jump(Op::BEQ, {kTok, kWord}, finish);
-    cb.op(Op::ADDI, {kI, kI}, 1);
-    cb.jump(Op::JMP, {}, eog_loop);
-    cb.bind(stop_loop);
-    cb.li(kI, 0);
-    auto stop_next = cb.newLabel("stop_next");
-    cb.bind(stop_next);
-    cb.jump(Op::BGEU, {kI, kNStop}, emit);
-    cb.op(Op::LD, {kWord, kI}, BLUE_LM_STOP);
-    cb.jump(Op::BEQ, {kTok, kWord}, finish);
-    cb.op(Op::ADDI, {kI, kI}, 1);
-    cb.jump(Op::JMP, {}, stop_next);
-    // Asked for: the token's log-probability and its alternatives' go out ahead of it.
-    auto emit_token = cb.newLabel("emit_token"), emit_top = cb.newLabel("emit_top");
-    cb.bind(emit);
-    cb.jump(Op::BEQZ, {kLp}, emit_token);
-    cb.op(Op::LD, {kWord, 0}, BLUE_LM_SAMPLING + BLUE_SP_OUT_LOGPROB);
-    cb.op(Op::OUTF, {kWord});
-    cb.li(kI, 0);
-    cb.op(Op::ADDI, {kN, kLp}, uint32_t(-1));
-    cb.bind(emit_top);
-    cb.jump(Op::BGEU, {kI, kN}, emit_token);
-    cb.op(Op::ADD, {kTmp, kI, kI});
-    cb.op(Op::LD, {kWord, kTmp}, topLogprobsAddr(ctx));
-    cb.op(Op::OUT, {kWord});
-    cb.op(Op::LD, {kWord, kTmp}, topLogprobsAddr(ctx) + 1);
-    cb.op(Op::OUTF, {kWord});
-    cb.op(Op::ADDI, {kI, kI}, 1);
-    cb.jump(Op::JMP, {}, emit_top);
-    cb.bind(emit_token);
-    cb.op(Op::OUTT, {kTok});
-    if (grammar != kNone) {  // the automaton takes the emitted token at the next sample
-        cb.op(Op::ADDI, {kWord, kTok}, 1);
-        cb.li(kTmp, BLUE_GR_PENDING);
-        cb.op(Op::TST, {kWord, kTmp}, grammar);
-    }
-    cb.op(Op::ADDI, {kGenerated, kGenerated}, 1);
-    cb.op(Op::INFLAG, {kFlagWord, kIid});
-    cb.jump(Op::BEQ, {kFlagWord, kCancelMark}, finish);
-    cb.jump(Op::BGEU, {kPos, kCtx}, finish);
-    cb.op(Op::ST, {kTok, kPos}, BLUE_LM_HISTORY);
-    cb.li(kArgRows, 1);
-    cb.op(Op::MOV, {kArgPos, kPos});
-    cb.op(Op::ADD, {kArgTokens, kHist, kPos});
-    cb.op(Op::ADDI, {kPos, kPos}, 1);
-    cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_LEN);
-    cb.op(Op::ST, {kPos, 0}, BLUE_LM_SAMPLING + BLUE_SP_COUNTER);
-    cb.op(Op::RUN, {kArgRows}, block);
-    cb.jump(Op::JMP, {}, gen);
-    cb.bind(reject);
-    cb.op(Op::INFREE, {kSlot});
-    cb.li(kSess, 0);  // a rejected request saves nothing into a session
-    cb.bind(finish);
-    // The positions before kPos hold KV rows of the history's tokens: what the next request may
-    // reuse. (A rejected request leaves kPos as the last request ended it.)
-    cb.op(Op::ST, {kPos, 0}, kvValidAddr(ctx));
-    if (sessions) saveSession(cb, ctx);
-    cb.op(Op::OUTEND, {kTag});
-    cb.jump(Op::JMP, {}, next);
-    cb.bind(halt);
-    cb.op(Op::HALT);
-}
-
-}  // namespace
 
 Result<uint32_t> checkGenerationModule(const Module& m, const std::string& path) {
     const std::string* kind = m.metaValue(kMetaKind);
@@ -883,6 +342,42 @@ std::vector<uint32_t> endOfGenerationTokens(const GgufFile& gguf, const ModelCon
     return eog;
 }
 
+// verifyModule's limit on a computed tensor's storage (vm/verify.cpp).
+constexpr uint64_t kMaxPoolBytes = uint64_t(1) << 32;
+
+Result<KvPaging> kvPaging(const LowerOptions& opt, uint32_t ctx, uint64_t row_bytes) {
+    if (opt.kv_page == 0) return KvPaging{};
+    const uint32_t ps = opt.kv_page;
+    if (ps < BLUE_KVP_MIN_PAGE || ps > BLUE_KVP_MAX_PAGE || (ps & (ps - 1)) != 0) {
+        return BLUE_ERROR("kv page %u: positions per page must be a power of two from %u to %u (8, 16 or 32)", ps,
+                          BLUE_KVP_MIN_PAGE, BLUE_KVP_MAX_PAGE);
+    }
+    if (opt.sessions) {
+        return BLUE_ERROR("%u session slots with a paged KV cache (kv page %u): not supported yet; lower with kv page 0",
+                          opt.sessions, ps);
+    }
+    const uint64_t pool = opt.kv_pool ? opt.kv_pool : uint64_t(std::max(opt.kv_pool_contexts, 1u)) * ctx;
+    const uint64_t pages = (pool + ps - 1) / ps, need = (uint64_t(ctx) + ps - 1) / ps;
+    if (pages < need) {
+        return BLUE_ERROR("kv pool of %llu positions (%llu pages of %u) is smaller than one request of the full "
+                          "context: %u positions need %llu pages (%llu positions)",
+                          (unsigned long long)pool, (unsigned long long)pages, ps, ctx, (unsigned long long)need,
+                          (unsigned long long)(need * ps));
+    }
+    if (pages * ps * row_bytes > kMaxPoolBytes) {
+        return BLUE_ERROR("kv pool of %llu positions needs %.1f GiB per layer for K and as much for V; a tensor holds "
+                          "at most 4 GiB (%llu positions)",
+                          (unsigned long long)pool, double(pages * ps * row_bytes) / (1u << 30),
+                          (unsigned long long)(kMaxPoolBytes / row_bytes / ps * ps));
+    }
+    const uint64_t heap = BLUE_KVP_BASE(uint64_t(opt.in_slots)) + BLUE_KVP_HEAP_WORDS(pages);
+    if (heap > BLUE_MAX_HEAP_WORDS) {
+        return BLUE_ERROR("kv pool of %llu pages: its page state needs %llu heap words, more than %u",
+                          (unsigned long long)pages, (unsigned long long)heap, BLUE_MAX_HEAP_WORDS);
+    }
+    return KvPaging{ps, uint32_t(pages)};
+}
+
 Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const LowerOptions& opt) {
     if (Status s = checkLowerable(cfg); !s) return Status::error(gguf.name() + ": " + s.message());
     uint32_t ctx = opt.ctx ? opt.ctx : std::min<uint32_t>(cfg.n_ctx_train ? cfg.n_ctx_train : 2048, 2048);
@@ -891,6 +386,9 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     if (ctx < 2) return Status::error("context length must be at least 2");
     if (max_rows > BLUE_MAX_ROWS) return BLUE_ERROR("max rows %u is above %u", max_rows, BLUE_MAX_ROWS);
     if (opt.sessions > kMaxSessions) return BLUE_ERROR("%u session slots: at most %u", opt.sessions, kMaxSessions);
+    Result<KvPaging> paging =
+        kvPaging(opt, ctx, dtypeRowBytes(opt.kv_type, uint64_t(cfg.n_head_kv) * cfg.head_dim).value_or(0));
+    if (!paging) return paging.status();
 
     Module m;
     Lowering lw{gguf, cfg, opt.kv_type, m, "", 0, {}};
@@ -903,6 +401,15 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
     m.layout.max_steps = 4096;
     m.layout.heap_words = 2 * opt.in_slots;  // claimRequest's marks: a tag and a cycle per input slot
     m.layout.heap_static = m.layout.heap_words;
+    if (paging.value().page) {  // the page table and the page state (lower_kv_pages.cpp)
+        lw.kv_page = paging.value().page;
+        lw.kv_pages = paging.value().pages;
+        lw.kv_heap = BLUE_KVP_BASE(opt.in_slots);
+        m.layout.regs = kPagedRegs;
+        m.layout.local_words += (ctx + lw.kv_page - 1) / lw.kv_page;
+        m.layout.heap_words += BLUE_KVP_HEAP_WORDS(lw.kv_pages);
+        m.layout.heap_static = m.layout.heap_words;
+    }
     if (opt.grammar_words) {
         if (opt.grammar_words < BLUE_GR_HEADER_WORDS + 2) {
             return BLUE_ERROR("grammar words %u: at least %u, or 0 for none", opt.grammar_words, BLUE_GR_HEADER_WORDS + 2);
@@ -933,6 +440,10 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
               {kMetaGrammarWords, std::to_string(opt.grammar_words)},
               {kMetaPooling, poolingName(lw.pooling)},
               {kMetaSessions, std::to_string(opt.sessions)}};
+    if (lw.kv_page) {
+        m.meta.push_back({kMetaKvPage, std::to_string(lw.kv_page)});
+        m.meta.push_back({kMetaKvPages, std::to_string(lw.kv_pages)});
+    }
     Status s = verifyModule(m);
     if (!s) return s.prefix("lowered module fails verification (compiler bug)");
     return m;

@@ -28,6 +28,8 @@ inline constexpr uint32_t kDefaultGrammarWords = 58368;
 // not fit one page of the device (Mali-class texel limits: 1 MiB pages, 16384 words).
 inline constexpr uint32_t kGrammarWordsAuto = 0xFFFFFFFFu;
 inline constexpr uint32_t kMaxSessions = 4096;  // LowerOptions::sessions
+// LowerOptions::kv_pool 0: this many contexts of positions (bluec, the C API).
+inline constexpr uint32_t kDefaultKvPoolContexts = 8;
 
 // How an embedding pools a prompt's hidden states (after the output norm) into one vector, as
 // llama.cpp's `<arch>.pooling_type` numbers them: mean over the tokens, the first token's (CLS), the
@@ -57,9 +59,27 @@ struct LowerOptions {
     // program keeps in a GLOBAL store between requests, on whichever instance takes each turn.
     // Each slot holds a whole context of KV rows (as much as an instance's caches). 0: none.
     uint32_t sessions = 0;
+    // Paged KV caches (vm/kv_pages_abi.h, compiler/lower_kv_pages.cpp): each layer's K and V rows
+    // in GLOBAL pools of kv_pool positions that all instances share, in pages of kv_page positions
+    // (a power of two from 8 to 32), taken by a request as it writes them and given back when it
+    // ends. 0: per-instance caches of ctx positions (the layout without paging). kv_pool 0:
+    // kv_pool_contexts x ctx; rounded up to whole pages, at least one full context.
+    // Not yet with sessions, prefix reuse (requests recompute their prompts) or KV snapshots.
+    uint32_t kv_page = 0;
+    uint32_t kv_pool = 0;
+    uint32_t kv_pool_contexts = kDefaultKvPoolContexts;  // kv_pool 0: this many contexts
     // The GGUF path as the module records it (relative to the module's folder, or absolute).
     std::string model_path;
 };
+
+// The pools LowerOptions ask for with context `ctx` and KV rows of `row_bytes`: positions a page
+// and pages (both 0: no paging). Fails, with the numbers, for a page size that is not 8, 16 or 32,
+// a pool smaller than one request of the full context, a pool past a tensor's 4 GiB, a page
+// state past the heap, or sessions with paging.
+struct KvPaging {
+    uint32_t page = 0, pages = 0;
+};
+Result<KvPaging> kvPaging(const LowerOptions& options, uint32_t ctx, uint64_t row_bytes);
 
 // Lowers a validated model. Fails for architectures or features the forward block does not
 // implement yet (MoE, YaRN), naming them.
@@ -100,6 +120,8 @@ inline constexpr const char* kMetaRequest = "llm.request";     // BLUE_REQ_LAYOU
 inline constexpr const char* kMetaGrammarWords = "llm.grammar_words";  // LowerOptions::grammar_words
 inline constexpr const char* kMetaPooling = "llm.pooling";     // poolingName; absent: none
 inline constexpr const char* kMetaSessions = "llm.sessions";   // LowerOptions::sessions; absent: 0
+inline constexpr const char* kMetaKvPage = "llm.kv_page";     // LowerOptions::kv_page; absent: 0
+inline constexpr const char* kMetaKvPages = "llm.kv_pages";   // pages in each pool (paged only)
 
 // The model's token bytes as SAMPLEG reads them (vm/llm_abi.h BLUE_TB_*): one info word per
 // token, then the bytes of the text tokens as decoding writes them.

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 12
+#define BLUEVM_API_VERSION 13
 #define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
@@ -104,6 +104,12 @@ typedef struct bluevm_model_options {
                                tokens and KV rows the GPU keeps between their turns, each slot a
                                whole context of KV rows; 0 (the default): none. A .bir keeps the
                                count it was lowered with. */
+    uint32_t kv_page;       /* API 13: paged KV, positions per page (8, 16 or 32): each layer's K and
+                               V rows live in pools all instances share, taken by a request as it
+                               writes them; 0 (the default): per-instance caches. Not yet with
+                               sessions. A .bir keeps the layout it was lowered with. */
+    uint32_t kv_pool;       /* API 13: paged KV, positions in each layer's pool; 0 (the default):
+                               8 x ctx. A request waits until the pool holds its worst case. */
 } bluevm_model_options;
 
 void bluevm_model_options_init(bluevm_model_options* o);

@@ -95,7 +95,7 @@ int bluevm_api_version(void) {
 }
 
 void bluevm_model_options_init(bluevm_model_options* o) {
-    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0, BLUEVM_GRAMMAR_WORDS_AUTO, 1, nullptr, 0};
+    if (o) *o = bluevm_model_options{nullptr, 0, 0, 0, 0, BLUEVM_GRAMMAR_WORDS_AUTO, 1, nullptr, 0, 0, 0};
 }
 
 bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* options,
@@ -120,6 +120,9 @@ bluevm_status bluevm_model_open(const char* path, const bluevm_model_options* op
             }
             eo.host_weights = blue::GpuOptions::HostWeights(options->host_weights);
             eo.sessions = options->sessions;
+            eo.kv_page = options->kv_page;
+            eo.kv_pool = options->kv_pool;
+            eo.kv_pool_contexts = blue::kDefaultKvPoolContexts;
             if (options->pooling) {
                 eo.pooling = blue::parsePooling(options->pooling);
                 if (!eo.pooling) {

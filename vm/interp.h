@@ -92,6 +92,8 @@ public:
 
     // Reference tensor storage, for tests that inspect results.
     const RefTensors& tensors() const { return tensors_; }
+    // The heap shared by all instances (counters a program keeps there, e.g. vm/kv_pages_abi.h).
+    std::span<const uint32_t> heap() const { return heap_; }
 
 private:
     struct Inst {

@@ -21,6 +21,7 @@ namespace {
 struct BenchArgs {
     std::string model, device, instances = "1";
     uint32_t prompt = 128, gen = 128, reps = 3, ctx = 0, chain_cycles = 64;
+    uint32_t kv_page = 0, kv_pool = 0;  // paged KV (EngineOptions::kv_page, kv_pool)
     float temp = 0;  // 0: greedy; else sampled with the default top-k, top-p and min-p
     uint64_t vram_budget = 0;
     bool expert_cache = true;
@@ -97,6 +98,9 @@ Command addBenchCommand(CLI::App& app) {
         ->check(CLI::Range(0.0f, 100.0f));
     sub->add_option("--instances", a->instances, "comma-separated instance counts for the batched test, e.g. 1,4,16,64");
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
+    sub->add_option("--kv-page", a->kv_page, "paged KV: positions per page (8, 16 or 32); each layer's K and V rows live in pools all instances share (default 0: per-instance caches)");
+    sub->add_option("--kv-pool", a->kv_pool,
+                    "paged KV: positions in each layer's pool (default: the largest --instances count x ctx)");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
     addVramBudgetOption(sub, &a->vram_budget, &a->host_weights, &a->expert_cache);
@@ -120,6 +124,9 @@ Command addBenchCommand(CLI::App& app) {
         eo.vram_budget = a->vram_budget;
         eo.expert_cache = a->expert_cache;
         eo.host_weights = a->host_weights;
+        eo.kv_page = a->kv_page;
+        eo.kv_pool = a->kv_pool;
+        eo.kv_pool_contexts = *std::max_element(counts.begin(), counts.end());
         ProgressBar bar("loading weights");
         eo.on_load = loadProgress(bar);
         auto engine = Engine::open(a->model, eo);
@@ -131,6 +138,10 @@ Command addBenchCommand(CLI::App& app) {
         j["lavapipe_threads"] = std::getenv("LP_NUM_THREADS") ? std::getenv("LP_NUM_THREADS") : "default";
         if (auto shapes = describeKernelShapes(GpuOptions{}, e.device().info())) j["kernel_shapes"] = shapes.value();
         j["temperature"] = a->temp;
+        if (e.kvPages()) {
+            j["kv_page"] = e.kvPage();
+            j["kv_pages"] = e.kvPages();
+        }
         auto pp = measure(e, 1, a->prompt, 1, a->reps, true, a->temp);
         if (!pp) return fail(pp.message());
         auto tg = measure(e, 1, 1, a->gen, a->reps, false, a->temp);

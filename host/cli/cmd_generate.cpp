@@ -41,6 +41,7 @@ struct GenerateArgs {
     std::string grammar_file, json_schema_file;
     bool json = false;
     uint32_t grammar_words = kGrammarWordsAuto;
+    uint32_t kv_page = 0, kv_pool = 0;  // paged KV (EngineOptions::kv_page, kv_pool)
     PackedGrammar grammar;  // compiled from the above before the model loads
 };
 
@@ -181,6 +182,11 @@ std::string statsJson(const Engine& e, size_t prompt_tokens, size_t gen_tokens, 
     if (s.expert_bytes > 0 && prompt_tokens + gen_tokens > 0) {
         j["expert_bytes_per_token"] = double(s.expert_bytes) / double(prompt_tokens + gen_tokens);
     }
+    if (e.kvPages()) {  // paged KV: the pool and the most pages the run held at once
+        j["kv_page"] = e.kvPage();
+        j["kv_pages"] = e.kvPages();
+        j["kv_pages_peak"] = e.kvPagesPeak();
+    }
     if (results.size() > 1) {
         double per = 0;
         for (const Completion& c : results) per += double(c.tokens.size());
@@ -313,6 +319,10 @@ Command addGenerateCommand(CLI::App& app) {
     sub->add_option("--seed", a->sampling.seed, "random seed (same seed, same text)")->each([a](const std::string&) { a->seed_given = true; });
     sub->add_option("--instances", a->instances, "instances sharing the weights")->check(CLI::Range(1u, 4096u));
     sub->add_option("--ctx", a->ctx, "context length per instance (default: the model's, at most 2048)");
+    sub->add_option("--kv-page", a->kv_page, "paged KV: positions per page (8, 16 or 32); each layer's K and V rows live in pools all instances share (default 0: per-instance caches)");
+    sub->add_option("--kv-pool", a->kv_pool,
+                    "paged KV: positions in each layer's pool (default: instances x ctx); a request waits "
+                    "until the pool holds its worst case");
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
@@ -365,6 +375,8 @@ Command addGenerateCommand(CLI::App& app) {
         eo.expert_cache = a->expert_cache;
         eo.host_weights = a->host_weights;
         eo.grammar_words = a->grammar_words;
+        eo.kv_page = a->kv_page;
+        eo.kv_pool = a->kv_pool;
         ProgressBar bar("loading weights");
         setLoading(&eo, &bar, a.get());
         auto engine = Engine::open(a->model, eo);

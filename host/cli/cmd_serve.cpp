@@ -41,6 +41,7 @@ struct ServeArgs {
     std::string tool_format = "auto";
     std::string pooling;  // "": the file's
     uint32_t sessions = 0;
+    uint32_t kv_page = 0, kv_pool = 0;  // paged KV (bluevm_model_options)
 };
 
 // Adds the keys of BLUEVM_API_KEY and of --api-key-file (one a line; blank lines and lines
@@ -172,6 +173,8 @@ int serve(const ServeArgs& a) {
     mo.grammar_words = a.grammar_words;
     mo.pooling = a.pooling.empty() ? nullptr : a.pooling.c_str();
     mo.sessions = a.sessions;
+    mo.kv_page = a.kv_page;
+    mo.kv_pool = a.kv_pool;
     bluevm_model* model = nullptr;
     if (bluevm_model_open(model_path.c_str(), &mo, &model) != BLUEVM_OK) return fail(bluevm_last_error());
     bluevm_engine_options eo;
@@ -238,6 +241,10 @@ Command addServeCommand(CLI::App& app) {
                     "session slots: conversations (a request's \"session_id\") whose tokens and KV rows the GPU "
                     "keeps between turns, each a whole context of KV rows (default 0: none)")
         ->check(CLI::Range(0u, 4096u));
+    sub->add_option("--kv-page", a->kv_page, "paged KV: positions per page (8, 16 or 32); each layer's K and V rows live in pools all instances share (default 0: per-instance caches)");
+    sub->add_option("--kv-pool", a->kv_pool,
+                    "paged KV: positions in each layer's pool (default: 8 x ctx); a request waits until the "
+                    "pool holds its worst case");
     sub->add_option("--queue", a->queue, "requests that may wait for an instance before 429 (default 8 per instance)");
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per submitted chain (fewer: tokens stream sooner)")->check(CLI::Range(2u, 4096u));
     sub->add_option("--threads", a->threads, "HTTP worker threads (default: enough for every instance and queued request)");

@@ -10,6 +10,7 @@
 #include "compiler/lower_model.h"
 #include "host/machine_plan.h"
 #include "vm/abi.h"
+#include "vm/kv_pages_abi.h"
 #include "vm/llm_abi.h"
 #include "vm/verify.h"
 
@@ -81,6 +82,9 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         lo.grammar_words = options.grammar_words;
         lo.pooling = options.pooling;
         lo.sessions = options.sessions;
+        lo.kv_page = options.kv_page;
+        lo.kv_pool = options.kv_pool;
+        lo.kv_pool_contexts = options.kv_pool_contexts ? options.kv_pool_contexts : std::max(options.instances, 1u);
         if (lo.grammar_words == kGrammarWordsAuto) {
             // 16 instances' automata in one page of the device (1 MiB pages: 16384 words each);
             // none on a device whose pages cannot hold 4096 words for each.
@@ -117,6 +121,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const std::string& path, const Engi
         e->sessions_ = uint32_t(std::strtoul(n->c_str(), nullptr, 10));
         if (e->sessions_ > kMaxSessions) return BLUE_ERROR("%s: %s '%s' is not a session count", path.c_str(), kMetaSessions, n->c_str());
     }
+    if (Status s = e->readKvPaging(path); !s) return s;
     auto w = WeightSource::open(e->module_, module_dir);
     if (!w) return w.status();
     e->weights_ = std::make_unique<WeightSource>(std::move(w.value()));
@@ -131,6 +136,34 @@ Status during(const Status& s, const std::string& what) {
 }
 
 }  // namespace
+
+Status Engine::readKvPaging(const std::string& path) {
+    const std::string* page = module_.metaValue(kMetaKvPage);
+    if (!page) return Status::ok();
+    const std::string* pages = module_.metaValue(kMetaKvPages);
+    kv_page_ = uint32_t(std::strtoul(page->c_str(), nullptr, 10));
+    kv_pages_ = pages ? uint32_t(std::strtoul(pages->c_str(), nullptr, 10)) : 0;
+    if (kv_page_ < BLUE_KVP_MIN_PAGE || kv_page_ > BLUE_KVP_MAX_PAGE || kv_pages_ == 0) {
+        return BLUE_ERROR("%s: %s '%s' with %s '%s' is not a paged KV layout", path.c_str(), kMetaKvPage,
+                          page->c_str(), kMetaKvPages, pages ? pages->c_str() : "(missing)");
+    }
+    // Each pool is one tensor, so it must fit one binding; say so with the pool's size in
+    // positions rather than as a tensor the planner cannot place.
+    auto it = std::find_if(module_.tensors.begin(), module_.tensors.end(),
+                           [](const TensorDecl& t) { return t.name == "kpool.0"; });
+    if (!device_ || it == module_.tensors.end()) return Status::ok();
+    const uint64_t page_bytes = dtypeRowBytes(it->dtype, it->ne[0]).value_or(0) * kv_page_;
+    const uint64_t limit = std::min<uint64_t>({device_->maxPageBytes(), device_->maxAllocationBytes(), 0xFFFFFF00ull});
+    if (page_bytes * kv_pages_ > limit) {
+        return BLUE_ERROR("%s: a KV pool of %llu positions (%u pages of %u) needs %.1f MiB per layer for K and as much "
+                          "for V, more than the device's largest storage binding (%.1f MiB); at most %llu positions "
+                          "fit (--kv-pool)",
+                          path.c_str(), (unsigned long long)kv_pages_ * kv_page_, kv_pages_, kv_page_,
+                          double(page_bytes * kv_pages_) / (1 << 20), double(limit) / (1 << 20),
+                          (unsigned long long)(limit / page_bytes * kv_page_));
+    }
+    return Status::ok();
+}
 
 Status Engine::resetDevice() {
     {
@@ -399,6 +432,10 @@ std::optional<TokenLogprobs> LogprobRecords::pop() {
 Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests_in,
                                             const TokenCallback& on_token, const KvRun& kv) {
     const bool with_kv = kv.restore || kv.save;
+    if (with_kv && kv_page_) {
+        return Status::error("KV snapshots (saving or restoring) of a paged KV cache are not supported yet; "
+                             "use a program without --kv-page");
+    }
     if (with_kv && requests_in.size() != 1) {
         return BLUE_ERROR("saving or restoring a KV snapshot takes one request (%zu given)", requests_in.size());
     }
@@ -474,6 +511,11 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
     std::string faults = describeFaults(module_, report.value().instances);
     if (!faults.empty()) return Status::error("the generation program faulted: " + faults);
     if (kv.save) BLUE_TRY(kvSave(*machine.value(), kv.save));
+    if (kv_pages_) {  // the program's counter, reported after the run (vm/kv_pages_abi.h)
+        uint32_t peak = 0;
+        BLUE_TRY(machine.value()->readHeap(BLUE_KVP_BASE(module_.layout.in_slots) + BLUE_KVP_PEAK, {&peak, 1}));
+        kv_pages_peak_ = peak;
+    }
     return out;
 }
 

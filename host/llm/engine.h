@@ -46,6 +46,13 @@ struct EngineOptions {
     // keeps the pooling it was lowered with.
     std::optional<Pooling> pooling;
     uint32_t sessions = 0;      // LowerOptions::sessions when lowering a GGUF (a .bir keeps its own)
+    // Paged KV (LowerOptions::kv_page, kv_pool) when lowering a GGUF (a .bir keeps its own):
+    // positions per page (8, 16 or 32; 0: per-instance caches) and positions in each layer's pool
+    // (0: kv_pool_contexts x ctx, where kv_pool_contexts 0 means `instances`: the memory of
+    // per-instance caches).
+    uint32_t kv_page = 0;
+    uint32_t kv_pool = 0;
+    uint32_t kv_pool_contexts = 0;
     bool profile = false;
     bool validation = false;
     uint64_t max_cycles = 0;    // watchdog (0: derived from the requests)
@@ -126,6 +133,11 @@ public:
     Pooling pooling() const { return pooling_; }
     // Session slots of the program (GenerationRequest::session; 0: none).
     uint32_t sessions() const { return sessions_; }
+    // Paged KV: positions per page and pages in each pool (both 0: per-instance caches), and the
+    // most pages the last run() held at once (the program's counter, read after the run).
+    uint32_t kvPage() const { return kv_page_; }
+    uint32_t kvPages() const { return kv_pages_; }
+    uint32_t kvPagesPeak() const { return kv_pages_peak_; }
     // The device; only while hasDevice() (after open, and after a resetDevice that succeeded).
     Device& device() { return *device_; }
     const Device& device() const { return *device_; }
@@ -198,6 +210,8 @@ public:
 private:
     Engine() = default;
     Status deviceUsable() const;
+    // Reads the module's paged-KV metadata; fails when it is malformed or a pool passes a binding.
+    Status readKvPaging(const std::string& path);
     // engine_kv.cpp: the K and V cache tensors in snapshot order (kcache.0, vcache.0, ...).
     std::vector<uint32_t> kvCaches() const;
     // A request continuing `restore`: its start position and (for an empty prompt) the last token.
@@ -219,6 +233,7 @@ private:
     uint32_t grammar_words_ = 0;
     Pooling pooling_ = Pooling::None;
     uint32_t sessions_ = 0;
+    uint32_t kv_page_ = 0, kv_pages_ = 0, kv_pages_peak_ = 0;
     uint64_t model_hash_ = 0;  // kvModelHash of the GGUF
     GpuStats stats_;
 };

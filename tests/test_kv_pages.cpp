@@ -1,0 +1,454 @@
+// Paged KV caches in the generation program (LowerOptions::kv_page, compiler/lower_kv_pages.cpp):
+// each layer's K and V rows in pools all instances share, pages taken by a request as it writes
+// them (admission reserves its worst case first) and given back when it ends, all decided by the
+// program on the GPU. What must hold, on stories260K: the ids are those of per-instance caches,
+// greedy and seeded, on 1 and 16 instances, with the reference machine agreeing with the GPU; a
+// pool far smaller than instances x ctx only makes requests wait (same ids, the peak within the
+// pool), down to a pool of one context beside a request that needs all of it; no round trips;
+// and the options and their refusals through bluec and bluevm.
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "compiler/gguf.h"
+#include "compiler/lower_model.h"
+#include "compiler/model_config.h"
+#include "host/llm/engine.h"
+#include "host/llm/serving.h"
+#include "tests/child.h"
+#include "tests/generation_runs.h"
+#include "tests/gpu_fixture.h"
+#include "tests/temp_dir.h"
+#include "tests/test_paths.h"
+#include "vm/abi.h"
+#include "vm/interp.h"
+#include "vm/kv_pages_abi.h"
+#include "vm/module.h"
+#include "vm/weights.h"
+
+namespace blue::test {
+namespace {
+
+std::string storiesPath() {
+    return sharedDir() + "/models/stories260K/stories260K.gguf";
+}
+std::string binary(const std::string& rel) {
+    return std::string(BLUE_BINARY_DIR) + "/" + rel;
+}
+
+std::unique_ptr<Engine> openEngine(uint32_t instances, uint32_t ctx, uint32_t kv_page,
+                                   uint32_t kv_pool = 0) {
+    EngineOptions eo;
+    eo.instances = instances;
+    eo.ctx = ctx;
+    eo.kv_page = kv_page;
+    eo.kv_pool = kv_pool;
+    auto e = Engine::open(storiesPath(), eo);
+    REQUIRE_MESSAGE(e.isOk(), e.message());
+    return std::move(e.value());
+}
+
+// `n` requests of different prompts and lengths; temperature 0 is greedy, else seeded per request.
+std::vector<GenerationRequest> requests(const Engine& e, size_t n, float temperature,
+                                        uint32_t max_new) {
+    static const char* kOpenings[] = {
+        "Once upon a time",       "The dog",     "Lily wanted to",    "Tom and his mom went",
+        "One day, a little bird", "The sun was", "Sam had a big red", "Anna"};
+    std::vector<GenerationRequest> out;
+    for (size_t i = 0; i < n; ++i) {
+        GenerationRequest r;
+        r.prompt = e.promptTokens(kOpenings[i % 8]);
+        for (size_t k = 0; k < i / 8; ++k) {  // later rounds: longer prompts
+            std::vector<uint32_t> more =
+                e.continuationTokens(std::string(" ") + kOpenings[(i + k) % 8] + ".");
+            r.prompt.insert(r.prompt.end(), more.begin(), more.end());
+        }
+        r.max_new = max_new + uint32_t(i % 5) * 7;
+        r.ignore_eog = i % 2 == 0;
+        r.sampling.temperature = temperature;
+        r.sampling.seed = 100 + uint32_t(i);
+        r.tag = uint32_t(i);  // the machines' records by tag (Engine::run sets its own)
+        out.push_back(r);
+    }
+    return out;
+}
+
+std::vector<std::vector<uint32_t>> ids(Engine& e, const std::vector<GenerationRequest>& reqs) {
+    auto out = e.run(reqs);
+    REQUIRE_MESSAGE(out.isOk(), out.message());
+    std::vector<std::vector<uint32_t>> v;
+    for (const Completion& c : out.value()) {
+        CHECK(c.finished);
+        v.push_back(c.tokens);
+    }
+    CHECK(e.stats().round_trips == 0);
+    return v;
+}
+
+Module lowered(uint32_t ctx, uint32_t kv_page, uint32_t kv_pool) {
+    auto g = ggufOpen(storiesPath());
+    REQUIRE(g.isOk());
+    auto cfg = modelConfigFromGguf(g.value());
+    REQUIRE(cfg.isOk());
+    LowerOptions lo;
+    lo.ctx = ctx;
+    lo.kv_page = kv_page;
+    lo.kv_pool = kv_pool;
+    lo.grammar_words = 0;
+    lo.model_path = storiesPath();
+    auto m = lowerModel(g.value(), cfg.value(), lo);
+    REQUIRE_MESSAGE(m.isOk(), m.message());
+    return std::move(m.value());
+}
+
+}  // namespace
+
+TEST_CASE(
+    "kv pages: paged and per-instance caches give the same ids, greedy and seeded, on 1 and 16 "
+    "instances") {
+    for (uint32_t instances : {1u, 16u}) {
+        auto flat = openEngine(instances, 128, 0);
+        for (uint32_t page :
+             instances == 1 ? std::vector<uint32_t>{8, 32} : std::vector<uint32_t>{16}) {
+            auto paged = openEngine(instances, 128, page);
+            CHECK(paged->kvPage() == page);
+            CHECK(paged->kvPages() == instances * 128 / page);  // default pool: instances x ctx
+            for (float temp : {0.0f, 0.9f}) {
+                CAPTURE(instances);
+                CAPTURE(page);
+                CAPTURE(temp);
+                // 24 requests on 16 instances: later ones take pages earlier ones gave back.
+                const auto reqs = requests(*flat, instances == 1 ? 4 : 24, temp, 30);
+                const auto want = ids(*flat, reqs);
+                CHECK(ids(*paged, reqs) == want);
+                CHECK(paged->kvPagesPeak() >= 1);
+                CHECK(paged->kvPagesPeak() <= paged->kvPages());
+                if (instances == 16)
+                    CHECK(paged->kvPagesPeak() > 128 / page);  // more than one instance's
+            }
+        }
+    }
+}
+
+TEST_CASE(
+    "kv pages: the reference machine and the GPU agree on a paged program, and with per-instance "
+    "caches") {
+    const Module paged = lowered(96, 8, 0);
+    const Module flat = lowered(96, 0, 0);
+    CHECK(*paged.metaValue(kMetaKvPage) == "8");
+    CHECK(*paged.metaValue(kMetaKvPages) ==
+          std::to_string(8 * 96 / 8));  // bluec's default: 8 x ctx
+    auto e = openEngine(1, 96, 0);
+    for (float temp : {0.0f, 0.9f}) {
+        CAPTURE(temp);
+        const auto reqs = requests(*e, 3, temp, 25);
+        Generated ref = runOnRef(paged, 1, reqs);
+        GpuGenerated gpu = runOnGpu(paged, 1, reqs);
+        GpuGenerated gpu_flat = runOnGpu(flat, 1, reqs);
+        REQUIRE(ref.tokens.size() == 3);
+        CHECK(ref.tokens == gpu.out.tokens);
+        CHECK(gpu.out.tokens == gpu_flat.out.tokens);
+        CHECK(gpu.out.cached.empty());  // no prefix reuse with paging yet
+    }
+}
+
+TEST_CASE(
+    "kv pages: a pool of 2 x ctx on 16 instances makes requests wait, with the same ids, the peak "
+    "within it") {
+    auto flat = openEngine(16, 128, 0);
+    auto paged = openEngine(16, 128, 16, 256);  // 16 pages; each request reserves 3 to 7
+    REQUIRE(paged->kvPages() == 16);
+    for (float temp : {0.0f, 0.9f}) {
+        CAPTURE(temp);
+        const auto reqs = requests(*flat, 16, temp, 50);
+        CHECK(ids(*paged, reqs) == ids(*flat, reqs));
+        CHECK(paged->kvPagesPeak() <= 16);
+        CHECK(paged->kvPagesPeak() >= 7);
+    }
+}
+
+TEST_CASE(
+    "kv pages: with a pool of one context on 4 instances, a long request beside short ones gets "
+    "its ids") {
+    const uint32_t ctx = 256;
+    auto flat = openEngine(4, ctx, 0);
+    auto paged = openEngine(4, ctx, 16, ctx);  // 16 pages: the long request needs 15 of them
+    // The long prompt: a story opening and the model's own greedy continuation (real text).
+    GenerationRequest seed;
+    seed.prompt = flat->promptTokens("Once upon a time, there was a little girl named Lily.");
+    seed.max_new = 170;
+    seed.ignore_eog = true;
+    seed.sampling.temperature = 0;
+    auto story = flat->run({seed});
+    REQUIRE(story.isOk());
+    GenerationRequest long_req = seed;
+    long_req.prompt.insert(long_req.prompt.end(), story.value()[0].tokens.begin(),
+                           story.value()[0].tokens.end());
+    long_req.prompt.resize(160);
+    long_req.max_new = 80;  // 240 positions: 15 pages
+    std::vector<GenerationRequest> reqs = requests(*flat, 3, 0.0f, 12);
+    reqs.insert(reqs.begin() + 1, long_req);
+    for (const GenerationRequest& r : requests(*flat, 4, 0.9f, 12)) reqs.push_back(r);
+    const auto want = ids(*flat, reqs);
+    REQUIRE(want[1].size() == 80);
+    CHECK(ids(*paged, reqs) == want);
+    CHECK(paged->kvPagesPeak() <= 16);
+    CHECK(paged->kvPagesPeak() >= 15);
+}
+
+TEST_CASE(
+    "kv pages: embedding requests of a paged program pool the same vectors, beside generation") {
+    for (Pooling pooling : {Pooling::Mean, Pooling::Last}) {
+        CAPTURE(std::string(poolingName(pooling)));
+        std::unique_ptr<Engine> engines[2];
+        for (uint32_t page : {0u, 16u}) {
+            EngineOptions eo;
+            eo.instances = 4;
+            eo.ctx = 128;
+            eo.kv_page = page;
+            eo.kv_pool = page ? 128 : 0;  // one context: embeddings and generations wait for pages
+            eo.pooling = pooling;
+            auto e = Engine::open(storiesPath(), eo);
+            REQUIRE_MESSAGE(e.isOk(), e.message());
+            engines[page ? 1 : 0] = std::move(e.value());
+        }
+        std::vector<GenerationRequest> reqs = requests(*engines[0], 6, 0.0f, 20);
+        for (size_t i = 0; i < reqs.size(); i += 2) reqs[i].embed = true;
+        std::vector<Completion> out[2];
+        for (int k = 0; k < 2; ++k) {
+            auto r = engines[k]->run(reqs);
+            REQUIRE_MESSAGE(r.isOk(), r.message());
+            out[k] = r.value();
+        }
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            CAPTURE(i);
+            CHECK(out[1][i].tokens == out[0][i].tokens);
+            REQUIRE(out[1][i].embedding.size() == out[0][i].embedding.size());
+            CHECK(out[1][i].embedding.size() == (reqs[i].embed ? 64u : 0u));
+            for (size_t d = 0; d < out[0][i].embedding.size(); ++d) {
+                CHECK(out[1][i].embedding[d] == out[0][i].embedding[d]);  // the same kernels' bits
+            }
+        }
+        CHECK(engines[1]->kvPagesPeak() <= 8);
+    }
+}
+
+// A request that holds the whole pool is cancelled while others wait for pages: the cancel gives
+// its pages back (the program's release at `finish`), so the waiters are admitted and finish
+// with their unpaged ids. A waiter cancelled meanwhile ends for its client at once (the GPU side
+// of that is the next test).
+TEST_CASE(
+    "kv pages: serving, a cancelled request gives its pages back to requests waiting for them") {
+    auto flat = openEngine(1, 512, 0);
+    auto paged = openEngine(1, 512, 16, 512);  // 32 pages: the long request reserves all of them
+    std::vector<GenerationRequest> shorts = requests(*flat, 4, 0.0f, 15);
+    const auto want = ids(*flat, shorts);
+    struct Collector {
+        std::mutex m;
+        std::condition_variable cv;
+        std::map<uint64_t, std::vector<uint32_t>> tokens;
+        std::map<uint64_t, FinishReason> done;
+    } c;
+    auto callback = [&c](const StreamEvent& ev) {
+        std::lock_guard<std::mutex> lock(c.m);
+        auto& t = c.tokens[ev.id];
+        t.insert(t.end(), ev.tokens.begin(), ev.tokens.end());
+        if (ev.finished) c.done[ev.id] = ev.reason;
+        c.cv.notify_all();
+    };
+    auto wait = [&c](auto pred) {
+        std::unique_lock<std::mutex> lock(c.m);
+        return c.cv.wait_for(lock, std::chrono::seconds(120), pred);
+    };
+    auto s = ServingEngine::create(*paged, ServeOptions{2, 16, 8});
+    REQUIRE_MESSAGE(s.isOk(), s.message());
+    GenerationRequest long_req = requests(*flat, 1, 0.0f, 0)[0];
+    long_req.max_new = 2000;
+    long_req.ignore_eog = true;
+    auto long_id = s.value()->submit(long_req, {}, callback);
+    REQUIRE(long_id.isOk());
+    REQUIRE(wait([&] { return c.tokens[long_id.value()].size() >= 4; }));  // it holds pages now
+    std::vector<uint64_t> short_ids;
+    for (const GenerationRequest& r : shorts)
+        short_ids.push_back(s.value()->submit(r, {}, callback).value());
+    // The first short request waits to be admitted (the long one decodes about 500 tokens more,
+    // a second or so on lavapipe): cancelled, it ends with no token.
+    s.value()->cancel(short_ids[0]);
+    REQUIRE(wait([&] { return c.done.count(short_ids[0]) == 1; }));
+    CHECK(c.done[short_ids[0]] == FinishReason::Cancelled);
+    CHECK(c.tokens[short_ids[0]].empty());
+    CHECK(c.done.count(long_id.value()) == 0);
+    s.value()->cancel(long_id.value());
+    REQUIRE(wait([&] { return c.done.size() == 1 + shorts.size(); }));
+    CHECK(c.done[long_id.value()] == FinishReason::Cancelled);
+    CHECK(c.tokens[long_id.value()].size() < 500);  // ended early, not by the context's end
+    for (size_t i = 1; i < shorts.size(); ++i) {
+        CAPTURE(i);
+        CHECK(c.tokens[short_ids[i]] == want[i]);
+    }
+    CHECK(s.value()->metrics().round_trips == 0);
+}
+
+// A request waiting to be admitted (the pool held by another) sees its cancel there and ends
+// with no token, holding nothing; the other is unaffected. The host's flag word is set before the
+// run on every instance to tag 1 + 1, the cancel mark of the waiting request wherever it runs.
+TEST_CASE(
+    "kv pages: a request cancelled while it waits for admission ends there, on both machines") {
+    const Module paged = lowered(64, 16, 64);  // 4 pages: the long request reserves all of them
+    auto e = openEngine(1, 64, 0);
+    std::vector<GenerationRequest> reqs = requests(*e, 2, 0.0f, 40);
+    reqs[0].max_new = 60;
+    reqs[0].ignore_eog = true;
+    const auto want = ids(*e, {reqs[0]})[0];
+    auto w = WeightSource::open(paged, "");
+    REQUIRE(w.isOk());
+    RefMachine ref(paged, w.value(), MachineOptions{2, 100000});
+    GpuOptions opt;
+    opt.instances = 2;
+    auto machine = GpuMachine::create(*gpu().device, *gpu().pipelines, paged, w.value(), opt);
+    REQUIRE_MESSAGE(machine.isOk(), machine.message());
+    for (uint32_t i = 0; i < 2; ++i) {
+        ref.setFlag(i, 2);
+        machine.value()->setFlag(i, 2);
+    }
+    for (const GenerationRequest& r : reqs) {
+        ref.pushInput(encodeRequest(r));
+        REQUIRE(machine.value()->pushInput(encodeRequest(r)).isOk());
+    }
+    ref.closeInput();
+    machine.value()->closeInput();
+    RunReport rr = ref.run();
+    REQUIRE_MESSAGE(rr.status.isOk(), rr.status.message());
+    auto gr = machine.value()->run();
+    REQUIRE_MESSAGE(gr.isOk(), gr.message());
+    for (const Generated& g :
+         std::vector<Generated>{generatedByTag(rr), generatedByTag(gr.value())}) {
+        REQUIRE(g.tokens.count(1) == 1);
+        CHECK(g.tokens.at(1).empty());  // admitted, it would have sampled a token first
+        CHECK(g.tokens.at(0) == want);
+    }
+    CHECK(ref.heap()[BLUE_KVP_BASE(paged.layout.in_slots) + BLUE_KVP_COMMITTED] ==
+          0);  // all given back
+    CHECK(ref.heap()[BLUE_KVP_BASE(paged.layout.in_slots) + BLUE_KVP_IN_USE] == 0);
+    CHECK(ref.heap()[BLUE_KVP_BASE(paged.layout.in_slots) + BLUE_KVP_PEAK] == 4);
+    CHECK(machine.value()->stats().round_trips == 0);
+}
+
+TEST_CASE(
+    "kv pages: bluec lower --kv-page/--kv-pool write the pools and metadata; bad values are "
+    "refused with numbers") {
+    TempDir dir("blue_kv_pages");
+    const std::string out = dir.path + "/paged.bir";
+    Child ok({binary("compiler/bluec"), "lower", "--model", storiesPath(), "-o", out, "--ctx",
+              "128", "--kv-page", "16", "--kv-pool", "1000"});
+    REQUIRE(ok.wait() == 0);
+    CHECK(ok.out_text == "bluec: paged KV: 63 pages of 16 positions in each layer's pool\n");
+    auto m = readModuleFile(out);
+    REQUIRE(m.isOk());
+    CHECK(*m.value().metaValue(kMetaKvPage) == "16");
+    CHECK(*m.value().metaValue(kMetaKvPages) == "63");
+    bool pool = false, cache = false;
+    for (const TensorDecl& t : m.value().tensors) {
+        if (t.name == "kpool.0")
+            pool = t.ndim == 3 && t.ne[0] == 32 && t.ne[1] == 16 && t.ne[2] == 63 &&
+                   t.cls == BLUE_TC_GLOBAL;
+        cache = cache || t.name == "kcache.0";
+    }
+    CHECK(pool);
+    CHECK(!cache);
+
+    struct Bad {
+        std::vector<std::string> args;
+        std::string message;
+    };
+    for (const Bad& b : std::vector<Bad>{{{"--kv-page", "12"},
+                                          "bluec: kv page 12: positions per page must be a power "
+                                          "of two from 8 to 32 (8, 16 or 32)\n"},
+                                         {{"--kv-page", "64"},
+                                          "bluec: kv page 64: positions per page must be a power "
+                                          "of two from 8 to 32 (8, 16 or 32)\n"},
+                                         {{"--kv-page", "16", "--kv-pool", "100"},
+                                          "bluec: kv pool of 100 positions (7 pages of 16) is "
+                                          "smaller than one request of the full context: 128 "
+                                          "positions need 8 pages (128 positions)\n"},
+                                         {{"--kv-page", "16", "--kv-pool", "134217728"},
+                                          "bluec: kv pool of 134217728 positions needs 8.0 GiB per "
+                                          "layer for K and as much for V; a tensor holds at "
+                                          "most 4 GiB (67108864 positions)\n"},
+                                         {{"--kv-page", "16", "--sessions", "2"},
+                                          "bluec: 2 session slots with a paged KV cache (kv page "
+                                          "16): not supported yet; lower with kv page 0\n"}}) {
+        std::vector<std::string> argv = {
+            binary("compiler/bluec"), "lower", "--model", storiesPath(), "-o", out, "--ctx", "128"};
+        argv.insert(argv.end(), b.args.begin(), b.args.end());
+        Child c(argv);
+        CHECK(c.wait() == 1);
+        CHECK(c.err_text == b.message);
+    }
+}
+
+TEST_CASE(
+    "kv pages: bluevm generate --kv-page gives the unpaged text, reports the peak; refusals are "
+    "one line") {
+    auto gen = [](std::vector<std::string> extra) {
+        std::vector<std::string> argv = {binary("host/bluevm"),
+                                         "generate",
+                                         "--model",
+                                         storiesPath(),
+                                         "--prompt",
+                                         "Once upon a time",
+                                         "-n",
+                                         "40",
+                                         "--temp",
+                                         "0",
+                                         "--ctx",
+                                         "128",
+                                         "--no-echo"};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        return argv;
+    };
+    Child flat(gen({}));
+    REQUIRE(flat.wait() == 0);
+    Child paged(gen({"--kv-page", "16", "--stats"}));
+    REQUIRE(paged.wait() == 0);
+    CHECK(paged.out_text == flat.out_text);
+    auto line = paged.err_text.substr(paged.err_text.rfind('{'));
+    auto j = nlohmann::json::parse(line);
+    CHECK(j["kv_page"] == 16);
+    CHECK(j["kv_pages"] == 8);       // one instance: a pool of ctx
+    CHECK(j["kv_pages_peak"] == 3);  // 4 + 40 positions
+    CHECK(j["round_trips"] == 0);
+
+    Child page12(gen({"--kv-page", "12"}));
+    CHECK(page12.wait() == 1);
+    CHECK(page12.err_text ==
+          "bluevm: kv page 12: positions per page must be a power of two from 8 to 32 (8, 16 or "
+          "32)\n");
+    Child small(gen({"--kv-page", "16", "--kv-pool", "64"}));
+    CHECK(small.wait() == 1);
+    CHECK(small.err_text.find("kv pool of 64 positions (4 pages of 16) is smaller than one request "
+                              "of the full context: "
+                              "128 positions need 8 pages") != std::string::npos);
+    // 2^22 positions of 64 bytes (kv_dim 32, F16): 256 MiB a pool, past lavapipe's 128 MiB binding.
+    Child big(gen({"--kv-page", "32", "--kv-pool", "4194304"}));
+    CHECK(big.wait() == 1);
+    CHECK(std::count(big.err_text.begin(), big.err_text.end(), '\n') == 1);
+    CHECK(big.err_text.find("a KV pool of 4194304 positions (131072 pages of 32) needs 256.0 MiB "
+                            "per layer for K and "
+                            "as much for V") != std::string::npos);
+    CHECK(big.err_text.find("more than the device's largest storage binding") != std::string::npos);
+    TempDir dir("blue_kv_pages_cli");
+    Child save(gen({"--kv-page", "16", "--kv-save", dir.path + "/s.kv"}));
+    CHECK(save.wait() == 1);
+    CHECK(save.err_text.find(
+              "KV snapshots (saving or restoring) of a paged KV cache are not supported yet") !=
+          std::string::npos);
+}
+
+}  // namespace blue::test
