@@ -133,6 +133,13 @@ using KvRowOf = std::function<uint64_t(uint32_t item, uint64_t t)>;
 // without a row take no part, and an item with none gets zeros. ATTN's cache is row_of = t, so a
 // paged table that maps positions to rows holding the same values gives the same bits.
 void attnRows(const Items& it, const TensorInstr& ti, uint64_t positions, const KvRowOf& row_of);
+// KVSTORE and KVSTOREP: each item's K and V rows (operands 0 and 2) into row row_of(item, p) of
+// operands 1 and 3, p = arg (operand 4) + row index; nothing where it has no row.
+void kvStoreRows(const Items& it, const TensorInstr& ti, const KvRowOf& row_of);
+// KVCOPY and KVCOPYP: positions [first, end) (block arguments of operands 4 and 5, clamped to the
+// store's context) between row row_of(item, pos) of operand 0 and slot s (operand 3's argument;
+// none past the store's slots) of the store, operand 1; direction operand 2 (0: store to rows).
+void kvCopyRows(const Items& it, const TensorInstr& ti, const KvRowOf& row_of);
 // ... and of the mixture-of-experts ops (tensor_ops_moe.cpp).
 Status checkMoeOp(const Checker& c);
 bool runMoeOpRef(const Items& it, const TensorInstr& ti);

@@ -125,20 +125,9 @@ uint64_t pageRow(const Items& it, uint32_t item, uint32_t tab, uint32_t n, const
 }
 
 void refKvstorep(const Items& it, const TensorInstr& ti) {
-    const auto& a = ti.args;
-    const TensorDecl& kp = it.decl(a[1]);
-    const uint64_t dim = kp.ne[0];
-    for (uint32_t item = 0; item < it.count(); ++item) {
-        const uint64_t p = uint64_t(it.arg(item, a[4])) + it.rowLocal(item);
-        const uint64_t row = pageRow(it, item, a[5], a[6], kp, p);
-        if (row == kNoKvRow) continue;
-        for (int which = 0; which < 2; ++which) {
-            const float* src = it.f32(a[which * 2], item);
-            uint8_t* pool = it.slice(a[which * 2 + 1], item);
-            const TensorDecl& t = it.decl(a[which * 2 + 1]);
-            for (uint64_t i = 0; i < dim; ++i) cacheWrite(t, pool, row * dim + i, src[i]);
-        }
-    }
+    const TensorDecl& kp = it.decl(ti.args[1]);
+    const uint32_t tab = ti.args[5], n = ti.args[6];
+    kvStoreRows(it, ti, [&](uint32_t item, uint64_t p) { return pageRow(it, item, tab, n, kp, p); });
 }
 
 void refAttnp(const Items& it, const TensorInstr& ti) {
@@ -162,27 +151,9 @@ void refPgcopy(const Items& it, const TensorInstr& ti) {
 }
 
 void refKvcopyp(const Items& it, const TensorInstr& ti) {
-    const auto& a = ti.args;
-    const TensorDecl& pool = it.decl(a[0]);
-    const TensorDecl& store = it.decl(a[1]);
-    const uint64_t ctx = store.ne[1];
-    const uint64_t row_bytes = *dtypeRowBytes(pool.dtype, pool.ne[0]), slot_bytes = row_bytes * ctx;
-    for (uint32_t item = 0; item < it.count(); ++item) {
-        const uint64_t s = it.arg(item, a[3]);
-        const uint64_t first = std::min<uint64_t>(it.arg(item, a[4]), ctx);
-        const uint64_t end = std::min<uint64_t>(it.arg(item, a[5]), ctx);
-        if (s >= store.ne[2]) continue;
-        uint8_t* p = it.slice(a[0], item);
-        uint8_t* st = it.slice(a[1], item) + s * slot_bytes;
-        for (uint64_t pos = first; pos < end; ++pos) {
-            const uint64_t row = pageRow(it, item, a[6], a[7], pool, pos);
-            if (row == kNoKvRow) continue;
-            if (a[2] == 0)
-                std::memcpy(p + row * row_bytes, st + pos * row_bytes, row_bytes);
-            else
-                std::memcpy(st + pos * row_bytes, p + row * row_bytes, row_bytes);
-        }
-    }
+    const TensorDecl& pool = it.decl(ti.args[0]);
+    const uint32_t tab = ti.args[6], n = ti.args[7];
+    kvCopyRows(it, ti, [&](uint32_t item, uint64_t pos) { return pageRow(it, item, tab, n, pool, pos); });
 }
 
 }  // namespace

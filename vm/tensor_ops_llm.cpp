@@ -104,6 +104,46 @@ void attnRows(const Items& it, const TensorInstr& ti, uint64_t positions, const 
     }
 }
 
+void kvStoreRows(const Items& it, const TensorInstr& ti, const KvRowOf& row_of) {
+    const auto& a = ti.args;
+    const uint64_t dim = it.decl(a[1]).ne[0];
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        const uint64_t row = row_of(item, uint64_t(it.arg(item, a[4])) + it.rowLocal(item));
+        if (row == kNoKvRow) continue;
+        for (int which = 0; which < 2; ++which) {
+            const float* src = it.f32(a[which * 2], item);
+            uint8_t* rows = it.slice(a[which * 2 + 1], item);
+            const TensorDecl& t = it.decl(a[which * 2 + 1]);
+            for (uint64_t i = 0; i < dim; ++i) cacheWrite(t, rows, row * dim + i, src[i]);
+        }
+    }
+}
+
+void kvCopyRows(const Items& it, const TensorInstr& ti, const KvRowOf& row_of) {
+    const auto& a = ti.args;
+    const TensorDecl& kv = it.decl(a[0]);
+    const TensorDecl& store = it.decl(a[1]);
+    const uint64_t ctx = store.ne[1];
+    const uint64_t row_bytes = *dtypeRowBytes(kv.dtype, kv.ne[0]), slot_bytes = row_bytes * ctx;
+    for (uint32_t item = 0; item < it.count(); ++item) {
+        const uint64_t s = it.arg(item, a[3]);
+        const uint64_t first = std::min<uint64_t>(it.arg(item, a[4]), ctx);
+        const uint64_t end = std::min<uint64_t>(it.arg(item, a[5]), ctx);
+        if (s >= store.ne[2]) continue;
+        uint8_t* rows = it.slice(a[0], item);
+        uint8_t* st = it.slice(a[1], item) + s * slot_bytes;
+        for (uint64_t pos = first; pos < end; ++pos) {
+            const uint64_t row = row_of(item, pos);
+            if (row == kNoKvRow) continue;
+            if (a[2] == 0) {
+                std::memcpy(rows + row * row_bytes, st + pos * row_bytes, row_bytes);
+            } else {
+                std::memcpy(st + pos * row_bytes, rows + row * row_bytes, row_bytes);
+            }
+        }
+    }
+}
+
 namespace {
 
 constexpr uint32_t kNone = 0xFFFFFFFFu;
@@ -287,34 +327,12 @@ void refRope(const Items& it, const TensorInstr& ti) {
 }
 
 void refKvstore(const Items& it, const TensorInstr& ti) {
-    const TensorDecl& kc = it.decl(ti.args[1]);
-    uint64_t dim = kc.ne[0], ctx = kc.ne[1];
-    for (uint32_t item = 0; item < it.count(); ++item) {
-        uint64_t pos = uint64_t(it.arg(item, ti.args[4])) + it.rowLocal(item);
-        if (pos >= ctx) continue;
-        for (int which = 0; which < 2; ++which) {
-            const float* src = it.f32(ti.args[which * 2], item);
-            uint8_t* cache = it.slice(ti.args[which * 2 + 1], item);
-            const TensorDecl& t = it.decl(ti.args[which * 2 + 1]);
-            for (uint64_t i = 0; i < dim; ++i) cacheWrite(t, cache, pos * dim + i, src[i]);
-        }
-    }
+    const uint64_t ctx = it.decl(ti.args[1]).ne[1];
+    kvStoreRows(it, ti, [ctx](uint32_t, uint64_t pos) { return pos < ctx ? pos : kNoKvRow; });
 }
 
 void refKvcopy(const Items& it, const TensorInstr& ti) {
-    const TensorDecl& cache = it.decl(ti.args[0]);
-    const TensorDecl& store = it.decl(ti.args[1]);
-    const uint64_t row_bytes = *dtypeRowBytes(cache.dtype, cache.ne[0]), slot_bytes = row_bytes * cache.ne[1];
-    for (uint32_t item = 0; item < it.count(); ++item) {
-        const uint64_t s = it.arg(item, ti.args[3]);
-        const uint64_t first = std::min<uint64_t>(it.arg(item, ti.args[4]), cache.ne[1]);
-        const uint64_t end = std::min<uint64_t>(it.arg(item, ti.args[5]), cache.ne[1]);
-        if (s >= store.ne[2] || first >= end) continue;
-        uint8_t* c = it.slice(ti.args[0], item) + first * row_bytes;
-        uint8_t* st = it.slice(ti.args[1], item) + s * slot_bytes + first * row_bytes;
-        if (ti.args[2] == 0) std::memcpy(c, st, (end - first) * row_bytes);
-        else std::memcpy(st, c, (end - first) * row_bytes);
-    }
+    kvCopyRows(it, ti, [](uint32_t, uint64_t pos) { return pos; });  // clamped to the context
 }
 
 void refAttn(const Items& it, const TensorInstr& ti) {
