@@ -132,6 +132,11 @@ public:
     uint64_t maxPageBytes() const {
         return std::min(info_.max_storage_buffer_range, info_.max_texel_buffer_elements * 16);
     }
+    // Largest page of the memory plan (planPages): a page, one allocation, and under the 4 GiB a
+    // 32-bit byte offset reaches; a tensor larger than this cannot be placed.
+    uint64_t maxPlanPageBytes() const {
+        return std::min<uint64_t>({maxPageBytes(), maxAllocationBytes(), 0xFFFFFF00ull});
+    }
     // Largest allocation: maxMemoryAllocationSize, and never more than the device-local heaps.
     uint64_t maxAllocationBytes() const {
         return std::min(info_.max_allocation, info_.device_local_bytes);

@@ -393,8 +393,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     }
     if (dev.lost()) return Status::error("the device was lost earlier (" + dev.lostReason() + ")");
     auto impl = std::make_unique<Impl>(dev, pipelines, m, options);
-    uint64_t page_limit =
-        std::min<uint64_t>({dev.maxPageBytes(), dev.maxAllocationBytes(), 0xFFFFFF00ull});
+    const uint64_t page_limit = dev.maxPlanPageBytes();
     Result<PagePlan> pages = planPages(m, options.instances, page_limit);
     if (!pages) return pages.status();
     impl->pages = std::move(pages.value());

@@ -98,9 +98,7 @@ Command addBenchCommand(CLI::App& app) {
         ->check(CLI::Range(0.0f, 100.0f));
     sub->add_option("--instances", a->instances, "comma-separated instance counts for the batched test, e.g. 1,4,16,64");
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
-    sub->add_option("--kv-page", a->kv_page, "paged KV: positions per page (8, 16 or 32); each layer's K and V rows live in pools all instances share (default 0: per-instance caches)");
-    sub->add_option("--kv-pool", a->kv_pool,
-                    "paged KV: positions in each layer's pool (default: the largest --instances count x ctx)");
+    addKvPageOptions(sub, &a->kv_page, &a->kv_pool, "the largest --instances count x ctx");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);
     addVramBudgetOption(sub, &a->vram_budget, &a->host_weights, &a->expert_cache);

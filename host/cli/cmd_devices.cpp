@@ -195,6 +195,15 @@ void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights
         "beyond it stay in host memory, read by the GPU directly");
 }
 
+void addKvPageOptions(CLI::App* sub, uint32_t* page, uint32_t* pool, const char* pool_default) {
+    sub->add_option("--kv-page", *page,
+                    "paged KV: positions per page (8, 16 or 32); each layer's K and V rows live in pools all "
+                    "instances share (default 0: per-instance caches)");
+    sub->add_option("--kv-pool", *pool,
+                    std::string("paged KV: positions in each layer's pool (default: ") + pool_default +
+                        "); a request waits until the pool holds its worst case");
+}
+
 Command addDevicesCommand(CLI::App& app) {
     CLI::App* sub =
         app.add_subcommand("devices", "List Vulkan devices and what BlueVM uses of them");

@@ -319,10 +319,7 @@ Command addGenerateCommand(CLI::App& app) {
     sub->add_option("--seed", a->sampling.seed, "random seed (same seed, same text)")->each([a](const std::string&) { a->seed_given = true; });
     sub->add_option("--instances", a->instances, "instances sharing the weights")->check(CLI::Range(1u, 4096u));
     sub->add_option("--ctx", a->ctx, "context length per instance (default: the model's, at most 2048)");
-    sub->add_option("--kv-page", a->kv_page, "paged KV: positions per page (8, 16 or 32); each layer's K and V rows live in pools all instances share (default 0: per-instance caches)");
-    sub->add_option("--kv-pool", a->kv_pool,
-                    "paged KV: positions in each layer's pool (default: instances x ctx); a request waits "
-                    "until the pool holds its worst case");
+    addKvPageOptions(sub, &a->kv_page, &a->kv_pool, "instances x ctx");
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per recorded chain")->check(CLI::Range(2u, 4096u));
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
     addDeviceLimitsOption(sub);

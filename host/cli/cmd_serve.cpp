@@ -241,10 +241,7 @@ Command addServeCommand(CLI::App& app) {
                     "session slots: conversations (a request's \"session_id\") whose tokens and KV rows the GPU "
                     "keeps between turns, each a whole context of KV rows (default 0: none)")
         ->check(CLI::Range(0u, 4096u));
-    sub->add_option("--kv-page", a->kv_page, "paged KV: positions per page (8, 16 or 32); each layer's K and V rows live in pools all instances share (default 0: per-instance caches)");
-    sub->add_option("--kv-pool", a->kv_pool,
-                    "paged KV: positions in each layer's pool (default: 8 x ctx); a request waits until the "
-                    "pool holds its worst case");
+    addKvPageOptions(sub, &a->kv_page, &a->kv_pool, "8 x ctx");
     sub->add_option("--queue", a->queue, "requests that may wait for an instance before 429 (default 8 per instance)");
     sub->add_option("--chain-cycles", a->chain_cycles, "cycles per submitted chain (fewer: tokens stream sooner)")->check(CLI::Range(2u, 4096u));
     sub->add_option("--threads", a->threads, "HTTP worker threads (default: enough for every instance and queued request)");

@@ -35,6 +35,9 @@ void addDeviceLimitsOption(CLI::App* sub);
 // --vram-budget SIZE (bytes, or with a unit: 512M, 2GiB; K/M/G are powers of 1024).
 // --host-weights read|stream|auto: how kernels reach the weights beyond the budget.
 void addVramBudgetOption(CLI::App* sub, uint64_t* bytes, GpuOptions::HostWeights* mode, bool* expert_cache);
+// --kv-page PS and --kv-pool N (paged KV caches: EngineOptions::kv_page, kv_pool); `pool_default`
+// says what N is when left out, as the command sizes it.
+void addKvPageOptions(CLI::App* sub, uint32_t* page, uint32_t* pool, const char* pool_default);
 
 // Prints "bluevm: message" to stderr and returns 1.
 int fail(const std::string& message);

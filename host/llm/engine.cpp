@@ -153,7 +153,7 @@ Status Engine::readKvPaging(const std::string& path) {
                            [](const TensorDecl& t) { return t.name == "kpool.0"; });
     if (!device_ || it == module_.tensors.end()) return Status::ok();
     const uint64_t page_bytes = dtypeRowBytes(it->dtype, it->ne[0]).value_or(0) * kv_page_;
-    const uint64_t limit = std::min<uint64_t>({device_->maxPageBytes(), device_->maxAllocationBytes(), 0xFFFFFF00ull});
+    const uint64_t limit = device_->maxPlanPageBytes();
     if (page_bytes * kv_pages_ > limit) {
         return BLUE_ERROR("%s: a KV pool of %llu positions (%u pages of %u) needs %.1f MiB per layer for K and as much "
                           "for V, more than the device's largest storage binding (%.1f MiB); at most %llu positions "
