@@ -107,10 +107,16 @@ void Lowering::ensurePages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.bind(done);
 }
 
-// At a request's end (finish, reject, cancel): every page held goes back to the pool, its table
-// entry unmapped, and the reservation not taken is refunded.
+// At a request's end (finish, reject, cancel): in_use drops by the pages held (first, so it is
+// never above what instances hold), every page goes back to the pool with its table entry
+// unmapped, then committed drops by those pages and the reservation not taken (last, so
+// admission never counts a page free before it is).
 void Lowering::releasePages(CodeBuilder& cb, uint32_t ctx) {
     auto next = cb.newLabel("kv_release"), released = cb.newLabel("kv_released");
+    cb.op(Op::MOV, {kProbe, kHeld});
+    cb.op(Op::SUB, {kOld, 0, kProbe});
+    cb.li(kAddr, kv_heap + BLUE_KVP_IN_USE);
+    cb.op(Op::ATOMADD, {kPage, kAddr, kOld});
     cb.bind(next);
     cb.jump(Op::BEQZ, {kHeld}, released);
     cb.op(Op::ADDI, {kHeld, kHeld}, uint32_t(-1));
@@ -118,13 +124,10 @@ void Lowering::releasePages(CodeBuilder& cb, uint32_t ctx) {
     cb.op(Op::ST, {kMinus1, kHeld}, pageTableAddr(ctx));
     cb.op(Op::ADDI, {kAddr, kPage}, kv_heap + BLUE_KVP_STATE);
     cb.op(Op::ATOMXCHG, {kOld, kAddr, 0});  // held -> free
-    cb.li(kAddr, kv_heap + BLUE_KVP_IN_USE);
-    cb.op(Op::ATOMADD, {kOld, kAddr, kMinus1});
-    cb.li(kAddr, kv_heap + BLUE_KVP_COMMITTED);
-    cb.op(Op::ATOMADD, {kOld, kAddr, kMinus1});
     cb.jump(Op::JMP, {}, next);
     cb.bind(released);
-    cb.op(Op::SUB, {kOld, 0, kLeft});
+    cb.op(Op::SUB, {kOld, 0, kProbe});
+    cb.op(Op::SUB, {kOld, kOld, kLeft});
     cb.li(kAddr, kv_heap + BLUE_KVP_COMMITTED);
     cb.op(Op::ATOMADD, {kPage, kAddr, kOld});
     cb.li(kLeft, 0);
