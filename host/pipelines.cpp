@@ -2,7 +2,10 @@
 #include "host/pipelines.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -68,6 +71,61 @@ bool kernelChosen(const std::string& embedded, const DeviceInfo& info) {
     return true;
 }
 
+namespace {
+
+constexpr char kCacheMagic[8] = {'B', 'L', 'U', 'E', 'P', 'C', '0', '1'};
+constexpr size_t kCacheHeader = sizeof kCacheMagic + 8;
+
+uint64_t fnv1a64(const char* data, size_t size) {
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < size; ++i) h = (h ^ uint8_t(data[i])) * 1099511628211ull;
+    return h;
+}
+
+}  // namespace
+
+std::vector<char> encodePipelineCache(const std::vector<char>& blob) {
+    std::vector<char> file(kCacheHeader + blob.size());
+    std::memcpy(file.data(), kCacheMagic, sizeof kCacheMagic);
+    const uint64_t h = fnv1a64(blob.data(), blob.size());
+    for (int i = 0; i < 8; ++i) file[sizeof kCacheMagic + i] = char(h >> (8 * i));
+    std::copy(blob.begin(), blob.end(), file.begin() + kCacheHeader);
+    return file;
+}
+
+std::optional<std::vector<char>> decodePipelineCache(const std::vector<char>& file) {
+    if (file.size() < kCacheHeader || std::memcmp(file.data(), kCacheMagic, sizeof kCacheMagic) != 0) {
+        return std::nullopt;
+    }
+    uint64_t h = 0;
+    for (int i = 0; i < 8; ++i) h |= uint64_t(uint8_t(file[sizeof kCacheMagic + i])) << (8 * i);
+    if (fnv1a64(file.data() + kCacheHeader, file.size() - kCacheHeader) != h) return std::nullopt;
+    return std::vector<char>(file.begin() + kCacheHeader, file.end());
+}
+
+bool writePipelineCacheFile(const std::string& path, const std::vector<char>& blob) {
+    // A name no other process or thread uses: the rename then replaces the cache whole.
+    static std::atomic<uint32_t> serial{0};
+    const std::string tmp = strFormat("%s.%ld.%u.tmp", path.c_str(), long(getpid()), serial++);
+    const std::vector<char> file = encodePipelineCache(blob);
+    bool ok = false;
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        ok = out && out.write(file.data(), std::streamsize(file.size())) && out.flush();
+    }
+    ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+    if (!ok) std::remove(tmp.c_str());
+    return ok;
+}
+
+std::vector<char> readPipelineCacheFile(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return {};
+    std::vector<char> file{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    std::optional<std::vector<char>> blob = decodePipelineCache(file);
+    return blob ? std::move(*blob) : std::vector<char>{};
+}
+
 bool Pipelines::exists(const std::string& name) {
     return findShader(name) != nullptr;
 }
@@ -121,10 +179,7 @@ Result<std::unique_ptr<Pipelines>> Pipelines::create(Device& dev) {
     BLUE_VK_TRY(vkCreatePipelineLayout(dev.device(), &li, nullptr, &p->layout_));
 
     std::vector<char> blob;
-    if (std::string path = p->cachePath(); !path.empty()) {
-        std::ifstream in(path, std::ios::binary);
-        if (in) blob.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
+    if (std::string path = p->cachePath(); !path.empty()) blob = readPipelineCacheFile(path);
     VkPipelineCacheCreateInfo ci{VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO};
     ci.initialDataSize = blob.size();
     ci.pInitialData = blob.empty() ? nullptr : blob.data();
@@ -167,13 +222,9 @@ void Pipelines::saveCache() {
     if (vkGetPipelineCacheData(dev_.device(), cache_, &size, nullptr) != VK_SUCCESS) return;
     std::vector<char> blob(size);
     if (vkGetPipelineCacheData(dev_.device(), cache_, &size, blob.data()) != VK_SUCCESS) return;
+    blob.resize(size);
     makeDirs(path.substr(0, path.rfind('/')));
-    std::string tmp = path + ".tmp";
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (out.write(blob.data(), std::streamsize(size))) {
-        out.close();
-        std::rename(tmp.c_str(), path.c_str());
-    }
+    writePipelineCacheFile(path, blob);
     cache_dirty_ = false;
 }
 

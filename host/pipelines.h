@@ -8,7 +8,9 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "host/device.h"
 
@@ -26,6 +28,19 @@ std::string kernelVariantReason(const std::string& kernel, const DeviceInfo& inf
 // False for an embedded kernel that is a variant not chosen for this device (or the kernel a
 // chosen variant replaces): its needs do not count against the device.
 bool kernelChosen(const std::string& embedded, const DeviceInfo& info);
+
+// The pipeline cache file: an 8-byte magic, the 64-bit FNV-1a hash of the driver's blob, then the
+// blob. A torn or damaged file (another process writing, a full disk) fails the hash and is
+// ignored: a driver is only required to check the blob's header, and a corrupted payload can give
+// it broken kernels. Writes go to a temporary file of this process and are renamed over the
+// cache, so concurrent processes never read each other's half-written files.
+std::vector<char> encodePipelineCache(const std::vector<char>& blob);
+// The blob of a cache file, or nothing when it is not one whole such file.
+std::optional<std::vector<char>> decodePipelineCache(const std::vector<char>& file);
+// Writes the encoded blob to `path` through a temporary file; false when it could not.
+bool writePipelineCacheFile(const std::string& path, const std::vector<char>& blob);
+// The blob of the cache file at `path`, or an empty one when it is missing or damaged.
+std::vector<char> readPipelineCacheFile(const std::string& path);
 
 class Pipelines {
 public:

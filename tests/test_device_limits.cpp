@@ -22,6 +22,7 @@
 #include "host/pipelines.h"
 #include "shaders/embedded.h"
 #include "tests/gpu_fixture.h"
+#include "tests/scoped_env.h"
 #include "tests/vm_programs.h"
 #include "vm/interp.h"
 
@@ -77,30 +78,6 @@ DeviceProfile builtin(const std::string& name) {
     REQUIRE_MESSAGE(p.isOk(), p.message());
     return p.value();
 }
-
-// Sets an environment variable for one scope, restoring what was there.
-class ScopedEnv {
-public:
-    ScopedEnv(const char* name, const char* value) : name_(name) {
-        if (const char* old = std::getenv(name)) old_ = std::make_unique<std::string>(old);
-        if (value) {
-            setenv(name, value, 1);
-        } else {
-            unsetenv(name);
-        }
-    }
-    ~ScopedEnv() {
-        if (old_) {
-            setenv(name_, old_->c_str(), 1);
-        } else {
-            unsetenv(name_);
-        }
-    }
-
-private:
-    const char* name_;
-    std::unique_ptr<std::string> old_;
-};
 
 std::string writeTemp(const std::string& name, const std::string& text) {
     std::string path = "/tmp/blue_test_" + std::to_string(getpid()) + "_" + name;
