@@ -251,8 +251,12 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
             if (!streams.groups.empty()) streamGroup(w, 0);
             VkDescriptorSet bound_set = VK_NULL_HANDLE;
             // With conditional rendering, a block no instance asked for this cycle is skipped as a
-            // whole: its instance count (written by the plan) gates its dispatches.
-            const bool gate = dev.info().conditional_rendering;
+            // whole: its instance count (written by the plan) gates its dispatches. Not while
+            // weights stream: the copies into the slots sit inside those scopes, and on an NVIDIA
+            // H200 (driver 580.159.04) streamed runs then gave wrong tokens from the first step,
+            // right ones with BLUE_CONDITIONAL=0 (copies are not among the commands conditional
+            // rendering may skip, but the scopes are not worth the risk for this mode).
+            const bool gate = dev.info().conditional_rendering && streams.groups.empty();
             uint32_t open_block = UINT32_MAX;
             for (size_t d = 0; d < dispatches.size(); ++d) {
                 if (gate && dispatches[d].block != open_block) {
