@@ -368,6 +368,15 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
     // lavapipe (llvmpipe's gallivm) stops every loop of an invocation once 65535 iterations have
     // run in it, silently: the plan keeps each kernel's worst case under that.
     k.loop_limit = deviceLoopLimit(info.cpu);
+    k.gemm_min_items = defaultGemmMinItems(k.split_matmul);
+    if (const char* env = std::getenv("BLUE_GEMM_MIN_ITEMS"); env && *env) {
+        char* end = nullptr;
+        const unsigned long v = std::strtoul(env, &end, 10);
+        if (*end != '\0' || v < 2 || v > 65535) {
+            return BLUE_ERROR("BLUE_GEMM_MIN_ITEMS is '%s': it takes a count of items from 2 to 65535", env);
+        }
+        k.gemm_min_items = uint32_t(v);
+    }
     return k;
 }
 
@@ -376,9 +385,10 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
 Result<std::string> describeKernelShapes(const GpuOptions& options, const DeviceInfo& info) {
     const Result<KernelChoice> k = chooseKernels(options, info);
     if (!k) return k.status();
+    const uint32_t g = k->gemm_min_items;
     return std::string("matmul: ") +
-           (k->split_matmul ? "split K for 1-15 items, shared-memory tiles for 16+ (GPU shapes)"
-                            : "lanes over rows for 1-15 items, register tiles for 16+ (CPU-driver shapes)") +
+           (k->split_matmul ? strFormat("split K for 1-%u items, shared-memory tiles for %u+ (GPU shapes)", g - 1, g)
+                            : strFormat("lanes over rows for 1-%u items, register tiles for %u+ (CPU-driver shapes)", g - 1, g)) +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head");
 }
 

@@ -123,13 +123,13 @@ DispatchDesc singleItemDispatch(const DispatchDesc& d) {
 // The GEMM variant of a batched MATMUL dispatch over `rows` weight rows, when its type has one
 // and the matrix fills at least one of its workgroups (fewer rows would leave most lanes computing
 // clamped duplicates).
-std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t rows) {
+std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t rows, uint32_t min_items) {
     const uint32_t wg_rows = BLUE_MATMUL_WG * BLUE_MM_R_GEMM;
     DispatchDesc g = batched;
     g.pipeline += "_g";
     if (rows < wg_rows || !Pipelines::exists(g.pipeline)) return std::nullopt;
     g.fixed = uint32_t((rows + wg_rows - 1) / wg_rows);
-    g.min_items = BLUE_MATMUL_GEMM_TILE;
+    g.min_items = min_items;
     g.tile = BLUE_MATMUL_GEMM_TILE;
     return g;
 }
@@ -157,15 +157,15 @@ AttnLoops attnLoops(const Module& m, const TensorInstr& ti, uint32_t heads) {
 }
 
 // The GPU GEMM (`_t`, shaders/matmul_tiled.comp) for a batched MATMUL dispatch over `rows` weight
-// rows: tiles of BLUE_MATMUL_TILED_ROWS rows by BLUE_MATMUL_TILED_ITEMS items, from
-// BLUE_MATMUL_GEMM_TILE items on. Every weight type has one.
-std::optional<DispatchDesc> tiledDispatch(const DispatchDesc& batched, uint64_t rows) {
+// rows: tiles of BLUE_MATMUL_TILED_ROWS rows by BLUE_MATMUL_TILED_ITEMS items, from `min_items`
+// items on (KernelChoice::gemm_min_items). Every weight type has one.
+std::optional<DispatchDesc> tiledDispatch(const DispatchDesc& batched, uint64_t rows, uint32_t min_items) {
     DispatchDesc t = batched;
     t.pipeline += "_t";
     const uint64_t groups = (rows + BLUE_MATMUL_TILED_ROWS - 1) / BLUE_MATMUL_TILED_ROWS;
     if (groups > kMinGroupsY || !Pipelines::exists(t.pipeline)) return std::nullopt;
     t.fixed = uint32_t(groups);
-    t.min_items = BLUE_MATMUL_GEMM_TILE;
+    t.min_items = min_items;
     t.tile = BLUE_MATMUL_TILED_ITEMS;
     return t;
 }
@@ -828,7 +828,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.min_items = 2;
                     d.tile = BLUE_MATMUL_TILE;
                     std::optional<DispatchDesc> gemm =
-                        kernels.split_matmul ? tiledDispatch(d, n) : gemmDispatch(d, n);
+                        kernels.split_matmul ? tiledDispatch(d, n, kernels.gemm_min_items)
+                                            : gemmDispatch(d, n, kernels.gemm_min_items);
                     if (kernels.split_matmul) splitMatmul(&d, n, "_s");
                     if (gemm) {
                         d.max_items = gemm->min_items - 1;

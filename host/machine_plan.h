@@ -204,7 +204,20 @@ struct KernelChoice {
     // ATTN/ATTNX/ATTNP then take the split kernel where one lane's walk could pass it, and a context
     // even that would cut short is refused at load.
     uint32_t loop_limit = 0;
+    // Items from which a batched MATMUL runs the GEMM (`_t` or `_g`) rather than the 4-item
+    // tiles (GpuMachine: BLUE_GEMM_MIN_ITEMS in the environment, else defaultGemmMinItems).
+    uint32_t gemm_min_items = BLUE_MATMUL_GEMM_TILE;
 };
+
+// The item count from which a batched MATMUL runs the GEMM unless BLUE_GEMM_MIN_ITEMS says
+// otherwise: 16 with CPU-driver shapes (`_g`, tuned on lavapipe); 65 with GPU shapes, whose
+// split-K tiles (`_s`) beat the 64 x 64 shared-memory tiles (`_t`) for every decode batch up to
+// 64 items on an NVIDIA H200 (tinyllama Q4_0, 16/32/64 instances: 1,390/1,730/2,021 against
+// 528/968/1,714 tok/s): `_t` has a workgroup per 64 rows, too few to fill the GPU below a prompt.
+constexpr uint32_t kGpuGemmMinItems = 65;
+inline uint32_t defaultGemmMinItems(bool split_matmul) {
+    return split_matmul ? kGpuGemmMinItems : BLUE_MATMUL_GEMM_TILE;
+}
 
 // The loop limit of a device's compiler (KernelChoice::loop_limit): 65535 for CPU drivers
 // (lavapipe), 0 (none) for the rest.

@@ -152,10 +152,17 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
     if (device.find("(CPU)") != std::string::npos) {
         CHECK(native == "kernel shapes: matmul: lanes over rows for 1-15 items, register tiles for 16+ (CPU-driver shapes); attention: a lane per head");
     } else {  // a GPU
-        CHECK(native == "kernel shapes: matmul: split K for 1-15 items, shared-memory tiles for 16+ (GPU shapes); attention: a workgroup per head");
+        CHECK(native == "kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); attention: a workgroup per head");
     }
     CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_ATTN_KERNEL=split"}) ==
-          "kernel shapes: matmul: split K for 1-15 items, shared-memory tiles for 16+ (GPU shapes); attention: a workgroup per head");
+          "kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); attention: a workgroup per head");
+    // BLUE_GEMM_MIN_ITEMS moves the split; a count out of range is refused naming the variable.
+    CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_GEMM_MIN_ITEMS=16"}).find("split K for 1-15 items, shared-memory tiles for 16+") !=
+          std::string::npos);
+    CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=40"}).find("lanes over rows for 1-39 items, register tiles for 40+") !=
+          std::string::npos);
+    CHECK(shapes({"BLUE_GEMM_MIN_ITEMS=1"}).find("BLUE_GEMM_MIN_ITEMS is '1': it takes a count of items from 2 to 65535") !=
+          std::string::npos);
     CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_ATTN_KERNEL=lanes"}) ==
           "kernel shapes: matmul: lanes over rows for 1-15 items, register tiles for 16+ (CPU-driver shapes); attention: a lane per head");
     CHECK(shapes({"BLUE_DECODE_KERNEL=fast"}).find("BLUE_DECODE_KERNEL is 'fast': it takes 'rows' or 'split'") !=

@@ -177,8 +177,8 @@ void matmulCase(DType t) {
                              {{1}, {3}, kWide, DK::SPLIT}};
     const std::string gemm = "matmul_" + lowerName(t) + "_g";
     if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::AUTO});
-    runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::SPLIT});
-    runs.push_back({{30, 25, 15}, {0, 2, 1}, 300, DK::SPLIT});  // 70 items: a full tile and a partial one
+    runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::SPLIT});  // 21 items: split-K tiles on GPUs
+    runs.push_back({{30, 25, 15}, {0, 2, 1}, 300, DK::SPLIT});  // 70 items: a full GEMM tile and a partial one
     for (const Run& run : runs) {
         const uint32_t k = roundUp(kWide, dtypeInfo(t)->block_elems), n = run.n;
         const uint32_t total = std::accumulate(run.rows.begin(), run.rows.end(), 0u);
@@ -200,8 +200,8 @@ void matmulCase(DType t) {
                               [&](GpuOptions& o) { o.decode_kernel = run.decode; });
         if (!both) return;
         const uint32_t items = totalRows(plans);
-        const bool single = items == 1, tiled = items >= BLUE_MATMUL_GEMM_TILE;
         const bool split = run.decode == DK::SPLIT;
+        const bool single = items == 1, tiled = items >= defaultGemmMinItems(split);
         const std::string kernel = kernelName(m, uint32_t(Op::MATMUL), {y, w, x});
         if (single) kernelsRun().insert(kernel + (split ? "_b1s" : "_b1"));
         if (!single && !tiled) kernelsRun().insert(split ? kernel + "_s" : kernel);
