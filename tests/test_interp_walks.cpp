@@ -165,11 +165,11 @@ TEST_CASE("interp walks: a walk past 8 words, local memory or the heap faults at
     CHECK(std::string(faultName(BLUE_FAULT_WALK)).find("8 words") != std::string::npos);
 }
 
-// 16 instances, each hashing its 16 words 3,000 times (12,000 steps), in cycles capped at the
-// device's step limit: walks are unrolled, so a cycle of them takes none of lavapipe's loop
-// iterations beyond the step loop's own.
+// 16 instances, each hashing its 16 words 3,000 times (12,000 steps), in cycles of at most
+// 4,000 steps (max_steps; a device's own step limit may cut them shorter): walks are unrolled, so
+// a cycle of them takes none of lavapipe's loop iterations beyond the step loop's own.
 TEST_CASE("interp walks: many cycles of walks on 16 instances agree with the reference") {
-    const std::string src = std::string(".layout regs=16 local=16 heap=32 heap_static=32 max_steps=100000\nmain:") +
+    const std::string src = std::string(".layout regs=16 local=16 heap=32 heap_static=32 max_steps=4000\nmain:") +
                             kFill + R"(
     iid r4                  ; each instance starts from its id
     li r5, 0
@@ -196,7 +196,7 @@ again:
         for (const OutputRecord& rec : r.output) found |= rec.inst == i && rec.value == h;
         CHECK(found);
     }
-    CHECK(r.cycles > 1);
+    CHECK(r.cycles >= 3);
 }
 
 }  // namespace blue::test
