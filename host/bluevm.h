@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 13
+#define BLUEVM_API_VERSION 14
 #define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
@@ -297,6 +297,10 @@ typedef struct bluevm_metrics {
     uint64_t expert_hits, expert_misses, expert_inplace, expert_paged_bytes;
     /* API 11: conversations in session slots now; conversations forgotten for new ones */
     uint64_t sessions, session_evictions;
+    /* API 14, paged KV (kv_page): positions per page and pages in each layer's pool (0: per-instance
+       caches); pages held and reserved by requests now, and the most held at once */
+    uint32_t kv_page, kv_pages;
+    uint64_t kv_pages_in_use, kv_pages_committed, kv_pages_peak;
 } bluevm_metrics;
 
 bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out);

@@ -129,6 +129,11 @@ inline void metricsOut(const ServeMetrics& m, bluevm_metrics* out) {
     out->expert_paged_bytes = m.expert_paged_bytes;
     out->sessions = m.sessions;
     out->session_evictions = m.session_evictions;
+    out->kv_page = m.kv_page;
+    out->kv_pages = m.kv_pages;
+    out->kv_pages_in_use = m.kv_pages_in_use;
+    out->kv_pages_committed = m.kv_pages_committed;
+    out->kv_pages_peak = m.kv_pages_peak;
 }
 
 template <class F>

@@ -401,6 +401,11 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     if (options.chains == 0 || options.chains > BLUE_MAX_CHAINS || options.chain_cycles == 0) {
         return BLUE_ERROR("chains must be 1..%u and chain cycles at least 1", BLUE_MAX_CHAINS);
     }
+    if (options.heap_watch >= 0 && uint64_t(options.heap_watch) + BLUE_IO_SNAP3_WORDS > m.layout.heap_words) {
+        return BLUE_ERROR("heap words %lld..%lld to watch are past the module's heap of %u words",
+                          (long long)options.heap_watch, (long long)options.heap_watch + BLUE_IO_SNAP3_WORDS - 1,
+                          m.layout.heap_words);
+    }
     if (dev.lost()) return Status::error("the device was lost earlier (" + dev.lostReason() + ")");
     auto impl = std::make_unique<Impl>(dev, pipelines, m, options);
     const uint64_t page_limit = dev.maxPlanPageBytes();
@@ -563,6 +568,10 @@ Result<bool> GpuMachine::pump(const OutputSink& sink, bool keep_going, RunReport
     stats_.expert_hits = snap2[BLUE_C_XC_HITS - BLUE_C_MOE_TEXELS_LO];
     stats_.expert_misses = snap2[BLUE_C_XC_MISSES - BLUE_C_MOE_TEXELS_LO];
     stats_.expert_inplace = snap2[BLUE_C_XC_INPLACE - BLUE_C_MOE_TEXELS_LO];
+    if (im.opt.heap_watch >= 0) {
+        const uint32_t* snap3 = im.ioWords() + BLUE_IO_SNAP3_BASE + c * BLUE_IO_SNAP3_WORDS;
+        std::copy(snap3, snap3 + BLUE_IO_SNAP3_WORDS, stats_.heap_watch.begin());
+    }
     stats_.expert_paged_bytes = (uint64_t(snap2[BLUE_C_XC_TEXELS_HI - BLUE_C_MOE_TEXELS_LO]) << 32 |
                                  snap2[BLUE_C_XC_TEXELS_LO - BLUE_C_MOE_TEXELS_LO]) * 16;
     uint32_t live = snap[BLUE_C_LIVE - BLUE_C_CYCLE];

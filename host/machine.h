@@ -9,6 +9,7 @@
 // has stopped, to stop submitting. --stats counts all of this.
 #pragma once
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "host/buffer.h"
 #include "host/device.h"
 #include "host/pipelines.h"
+#include "shaders/blue_config.h"
 #include "vm/interp.h"
 #include "vm/module.h"
 #include "vm/weights.h"
@@ -37,6 +39,10 @@ struct GpuOptions {
     // submission's GPU time (measured with timestamps) under this many ms. 0: off, chains keep
     // chain_cycles. Negative: the default, BLUE_MAX_SUBMIT_MS or 50.
     double max_submit_ms = -1;
+    // BLUE_IO_SNAP3_WORDS heap words from this one (-1: none) are copied to the host at the end of
+    // every chain, into GpuStats::heap_watch: counters a program keeps there (a paged KV pool's,
+    // vm/kv_pages_abi.h), read while it runs without a transfer of their own.
+    int64_t heap_watch = -1;
     // Called while create() uploads the weights: bytes done of the total (progress bars).
     std::function<void(uint64_t done, uint64_t total)> on_load;
     // Device-local memory the machine may use (--vram-budget; 0: all it needs): the control
@@ -110,6 +116,8 @@ struct GpuStats {
     uint32_t expert_cache_slots = 0;
     uint64_t expert_cache_bytes = 0;
     uint64_t expert_hits = 0, expert_misses = 0, expert_inplace = 0, expert_paged_bytes = 0;
+    // GpuOptions::heap_watch's words as the last drained chain left them (zeros when none).
+    std::array<uint32_t, BLUE_IO_SNAP3_WORDS> heap_watch{};
     uint32_t instances = 0;
     uint32_t chain_cycles = 0;         // cycles per chain asked for
     uint32_t chain_cycles_now = 0;     // the length the watchdog bound allows now

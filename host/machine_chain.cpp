@@ -304,6 +304,12 @@ Status GpuMachine::Impl::recordChain(uint32_t c) {
         }
         w.copy(kSnapshotOut, control.buffer, io.buffer, snapshot);
         w.copy(kSnapshotOut, control.buffer, io.buffer, snapshot2);
+        if (opt.heap_watch >= 0) {
+            const VkBufferCopy watch{(VkDeviceSize(layout.at(BLUE_O_HEAP)) + VkDeviceSize(opt.heap_watch)) * 4,
+                                     VkDeviceSize(BLUE_IO_SNAP3_BASE + c * BLUE_IO_SNAP3_WORDS) * 4,
+                                     BLUE_IO_SNAP3_WORDS * 4};
+            w.copy(kSnapshotOut, control.buffer, io.buffer, watch);
+        }
         w.sync.use(w.cb, kHostReads);
         if (w.cb && timing) {
             vkCmdWriteTimestamp(w.cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timing, 2 * c + 1);

@@ -190,7 +190,7 @@
 
 // ---- I/O buffer (host-visible) -------------------------------------------------------------
 // Words [0, 16): one staging quarter per chain (host -> GPU, copied into the control counters at
-// the chain's start); [16, 48): one snapshot per chain (GPU -> host, copied at its end); from
+// the chain's start); [16, 96): snapshots per chain (GPU -> host, copied at its end); from
 // BLUE_IO_DYNAMIC on: the input order ring, slot states, input slots and the output ring, at
 // offsets the host computes and mirrors in the header words below.
 #define BLUE_MAX_CHAINS 4
@@ -203,7 +203,11 @@
 #define BLUE_IO_SNAP2_BASE 48
 #define BLUE_IO_SNAP2_WORDS 8
 #define BLUE_SNAP2_COUNTERS 7
-#define BLUE_IO_DYNAMIC 80
+// [80, 96): a third per chain, BLUE_IO_SNAP3_WORDS apart: the heap words GpuOptions::heap_watch
+// names (a paged KV pool's counters), when it names any.
+#define BLUE_IO_SNAP3_BASE 80
+#define BLUE_IO_SNAP3_WORDS 4
+#define BLUE_IO_DYNAMIC 96
 #define BLUE_H_IO_ORDER 17   // [in_slots] slot of message c at c % in_slots
 #define BLUE_H_IO_SLOTSTATE 18  // [in_slots] 1 full (host), 0 free (GPU, after INFREE)
 #define BLUE_H_IO_SLOTS 19   // [in_slots][in_slot_words]; word 0 = message length

@@ -26,6 +26,7 @@ struct TestModel {
     const char* pooling = nullptr;
     uint32_t sessions = 0;
     uint32_t chain_cycles = 0;     // the engine's (0: its default)
+    uint32_t kv_page = 0, kv_pool = 0;  // paged KV (0: per-instance caches)
 };
 
 struct TestServer {
@@ -45,6 +46,8 @@ struct TestServer {
         mo.host_weights = tm.host_weights;
         mo.pooling = tm.pooling;
         mo.sessions = tm.sessions;
+        mo.kv_page = tm.kv_page;
+        mo.kv_pool = tm.kv_pool;
         if (tm.grammar_words) mo.grammar_words = tm.grammar_words;
         const std::string path =
             tm.path.empty() ? sharedDir() + "/models/stories260K/stories260K.gguf" : tm.path;

@@ -25,6 +25,7 @@
 #include "tests/generation_runs.h"
 #include "tests/gpu_fixture.h"
 #include "tests/scoped_env.h"
+#include "tests/server_fixture.h"
 #include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 #include "vm/abi.h"
@@ -456,6 +457,53 @@ TEST_CASE(
     CHECK(save.err_text.find(
               "KV snapshots (saving or restoring) of a paged KV cache are not supported yet") !=
           std::string::npos);
+}
+
+// /metrics reads the pool's counters from every chain's snapshot (GpuOptions::heap_watch): the
+// pages a streaming request holds and reserves while it runs, none after, and the peak.
+TEST_CASE("kv pages: /metrics shows the pool, the pages a streaming request holds, none after it") {
+    TestModel tm;
+    tm.kv_page = 16;
+    tm.kv_pool = 512;  // 32 pages
+    TestServer s(2, 128, 0, {}, tm);
+    CHECK(s.metric("bluevm_kv_pages") == 32);
+    CHECK(s.metric("bluevm_kv_page_positions") == 16);
+    CHECK(s.metric("bluevm_kv_pages_in_use") == 0);
+    CHECK(s.metric("bluevm_kv_pages_committed") == 0);
+    // 5 prompt tokens + 100 to generate: a reservation of ceil(105 / 16) = 7 pages.
+    const nlohmann::json body = {{"prompt", "Once upon a time"}, {"max_tokens", 100}, {"temperature", 0},
+                       {"ignore_eos", true}, {"stream", true}};
+    httplib::Client c = s.client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    double in_use = -1, committed = -1;
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+        if (in_use < 0) {  // the first token: the request has its pages
+            in_use = s.metric("bluevm_kv_pages_in_use");
+            committed = s.metric("bluevm_kv_pages_committed");
+        }
+        return true;
+    };
+    httplib::Response res;
+    httplib::Error err;
+    REQUIRE(c.send(req, res, err));
+    CHECK(res.status == 200);
+    CAPTURE(in_use);
+    CAPTURE(committed);
+    CHECK(in_use >= 1);
+    CHECK(in_use <= 7);
+    CHECK(committed == 7);
+    // After it the pages are back; the peak is what it held at its end, the whole reservation
+    // (105 positions take 7 pages).
+    for (int i = 0; i < 200 && s.metric("bluevm_kv_pages_in_use") != 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(s.metric("bluevm_kv_pages_in_use") == 0);
+    CHECK(s.metric("bluevm_kv_pages_committed") == 0);
+    CHECK(s.metric("bluevm_kv_pages_peak") == 7);
 }
 
 }  // namespace blue::test

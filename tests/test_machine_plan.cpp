@@ -78,7 +78,8 @@ TEST_CASE("plan: every index word of the control and I/O headers is distinct and
     // Staging quarters, then snapshots, then the dynamic I/O regions.
     CHECK(BLUE_MAX_CHAINS * BLUE_IO_STAGE_WORDS <= BLUE_IO_SNAP_BASE);
     CHECK(BLUE_IO_SNAP_BASE + BLUE_MAX_CHAINS * BLUE_IO_SNAP_WORDS <= BLUE_IO_SNAP2_BASE);
-    CHECK(BLUE_IO_SNAP2_BASE + BLUE_MAX_CHAINS * BLUE_IO_SNAP2_WORDS <= BLUE_IO_DYNAMIC);
+    CHECK(BLUE_IO_SNAP2_BASE + BLUE_MAX_CHAINS * BLUE_IO_SNAP2_WORDS <= BLUE_IO_SNAP3_BASE);
+    CHECK(BLUE_IO_SNAP3_BASE + BLUE_MAX_CHAINS * BLUE_IO_SNAP3_WORDS <= BLUE_IO_DYNAMIC);
     // The second snapshot holds the MoE counters, the expert caches' included.
     CHECK(BLUE_C_XC_TEXELS_HI - BLUE_C_MOE_TEXELS_LO < BLUE_SNAP2_COUNTERS);
     CHECK(BLUE_SNAP2_COUNTERS <= BLUE_IO_SNAP2_WORDS);

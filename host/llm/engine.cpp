@@ -321,6 +321,8 @@ Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, ui
     opt.expert_cache = options_.expert_cache;
     opt.host_weights = options_.host_weights;
     opt.on_load = options_.on_load;
+    // A paged pool's counters (committed, clock, in use, peak) come back with every chain.
+    if (kv_pages_) opt.heap_watch = BLUE_KVP_BASE(module_.layout.in_slots);
     BLUE_TRY(deviceUsable());
     clearVkFailure();
     auto machine = GpuMachine::create(*device_, *pipelines_, module_, *weights_, opt);
@@ -511,11 +513,7 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
     std::string faults = describeFaults(module_, report.value().instances);
     if (!faults.empty()) return Status::error("the generation program faulted: " + faults);
     if (kv.save) BLUE_TRY(kvSave(*machine.value(), kv.save));
-    if (kv_pages_) {  // the program's counter, reported after the run (vm/kv_pages_abi.h)
-        uint32_t peak = 0;
-        BLUE_TRY(machine.value()->readHeap(BLUE_KVP_BASE(module_.layout.in_slots) + BLUE_KVP_PEAK, {&peak, 1}));
-        kv_pages_peak_ = peak;
-    }
+    if (kv_pages_) kv_pages_peak_ = stats_.heap_watch[BLUE_KVP_PEAK];  // the program's counter
     return out;
 }
 

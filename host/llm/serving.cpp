@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "vm/abi.h"
+#include "vm/kv_pages_abi.h"
 #include "vm/llm_abi.h"
 
 namespace blue {
@@ -67,6 +68,8 @@ Result<std::unique_ptr<ServingEngine>> ServingEngine::create(Engine& engine, con
     s->machine_ = std::move(m.value());
     s->serving_.assign(options.instances, 0xFFFFFFFFu);
     s->metrics_.instances = options.instances;
+    s->metrics_.kv_page = engine.kvPage();
+    s->metrics_.kv_pages = engine.kvPages();
     s->metrics_.queue_capacity = s->options_.max_queue;
     s->driver_ = std::thread([p = s.get()] { p->driverLoop(); });
     return s;
@@ -521,6 +524,8 @@ void addGpuCounters(GpuStats& retired, const GpuStats& current) {
     retired.expert_misses += current.expert_misses;
     retired.expert_inplace += current.expert_inplace;
     retired.expert_paged_bytes += current.expert_paged_bytes;
+    // A rebuilt machine starts its pool empty; the peak before it stays the run's.
+    retired.heap_watch[BLUE_KVP_PEAK] = std::max(retired.heap_watch[BLUE_KVP_PEAK], current.heap_watch[BLUE_KVP_PEAK]);
 }
 
 void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& current) {
@@ -533,6 +538,9 @@ void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& cu
     m.expert_misses = retired.expert_misses + current.expert_misses;
     m.expert_inplace = retired.expert_inplace + current.expert_inplace;
     m.expert_paged_bytes = retired.expert_paged_bytes + current.expert_paged_bytes;
+    m.kv_pages_in_use = current.heap_watch[BLUE_KVP_IN_USE];
+    m.kv_pages_committed = current.heap_watch[BLUE_KVP_COMMITTED];
+    m.kv_pages_peak = std::max(retired.heap_watch[BLUE_KVP_PEAK], current.heap_watch[BLUE_KVP_PEAK]);
 }
 
 }  // namespace blue

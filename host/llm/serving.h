@@ -92,6 +92,10 @@ struct ServeMetrics {
     uint64_t prefix_hits = 0, prefix_tokens = 0;  // requests that reused KV rows; tokens not recomputed
     uint64_t sessions = 0;           // conversations kept in session slots now
     uint64_t session_evictions = 0;  // conversations dropped for a new one (least recently used)
+    // Paged KV (--kv-page): positions per page and pages in each pool (0: per-instance caches);
+    // pages held and reserved now, and the most held at once, as the last chain left them.
+    uint32_t kv_page = 0, kv_pages = 0;
+    uint64_t kv_pages_in_use = 0, kv_pages_committed = 0, kv_pages_peak = 0;
 };
 
 // The device rebuild that both serving engines (this one and CascadeServingEngine) run on their

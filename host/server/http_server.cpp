@@ -955,6 +955,16 @@ std::string HttpServer::Impl::metricsText() {
     metric("bluevm_gpu_resumes_total", "counter", "Submits that restarted the GPU after it idled with no request.", double(m.resumes));
     metric("bluevm_device_recoveries_total", "counter",
            "Device rebuilds after a lost device or exhausted device memory.", double(m.recoveries));
+    metric("bluevm_kv_pages", "gauge", "Pages in each layer's KV pool (--kv-page; 0: per-instance caches).",
+           double(m.kv_pages));
+    metric("bluevm_kv_page_positions", "gauge", "Positions per KV page (0: per-instance caches).", double(m.kv_page));
+    metric("bluevm_kv_pages_in_use", "gauge", "KV pages held by requests, as the last GPU chain left them.",
+           double(m.kv_pages_in_use));
+    metric("bluevm_kv_pages_committed", "gauge",
+           "KV pages admitted requests reserved (held and still to take); new requests wait past the pool.",
+           double(m.kv_pages_committed));
+    metric("bluevm_kv_pages_peak", "gauge", "Most KV pages held at once since the server started.",
+           double(m.kv_pages_peak));
     bluevm_health h;
     const bool recovering =
         engineHealth(&h) == BLUEVM_OK && h.state == BLUEVM_ENGINE_RECOVERING;
