@@ -22,15 +22,16 @@
 #define BLUE_ITEM_WG 64       // ITEM grid: invocations per item's workgroup
 #define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
 #define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (x) in the batched variant
-// MATMUL GEMM variant (`_g`: plain weight types, Q4_0, IQ4_NL, IQ4_XS, Q6_K, Q3_K): items per
+// MATMUL GEMM variant (`_g`: plain weight types, IQ4_NL, IQ4_XS, Q6_K, Q3_K): items per
 // workgroup and rows per invocation. Chosen when a cycle has at least BLUE_MATMUL_GEMM_TILE items
 // and the matrix at least one workgroup's rows (WG * R). On lavapipe each x texel then serves 4
-// rows and each weight vec4 16 items: 1.5-1.8x the 4-item tile's time for F32/F16, 1.1-1.5x for
-// Q4_0, 1.2x for IQ4 (README, Measured); 1.8-2.3x for Q6_K and 1.1x for Q3_K at pp64. Q6_K's
-// 4-item tile uses the same generic decode (its masked decode stays for one item: it measured
-// half the batched speed).
+// rows and each weight vec4 16 items: 1.5-1.8x the 4-item tile's time for F32/F16, 1.2x for IQ4
+// (README, Measured); 1.8-2.3x for Q6_K and 1.1x for Q3_K at pp64. Q6_K's 4-item tile uses the
+// same generic decode (its masked decode stays for one item: it measured half the batched speed).
 // Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K and Q5_K stay on the 4-item tile: the same generic GEMM
-// measured 0.9-1.0x of it for them (stories110M shape, pp64), so they get no `_g` kernel.
+// measured 0.9-1.0x of it for them (stories110M shape, pp64), so they get no `_g` kernel. Nor
+// does Q4_0 any more: once its 4-item tile had the masked decode, `_g` measured 0.6-0.9x of it
+// (2026-11-27, stories110M Q4_0: pp64, pp256, 16/32/64 instances; README, Measured).
 #define BLUE_MATMUL_GEMM_TILE 16
 #define BLUE_MM_R_GEMM 4
 // MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).

@@ -101,6 +101,16 @@ struct TestServer {
     }
 };
 
+// A JSON POST to send with a content receiver (streamed answers read as they come).
+inline httplib::Request jsonPost(const std::string& path, const nlohmann::json& body) {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    return req;
+}
+
 inline httplib::Result post(const TestServer& s, const std::string& path, const nlohmann::json& body) {
     return s.client().Post(path.c_str(), body.dump(), "application/json");
 }

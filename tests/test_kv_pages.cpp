@@ -471,14 +471,10 @@ TEST_CASE("kv pages: /metrics shows the pool, the pages a streaming request hold
     CHECK(s.metric("bluevm_kv_pages_in_use") == 0);
     CHECK(s.metric("bluevm_kv_pages_committed") == 0);
     // 5 prompt tokens + 100 to generate: a reservation of ceil(105 / 16) = 7 pages.
-    const nlohmann::json body = {{"prompt", "Once upon a time"}, {"max_tokens", 100}, {"temperature", 0},
-                       {"ignore_eos", true}, {"stream", true}};
+    const nlohmann::json body = {{"prompt", "Once upon a time"}, {"max_tokens", 100},
+                                 {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
     httplib::Client c = s.client();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = body.dump();
-    req.set_header("Content-Type", "application/json");
+    httplib::Request req = jsonPost("/v1/completions", body);
     double in_use = -1, committed = -1;
     req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
         if (in_use < 0) {  // the first token: the request has its pages

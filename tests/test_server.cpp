@@ -310,11 +310,7 @@ TEST_CASE("server: bad requests get a clear 4xx and harm nothing else") {
 // Reads a streamed response until `chunks` events arrived, then drops the connection.
 void streamThenDisconnect(const TestServer& s, const json& body, int chunks) {
     httplib::Client c = s.client();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = body.dump();
-    req.set_header("Content-Type", "application/json");
+    httplib::Request req = jsonPost("/v1/completions", body);
     int seen = 0;
     req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
         for (size_t i = 0; i + 1 < len; ++i) seen += data[i] == '\n' && data[i + 1] == '\n';
