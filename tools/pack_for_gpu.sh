@@ -8,6 +8,7 @@
 #   # there, in a checkout of the same commit:
 #   mkdir .pack && tar xJf bluevm-gpu.tar.xz -C .pack
 #   bash .pack/run.sh build/tests/blue_tests -tc='ops gpu*'   # BLUE_VALIDATION=1 is set
+#   bash .pack/run.sh bash tools/test_shards.sh 6 /tmp/shards  # the whole suite, 6 processes
 #
 # run.sh puts the binaries under build/, links the source path the tests were built with to the
 # checkout when it differs (BLUE_SOURCE_DIR is compiled in), finds NVIDIA's ICD where the
