@@ -688,18 +688,6 @@ Status GpuMachine::writeLocal(uint32_t inst, uint32_t word, std::span<const uint
     return uploadToBuffer(impl_->dev, impl_->control, at, in.data(), in.size() * 4);
 }
 
-Status GpuMachine::readHeap(uint32_t word, std::span<uint32_t> out) {
-    Impl& im = *impl_;
-    const uint64_t words = im.m.layout.heap_words;
-    if (!im.inflight.empty()) return Status::error("the heap is read between runs only");
-    if (word > words || out.size() > words - word) {
-        return BLUE_ERROR("heap words [%u, +%zu) are outside the heap of %llu words", word, out.size(),
-                          (unsigned long long)words);
-    }
-    if (out.empty()) return Status::ok();
-    return downloadFromBuffer(im.dev, im.control, (im.layout.at(BLUE_O_HEAP) + word) * 4, out.data(), out.size() * 4);
-}
-
 Status GpuMachine::readInstanceTensor(uint32_t tensor, uint32_t inst, uint64_t offset, std::span<uint8_t> out) {
     Impl& im = *impl_;
     if (!im.inflight.empty()) return Status::error("instance memory is read between runs only");

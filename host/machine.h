@@ -193,10 +193,6 @@ public:
     Status readLocal(uint32_t inst, uint32_t word, std::span<uint32_t> out);
     Status writeLocal(uint32_t inst, uint32_t word, std::span<const uint32_t> words);
     Status readInstanceTensor(uint32_t tensor, uint32_t inst, uint64_t offset, std::span<uint8_t> out);
-    // Heap words [word, +out.size()), between runs only: counters a program keeps there (the
-    // paged-KV peak, vm/kv_pages_abi.h), read after a run to report them, never to decide what
-    // runs. Fails on a range outside the heap or while a chain is in flight.
-    Status readHeap(uint32_t word, std::span<uint32_t> out);
     Status writeInstanceTensor(uint32_t tensor, uint32_t inst, uint64_t offset,
                                std::span<const uint8_t> bytes);
 
