@@ -96,8 +96,8 @@ void Lowering::saveSession(CodeBuilder& cb, uint32_t ctx) {
 // Several holders race; whichever claims first takes it. INRECV takes the next message, which may
 // be another than the one looked at: the instance runs whatever it claims, so this choice moves
 // work and never changes results. kSlot is the claimed slot after it.
-// A paged program keeps no rows between requests (no prefix sharing yet), so any instance takes
-// the next request at once.
+// A paged program shares rows between instances through its prefix index (sharePrefix), so any
+// instance takes the next request at once.
 void Lowering::claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt) {
     if (kv_page) {
         cb.op(Op::INRECV, {kSlot});
@@ -183,13 +183,20 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
         cb.li(kOne, 1);
         cb.li(kHeld, 0);
         cb.li(kLeft, 0);
+        cb.li(kEight, 8);
+        cb.li(kPubEnd, 0);
+        cb.li(kReady, 0);
     }
     cb.bind(g.next);
     claimRequest(cb, ctx, g.halt);
     requestParams(cb, ctx, g);
     promptSection(cb, g);
-    if (kv_page) admitPages(cb, g);
-    prefixReuse(cb, ctx);
+    if (kv_page) {
+        admitPages(cb, g);
+        sharePrefix(cb, ctx, g);
+    } else {
+        prefixReuse(cb, ctx);
+    }
     prefill(cb, block, ctx, chunk, g);
     decode(cb, block, ctx, eog_at, g);
     finishRequest(cb, ctx, g);
@@ -305,10 +312,6 @@ void Lowering::promptSection(CodeBuilder& cb, const GenLabels& g) {
 // OUTU when some; kHist = the history's address.
 void Lowering::prefixReuse(CodeBuilder& cb, uint32_t ctx) {
     cb.li(kHist, BLUE_LM_HISTORY);
-    if (kv_page) {  // no rows kept between requests yet (prefix sharing is plan commit 5)
-        cb.li(kReuse, 0);
-        return;
-    }
     // Prefix reuse: the KV rows of the positions the instance processed last stay valid for the
     // leading prompt tokens that equal its history there, so prefill starts after them (at most
     // at the last prompt token, whose logits give the first sample). Not for a restored
@@ -348,9 +351,11 @@ void Lowering::prefixReuse(CodeBuilder& cb, uint32_t ctx) {
 void Lowering::prefill(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t chunk, const GenLabels& g) {
     cb.op(Op::ANDI, {kFlags, kFlags}, BLUE_REQ_FLAG_IGNORE_EOG);
     cb.op(Op::ADD, {kPos, kStart, kReuse});  // one of them is 0
-    cb.op(Op::ADD, {kPrompt, kHist, kStart});
-    cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
-    cb.op(Op::INFREE, {kSlot});
+    if (!kv_page) {  // a paged program copied the prompt before its prefix lookup
+        cb.op(Op::ADD, {kPrompt, kHist, kStart});
+        cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
+        cb.op(Op::INFREE, {kSlot});
+    }
     cb.jump(Op::BEQZ, {kPrompt}, g.finish);
     cb.op(Op::ADD, {kPrompt, kPrompt, kStart});  // kPrompt = the position after the prompt
     cb.op(Op::ST, {kHist, 0}, BLUE_LM_SAMPLING + BLUE_SP_HIST_ADDR);
@@ -381,6 +386,7 @@ void Lowering::prefill(CodeBuilder& cb, uint32_t block, uint32_t ctx, uint32_t c
     } else {
         cb.op(Op::RUN, {kArgRows}, block);
     }
+    if (kv_page) markReady(cb, ctx);
     cb.jump(Op::BLTU, {kPos, kPrompt}, g.prefill);
     if (embed_block != kNone) {  // the pooled vector, one OUTF per element, ends the request
         auto embedded = cb.newLabel("generate_or_embed"), emit_pooled = cb.newLabel("emit_pooled");

@@ -34,9 +34,13 @@ enum Reg : uint8_t {
     // Paged KV (lower_kv_pages.cpp): pages the page table maps, pages reserved but not taken yet,
     // and scratch of the allocation and release loops.
     kHeld, kLeft, kPage, kProbe, kAddr, kOld, kOne,
+    // The prefix index: the key hash of the pages before kJ (the next page looked up) and of page
+    // kJ, the parent a page's key names and its generation, pages to publish and the next to mark
+    // ready, a page's state, the constant 8, a bucket, and whether an insert may still give way.
+    kH, kHNext, kParent, kPgen, kJ, kPubEnd, kReady, kS, kEight, kB, kMayYield,
 };
 // Registers of a paged program (an unpaged one keeps 32: its module is as before paging).
-constexpr uint32_t kPagedRegs = 40;
+constexpr uint32_t kPagedRegs = 50;
 
 // Where SAMPLE writes the top log-probabilities: after the history.
 inline uint32_t topLogprobsAddr(uint32_t ctx) { return BLUE_LM_HISTORY + ctx; }
@@ -166,8 +170,12 @@ struct Lowering {
     void pagedCaches(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a,
                      uint32_t qscale, uint32_t window, uint32_t softcap);
     void admitPages(CodeBuilder& cb, const GenLabels& g);
+    void sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
+    void takePage(CodeBuilder& cb, uint32_t ctx);
     void ensurePages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
+    void markReady(CodeBuilder& cb, uint32_t ctx);
     void releasePages(CodeBuilder& cb, uint32_t ctx);
+    uint32_t kvArray(uint32_t offset) const { return kv_heap + offset; }  // a heap address
     void claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt);
     void loadSession(CodeBuilder& cb, uint32_t ctx);
     void saveSession(CodeBuilder& cb, uint32_t ctx);

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 14
+#define BLUEVM_API_VERSION 15
 #define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
@@ -301,6 +301,8 @@ typedef struct bluevm_metrics {
        caches); pages held and reserved by requests now, and the most held at once */
     uint32_t kv_page, kv_pages;
     uint64_t kv_pages_in_use, kv_pages_committed, kv_pages_peak;
+    /* API 15: cached pages of the prefix index taken for other rows */
+    uint64_t kv_evictions;
 } bluevm_metrics;
 
 bluevm_status bluevm_engine_metrics(const bluevm_engine* engine, bluevm_metrics* out);

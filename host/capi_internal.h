@@ -134,6 +134,7 @@ inline void metricsOut(const ServeMetrics& m, bluevm_metrics* out) {
     out->kv_pages_in_use = m.kv_pages_in_use;
     out->kv_pages_committed = m.kv_pages_committed;
     out->kv_pages_peak = m.kv_pages_peak;
+    out->kv_evictions = m.kv_evictions;
 }
 
 template <class F>

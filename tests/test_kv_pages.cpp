@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "compiler/gguf.h"
@@ -109,6 +110,32 @@ Module lowered(uint32_t ctx, uint32_t kv_page, uint32_t kv_pool) {
     return std::move(m.value());
 }
 
+// Real text of `n` tokens (BOS first): a story opening and the model's own greedy continuation.
+std::vector<uint32_t> storyTokens(Engine& e, size_t n) {
+    GenerationRequest seed;
+    seed.prompt = e.promptTokens("Once upon a time, there was a little girl named Lily.");
+    seed.max_new = uint32_t(n);
+    seed.ignore_eog = true;
+    seed.sampling.temperature = 0;
+    auto story = e.run({seed});
+    REQUIRE_MESSAGE(story.isOk(), story.message());
+    std::vector<uint32_t> out = seed.prompt;
+    out.insert(out.end(), story.value()[0].tokens.begin(), story.value()[0].tokens.end());
+    out.resize(n);
+    return out;
+}
+
+// `reqs` with `prefix` before each prompt (a shared system prompt; the prompt's BOS dropped).
+std::vector<GenerationRequest> withPrefix(std::vector<GenerationRequest> reqs,
+                                          const std::vector<uint32_t>& prefix) {
+    for (GenerationRequest& r : reqs) {
+        std::vector<uint32_t> p = prefix;
+        p.insert(p.end(), r.prompt.begin() + 1, r.prompt.end());
+        r.prompt = p;
+    }
+    return reqs;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -156,8 +183,121 @@ TEST_CASE(
         REQUIRE(ref.tokens.size() == 3);
         CHECK(ref.tokens == gpu.out.tokens);
         CHECK(gpu.out.tokens == gpu_flat.out.tokens);
-        CHECK(gpu.out.cached.empty());  // no prefix reuse with paging yet
+        CHECK(gpu.out.cached.empty());  // prompts shorter than a page: nothing to share
     }
+}
+
+// The prefix index on one instance, where which request computes what is fixed: each machine gives
+// its unpaged ids, and both reuse the same positions. A prompt shares the pages
+// its key chain matches, full pages before its last token: the same story after the same 200
+// tokens reuses 192 (12 pages), the repeat of a prompt all of its full pages but the one with its
+// last token, a different first token nothing.
+TEST_CASE("kv pages: the prefix index shares full pages by key, the same on the reference machine and the GPU") {
+    const Module paged = lowered(320, 16, 0);
+    auto e = openEngine(1, 320, 0);
+    const auto prefix = storyTokens(*e, 200);
+    std::vector<GenerationRequest> reqs = withPrefix(requests(*e, 3, 0.0f, 12), prefix);
+    reqs.push_back(reqs[0]);  // the first again: its own pages
+    reqs[3].tag = 3;
+    GenerationRequest other = reqs[1];
+    other.prompt[1] = other.prompt[1] == 100 ? 101 : 100;  // the second token differs: page 0 does
+    other.tag = 4;
+    reqs.push_back(other);
+    GenerationRequest opted = reqs[0];  // opted out of prefix reuse: computes all
+    opted.prefix_reuse = false;
+    opted.tag = 5;
+    reqs.push_back(opted);
+    Generated ref = runOnRef(paged, 1, reqs);
+    GpuGenerated gpu = runOnGpu(paged, 1, reqs);
+    const Module flat = lowered(320, 0, 0);
+    GpuGenerated gpu_flat = runOnGpu(flat, 1, reqs);
+    // The reference machine computes in double: over 200-token prompts its greedy ids can part
+    // from a GPU's float ones (request 2 here, paged or not), so each machine is compared with
+    // itself unpaged, and the two on what they reused.
+    Generated ref_flat = runOnRef(flat, 1, reqs);
+    REQUIRE(ref.tokens.size() == reqs.size());
+    CHECK(ref.tokens == ref_flat.tokens);
+    CHECK(gpu.out.tokens == gpu_flat.out.tokens);
+    CHECK(ref.cached == gpu.out.cached);
+    auto cached = [&](uint32_t tag) { return gpu.out.cached.count(tag) ? gpu.out.cached.at(tag) : 0u; };
+    CHECK(cached(0) == 0);
+    CHECK(cached(1) == 192);
+    CHECK(cached(2) == 192);
+    CHECK(cached(3) == (reqs[0].prompt.size() - 1) / 16 * 16);
+    CHECK(cached(4) == 0);
+    CHECK(cached(5) == 0);
+}
+
+// The headline case: 16 agents with one 200-token system prompt, all at once on 16 instances. One
+// computes the prompt's pages; the others find them pending in the index, wait for them and map
+// them, so the prefix is computed once and held once. Ids are those of per-instance caches
+// (rows kernels and no tiles: sharing changes how many rows a chunk has, README "Batch
+// invariance").
+TEST_CASE("kv pages: 16 requests sharing a 200-token prefix give the unpaged ids, the prefix computed and held once") {
+    ScopedEnv rows("BLUE_DECODE_KERNEL", "rows");
+    ScopedEnv no_tiles("BLUE_GEMM_MIN_ITEMS", "65535");
+    const uint32_t ctx = 320;
+    auto flat = openEngine(16, ctx, 0);
+    auto paged = openEngine(16, ctx, 16);
+    const auto prefix = storyTokens(*flat, 200);
+    for (float temp : {0.0f, 0.9f}) {
+        CAPTURE(temp);
+        const auto reqs = withPrefix(requests(*flat, 16, temp, 20), prefix);
+        const auto want = ids(*flat, reqs);
+        auto out = paged->run(reqs);
+        REQUIRE_MESSAGE(out.isOk(), out.message());
+        size_t saved = 0, computed = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            CAPTURE(i);
+            CHECK(out.value()[i].tokens == want[i]);
+            const size_t c = out.value()[i].cached_tokens;
+            // None, or the 12 pages before the prompts differ (13 for the later rounds' prompts
+            // that begin like an earlier one's).
+            CHECK((c == 0 || (c >= 192 && c % 16 == 0)));
+            saved += c;
+            computed += c == 0;
+        }
+        MESSAGE("prefix positions reused: " << saved << ", requests that computed it: " << computed
+                                            << ", peak pages " << paged->kvPagesPeak());
+        CHECK(computed >= 1);
+        CHECK(saved >= 14 * 192);  // one computes it; (on lavapipe) every other waits for it
+        // Each request holds at most ceil((205 + 48) / 16) = 16 pages; shared, the prefix's 12
+        // are held once: 12 + 16 x 4 at most (when all 15 waited), against 16 x 16 unshared.
+        CHECK(paged->kvPagesPeak() <= 12 * (computed) + 16 * 5);
+        CHECK(paged->stats().round_trips == 0);
+    }
+}
+
+// A small pool on one instance: published pages stay cached after their request and the sweep
+// takes them for other rows when the pool runs short (evictions), with the same ids; the prompt
+// just run is still cached and reused.
+TEST_CASE("kv pages: cached pages are evicted when the pool runs short, with the same ids") {
+    auto flat = openEngine(1, 128, 0);
+    auto paged = openEngine(1, 128, 16, 128);  // 8 pages; each request reserves 3
+    const auto story = storyTokens(*flat, 120);
+    std::vector<GenerationRequest> reqs;
+    for (size_t k = 0; k < 6; ++k) {  // six different 40-token prompts: 2 pages published each
+        GenerationRequest r;
+        r.prompt.assign(story.begin() + long(k * 9), story.begin() + long(k * 9 + 40));
+        r.prompt[0] = story[0];
+        r.prompt[1] = uint32_t(50 + k);
+        r.max_new = 8;
+        r.ignore_eog = true;
+        r.sampling.temperature = 0;
+        reqs.push_back(r);
+    }
+    reqs.push_back(reqs[5]);  // the last again, at once: its pages are still cached
+    reqs.push_back(reqs[0]);  // the first again: evicted by now, computed again
+    const auto want = ids(*flat, reqs);
+    auto out = paged->run(reqs);
+    REQUIRE_MESSAGE(out.isOk(), out.message());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        CAPTURE(i);
+        CHECK(out.value()[i].tokens == want[i]);
+        CHECK(out.value()[i].cached_tokens == (i == 6 ? 32u : 0u));
+    }
+    CHECK(paged->kvEvictions() >= 4);
+    CHECK(paged->kvPagesPeak() <= 8);
 }
 
 TEST_CASE(
@@ -430,6 +570,7 @@ TEST_CASE(
     CHECK(j["kv_page"] == 16);
     CHECK(j["kv_pages"] == 8);       // one instance: a pool of ctx
     CHECK(j["kv_pages_peak"] == 3);  // 4 + 40 positions
+    CHECK(j["kv_evictions"] == 0);
     CHECK(j["round_trips"] == 0);
 
     Child page12(gen({"--kv-page", "12"}));
@@ -500,6 +641,69 @@ TEST_CASE("kv pages: /metrics shows the pool, the pages a streaming request hold
     CHECK(s.metric("bluevm_kv_pages_in_use") == 0);
     CHECK(s.metric("bluevm_kv_pages_committed") == 0);
     CHECK(s.metric("bluevm_kv_pages_peak") == 7);
+}
+
+}  // namespace blue::test
+
+namespace blue::test {
+
+// Over HTTP, as agents use it: one long system prompt, then eight requests at once on four
+// instances, each after that system prompt with its own question. Each maps the system prompt's
+// pages from the index (usage.prompt_tokens_details.cached_tokens), whichever instance computed
+// them; the same prompt again reuses all its full pages but the last token's; cache_prompt: false
+// computes all; no page is held after, and none was evicted (the pool is 4 contexts).
+TEST_CASE("kv pages: over HTTP, requests after one system prompt share its pages across instances") {
+    TestModel tm;
+    tm.kv_page = 16;
+    TestServer s(4, 512, 16, {}, tm);
+    std::string system;  // about 240 tokens
+    for (int i = 0; i < 20; ++i) system += "Lily and Tom went to the park. ";
+    auto complete = [&](const std::string& prompt, bool cache, nlohmann::json* out) {
+        nlohmann::json body = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"cache_prompt", cache}};
+        auto r = post(s, "/v1/completions", body);
+        REQUIRE(r);
+        REQUIRE(r->status == 200);
+        *out = nlohmann::json::parse(r->body);
+    };
+    auto cached = [](const nlohmann::json& j) { return j["usage"]["prompt_tokens_details"]["cached_tokens"].get<uint32_t>(); };
+    nlohmann::json first;
+    complete(system + "The dog", true, &first);
+    const uint32_t prompt_tokens = first["usage"]["prompt_tokens"].get<uint32_t>();
+    CHECK(prompt_tokens > 200);
+    CHECK(cached(first) == 0);
+    const std::vector<std::string> questions = {"Then the cat", "A bird sang", "Sue ran home", "The sun was hot",
+                                                "Ben had a car", "Mom baked a cake", "It was late", "They saw a frog"};
+    std::vector<nlohmann::json> answers(questions.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < questions.size(); ++i) {
+        clients.emplace_back([&, i] { complete(system + questions[i], true, &answers[i]); });
+    }
+    for (std::thread& t : clients) t.join();
+    uint32_t saved = 0;
+    for (size_t i = 0; i < questions.size(); ++i) {
+        CAPTURE(i);
+        const uint32_t c = cached(answers[i]);
+        CHECK(c >= 224);  // the system prompt's full pages (it ends within its 15th or 16th)
+        CHECK(c % 16 == 0);
+        saved += c;
+        nlohmann::json alone;  // the same answer as computed without sharing
+        complete(system + questions[i], false, &alone);
+        CHECK(cached(alone) == 0);
+        CHECK(alone["choices"][0]["text"] == answers[i]["choices"][0]["text"]);
+    }
+    nlohmann::json again;
+    complete(system + "The dog", true, &again);
+    CHECK(cached(again) == (prompt_tokens - 1) / 16 * 16);
+    CHECK(again["choices"][0]["text"] == first["choices"][0]["text"]);
+    for (int i = 0; i < 200 && s.metric("bluevm_kv_pages_in_use") != 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(s.metric("bluevm_kv_pages_in_use") == 0);
+    CHECK(s.metric("bluevm_kv_pages_committed") == 0);
+    CHECK(s.metric("bluevm_kv_evictions_total") == 0);
+    CHECK(s.metric("bluevm_prefix_hits_total") == 9);
+    CHECK(s.metric("bluevm_prefix_tokens_total") == double(saved + cached(again)));
+    CHECK(s.metric("bluevm_host_round_trips_total") == 0);
 }
 
 }  // namespace blue::test

@@ -186,6 +186,7 @@ std::string statsJson(const Engine& e, size_t prompt_tokens, size_t gen_tokens, 
         j["kv_page"] = e.kvPage();
         j["kv_pages"] = e.kvPages();
         j["kv_pages_peak"] = e.kvPagesPeak();
+        j["kv_evictions"] = e.kvEvictions();
     }
     if (results.size() > 1) {
         double per = 0;

@@ -513,7 +513,10 @@ Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>
     std::string faults = describeFaults(module_, report.value().instances);
     if (!faults.empty()) return Status::error("the generation program faulted: " + faults);
     if (kv.save) BLUE_TRY(kvSave(*machine.value(), kv.save));
-    if (kv_pages_) kv_pages_peak_ = stats_.heap_watch[BLUE_KVP_PEAK];  // the program's counter
+    if (kv_pages_) {  // the program's counters
+        kv_pages_peak_ = stats_.heap_watch[BLUE_KVP_PEAK];
+        kv_evictions_ = stats_.heap_watch[BLUE_KVP_EVICTIONS];
+    }
     return out;
 }
 

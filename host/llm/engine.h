@@ -138,6 +138,7 @@ public:
     uint32_t kvPage() const { return kv_page_; }
     uint32_t kvPages() const { return kv_pages_; }
     uint32_t kvPagesPeak() const { return kv_pages_peak_; }
+    uint32_t kvEvictions() const { return kv_evictions_; }  // of the last run()
     // The device; only while hasDevice() (after open, and after a resetDevice that succeeded).
     Device& device() { return *device_; }
     const Device& device() const { return *device_; }
@@ -233,7 +234,7 @@ private:
     uint32_t grammar_words_ = 0;
     Pooling pooling_ = Pooling::None;
     uint32_t sessions_ = 0;
-    uint32_t kv_page_ = 0, kv_pages_ = 0, kv_pages_peak_ = 0;
+    uint32_t kv_page_ = 0, kv_pages_ = 0, kv_pages_peak_ = 0, kv_evictions_ = 0;
     uint64_t model_hash_ = 0;  // kvModelHash of the GGUF
     GpuStats stats_;
 };

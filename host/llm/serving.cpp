@@ -526,6 +526,7 @@ void addGpuCounters(GpuStats& retired, const GpuStats& current) {
     retired.expert_paged_bytes += current.expert_paged_bytes;
     // A rebuilt machine starts its pool empty; the peak before it stays the run's.
     retired.heap_watch[BLUE_KVP_PEAK] = std::max(retired.heap_watch[BLUE_KVP_PEAK], current.heap_watch[BLUE_KVP_PEAK]);
+    retired.heap_watch[BLUE_KVP_EVICTIONS] += current.heap_watch[BLUE_KVP_EVICTIONS];
 }
 
 void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& current) {
@@ -541,6 +542,7 @@ void setGpuCounters(ServeMetrics& m, const GpuStats& retired, const GpuStats& cu
     m.kv_pages_in_use = current.heap_watch[BLUE_KVP_IN_USE];
     m.kv_pages_committed = current.heap_watch[BLUE_KVP_COMMITTED];
     m.kv_pages_peak = std::max(retired.heap_watch[BLUE_KVP_PEAK], current.heap_watch[BLUE_KVP_PEAK]);
+    m.kv_evictions = uint64_t(retired.heap_watch[BLUE_KVP_EVICTIONS]) + current.heap_watch[BLUE_KVP_EVICTIONS];
 }
 
 }  // namespace blue

@@ -95,7 +95,7 @@ struct ServeMetrics {
     // Paged KV (--kv-page): positions per page and pages in each pool (0: per-instance caches);
     // pages held and reserved now, and the most held at once, as the last chain left them.
     uint32_t kv_page = 0, kv_pages = 0;
-    uint64_t kv_pages_in_use = 0, kv_pages_committed = 0, kv_pages_peak = 0;
+    uint64_t kv_pages_in_use = 0, kv_pages_committed = 0, kv_pages_peak = 0, kv_evictions = 0;
 };
 
 // The device rebuild that both serving engines (this one and CascadeServingEngine) run on their

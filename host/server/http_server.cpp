@@ -965,6 +965,9 @@ std::string HttpServer::Impl::metricsText() {
            double(m.kv_pages_committed));
     metric("bluevm_kv_pages_peak", "gauge", "Most KV pages held at once since the server started.",
            double(m.kv_pages_peak));
+    metric("bluevm_kv_evictions_total", "counter",
+           "Cached KV pages of the prefix index taken for other rows (their prefix is computed again).",
+           double(m.kv_evictions));
     bluevm_health h;
     const bool recovering =
         engineHealth(&h) == BLUEVM_OK && h.state == BLUEVM_ENGINE_RECOVERING;
