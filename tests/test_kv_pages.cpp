@@ -616,12 +616,12 @@ TEST_CASE("kv pages: /metrics shows the pool, the pages a streaming request hold
                                  {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
     httplib::Client c = s.client();
     httplib::Request req = jsonPost("/v1/completions", body);
-    double in_use = -1, committed = -1;
+    // Read while it streams (every chunk: a client can be slow to see the first one, under load
+    // even until the request has ended): the most seen.
+    double in_use = 0, committed = 0;
     req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
-        if (in_use < 0) {  // the first token: the request has its pages
-            in_use = s.metric("bluevm_kv_pages_in_use");
-            committed = s.metric("bluevm_kv_pages_committed");
-        }
+        in_use = std::max(in_use, s.metric("bluevm_kv_pages_in_use"));
+        committed = std::max(committed, s.metric("bluevm_kv_pages_committed"));
         return true;
     };
     httplib::Response res;
