@@ -479,12 +479,20 @@ void Lowering::finishRequest(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) 
     // The positions before kPos hold KV rows of the history's tokens: what the next request may
     // reuse. (A rejected request leaves kPos as the last request ended it.)
     if (kv_page) {
-        releasePages(cb, ctx);
+        publishAnswer(cb, ctx);
     } else {
         cb.op(Op::ST, {kPos, 0}, kvValidAddr(ctx));
     }
     if (sessions) saveSession(cb, ctx);
     cb.op(Op::OUTEND, {kTag});
+    if (kv_page) {  // the answer's pages are ready a cycle after their keys; then all are let go
+        auto none = cb.newLabel("kv_answer_none");
+        cb.jump(Op::BGEU, {kReady, kPubEnd}, none);
+        cb.op(Op::YIELD, {});
+        markReady(cb, ctx);
+        cb.bind(none);
+        releasePages(cb, ctx);
+    }
     cb.jump(Op::JMP, {}, g.next);
     cb.bind(g.halt);
     cb.op(Op::HALT);

@@ -138,7 +138,7 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     const uint32_t buckets = blueKvpBuckets(np), tab = pageTableAddr(ctx);
     const uint32_t state = kvArray(BLUE_KVP_STATE(np)), gen = kvArray(BLUE_KVP_GEN(np));
     const uint32_t parent = kvArray(BLUE_KVP_PARENT(np)), pgen = kvArray(BLUE_KVP_PGEN(np));
-    const uint32_t hash = kvArray(BLUE_KVP_HASH(np)), bucket = kvArray(BLUE_KVP_BUCKET(np));
+    const uint32_t hash = kvArray(BLUE_KVP_HASH(np));
     const uint32_t tokens = kvArray(BLUE_KVP_TOKENS(np)), table = kvArray(BLUE_KVP_TABLE(np, ps));
     auto lookup = cb.newLabel("kv_lookup"), probe_start = cb.newLabel("kv_lookup_probe_start");
     auto probe = cb.newLabel("kv_lookup_probe"), probe_next = cb.newLabel("kv_lookup_next");
@@ -146,8 +146,7 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     auto held = cb.newLabel("kv_acquired"), mismatch = cb.newLabel("kv_key_differs");
     auto shared = cb.newLabel("kv_hit_shared"), hit = cb.newLabel("kv_hit");
     auto missed = cb.newLabel("kv_missed"), publish = cb.newLabel("kv_publish");
-    auto ins_probe = cb.newLabel("kv_insert_probe"), ins_next = cb.newLabel("kv_insert_next");
-    auto ins_try = cb.newLabel("kv_insert_try"), give_way = cb.newLabel("kv_give_way");
+    auto give_way = cb.newLabel("kv_give_way");
     auto ins_fail = cb.newLabel("kv_insert_failed"), done = cb.newLabel("kv_shared");
     auto reported = cb.newLabel("kv_reuse_reported");
     (void)g;
@@ -163,11 +162,13 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.li(kParent, BLUE_KVP_ROOT);
     cb.li(kPgen, 0);
     cb.li(kH, BLUE_KVP_HASH_SEED);
+    cb.li(kChain, 0);
     cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_NO_PREFIX);
     cb.jump(Op::BNEZ, {kWord}, done);
     if (embed_block != kNone) cb.jump(Op::BNEZ, {kEmbed}, done);
     cb.op(Op::SHRLI, {kPubEnd, kPrompt}, shift);  // the pages full of prompt tokens
     cb.li(kMayYield, 1);
+    cb.li(kChain, 1);
 
     cb.bind(lookup);
     cb.op(Op::ADDI, {kN, kPrompt}, uint32_t(-1));
@@ -255,50 +256,7 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.jump(Op::BGEU, {kHeld, kPubEnd}, done);
     takePage(cb, ctx);  // kPage, at table entry kHeld - 1
     cb.op(Op::ADDI, {kTmp, kHeld}, uint32_t(-1));
-    cb.op(Op::SHLI, {kWord, kTmp}, shift);
-    cb.op(Op::ADDI, {kWord, kWord}, BLUE_LM_HISTORY);
-    cb.op(Op::MOV, {kHNext, kH});
-    pageWalk(cb, Op::HASHL, ps, kHNext, kWord, kTmp2, done);
-    cb.op(Op::SHLI, {kWord, kTmp}, shift);
-    cb.op(Op::ADDI, {kWord, kWord}, BLUE_LM_HISTORY);
-    cb.op(Op::SHLI, {kOld, kPage}, shift);
-    cb.op(Op::ADDI, {kOld, kOld}, tokens);
-    pageWalk(cb, Op::HCPYL, ps, kOld, kWord, kTmp2, done);
-    cb.op(Op::STG, {kParent, kPage}, parent);
-    cb.op(Op::STG, {kPgen, kPage}, pgen);
-    cb.op(Op::ADDI, {kAddr, kPage}, hash);
-    cb.op(Op::ATOMXCHG, {kWord, kAddr, kHNext});
-    cb.op(Op::ADDI, {kAddr, kPage}, state);
-    cb.li(kOld, BLUE_KVP_INDEXED);
-    cb.op(Op::ATOMADD, {kWord, kAddr, kOld});
-    firstBucket(cb, kB, kHNext, buckets);
-    cb.li(kProbe, BLUE_KVP_TABLE_PROBES);
-    cb.bind(ins_probe);
-    cb.jump(Op::BEQZ, {kProbe}, ins_fail);
-    cb.op(Op::ADDI, {kProbe, kProbe}, uint32_t(-1));
-    cb.op(Op::ADDI, {kAddr, kB}, table);
-    cb.op(Op::ATOMADD, {kWord, kAddr, 0});
-    cb.jump(Op::BEQZ, {kWord}, ins_try);
-    cb.jump(Op::BEQ, {kWord, kMinus1}, ins_try);
-    cb.jump(Op::BEQZ, {kMayYield}, ins_next);
-    cb.op(Op::ADDI, {kOld, kWord}, hash - 1);
-    cb.op(Op::ATOMADD, {kS, kOld, 0});
-    cb.jump(Op::BEQ, {kS, kHNext}, give_way);
-    cb.bind(ins_next);
-    cb.op(Op::ADDI, {kB, kB}, 1);
-    cb.op(Op::ANDI, {kB, kB}, buckets - 1);
-    cb.jump(Op::JMP, {}, ins_probe);
-    cb.bind(ins_try);
-    cb.op(Op::ADDI, {kOld, kPage}, 1);
-    cb.op(Op::MOV, {kS, kWord});
-    cb.op(Op::ATOMCAS, {kS, kAddr, kOld});
-    cb.jump(Op::BNE, {kS, kWord}, ins_probe);  // another went in first: look at it
-    cb.op(Op::STG, {kB, kPage}, bucket);
-    cb.op(Op::MOV, {kH, kHNext});
-    cb.op(Op::MOV, {kParent, kPage});
-    cb.op(Op::LDG, {kPgen, kPage}, gen);
-    cb.li(kMayYield, 0);
-    cb.jump(Op::JMP, {}, publish);
+    indexPage(cb, publish, ins_fail, give_way);
     cb.bind(give_way);  // the page back to the pool, unmapped; the reservation has it again
     cb.op(Op::ADDI, {kHeld, kHeld}, uint32_t(-1));
     cb.op(Op::ST, {kMinus1, kHeld}, tab);
@@ -311,14 +269,100 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.op(Op::YIELD, {});
     cb.jump(Op::JMP, {}, lookup);
     cb.bind(ins_fail);  // the index is crowded there: this page and the rest stay private
-    cb.op(Op::ADDI, {kAddr, kPage}, state);
-    cb.li(kOld, uint32_t(0) - BLUE_KVP_INDEXED);
-    cb.op(Op::ATOMADD, {kWord, kAddr, kOld});
     cb.op(Op::ADDI, {kPubEnd, kHeld}, uint32_t(-1));
+    cb.li(kChain, 0);
     cb.bind(done);
     cb.jump(Op::BEQZ, {kReuse}, reported);
     cb.op(Op::OUTU, {kReuse});
     cb.bind(reported);
+}
+
+// Page kPage, entry kTmp of the page table (its rows those of the history's tokens there), into
+// the prefix index as pending, after the chain kH / kParent / kPgen: its key (the tokens, the
+// parent and its generation, the hash), INDEXED, then an entry in the table. Indexed: the chain
+// moves on to it and the code goes on at `indexed`. The index crowded around its key (no free
+// entry among those probed): not indexed, at `failed`. While kMayYield is set, an entry of the
+// same hash found on the way means another instance indexed the key meanwhile: at `give_way`,
+// the page still marked INDEXED and in no entry.
+void Lowering::indexPage(CodeBuilder& cb, CodeBuilder::Label indexed, CodeBuilder::Label failed,
+                         CodeBuilder::Label give_way) {
+    const uint32_t ps = kv_page, shift = log2u(kv_page), np = kv_pages;
+    const uint32_t buckets = blueKvpBuckets(np), hash = kvArray(BLUE_KVP_HASH(np));
+    const uint32_t state = kvArray(BLUE_KVP_STATE(np)), table = kvArray(BLUE_KVP_TABLE(np, ps));
+    auto probe = cb.newLabel("kv_insert_probe"), next = cb.newLabel("kv_insert_next");
+    auto again = cb.newLabel("kv_insert_try"), crowded = cb.newLabel("kv_insert_crowded");
+    cb.op(Op::SHLI, {kWord, kTmp}, shift);
+    cb.op(Op::ADDI, {kWord, kWord}, BLUE_LM_HISTORY);
+    cb.op(Op::MOV, {kHNext, kH});
+    pageWalk(cb, Op::HASHL, ps, kHNext, kWord, kTmp2, failed);
+    cb.op(Op::SHLI, {kWord, kTmp}, shift);
+    cb.op(Op::ADDI, {kWord, kWord}, BLUE_LM_HISTORY);
+    cb.op(Op::SHLI, {kOld, kPage}, shift);
+    cb.op(Op::ADDI, {kOld, kOld}, kvArray(BLUE_KVP_TOKENS(np)));
+    pageWalk(cb, Op::HCPYL, ps, kOld, kWord, kTmp2, failed);
+    cb.op(Op::STG, {kParent, kPage}, kvArray(BLUE_KVP_PARENT(np)));
+    cb.op(Op::STG, {kPgen, kPage}, kvArray(BLUE_KVP_PGEN(np)));
+    cb.op(Op::ADDI, {kAddr, kPage}, hash);
+    cb.op(Op::ATOMXCHG, {kWord, kAddr, kHNext});
+    cb.op(Op::ADDI, {kAddr, kPage}, state);
+    cb.li(kOld, BLUE_KVP_INDEXED);
+    cb.op(Op::ATOMADD, {kWord, kAddr, kOld});
+    firstBucket(cb, kB, kHNext, buckets);
+    cb.li(kProbe, BLUE_KVP_TABLE_PROBES);
+    cb.bind(probe);
+    cb.jump(Op::BEQZ, {kProbe}, crowded);
+    cb.op(Op::ADDI, {kProbe, kProbe}, uint32_t(-1));
+    cb.op(Op::ADDI, {kAddr, kB}, table);
+    cb.op(Op::ATOMADD, {kWord, kAddr, 0});
+    cb.jump(Op::BEQZ, {kWord}, again);
+    cb.jump(Op::BEQ, {kWord, kMinus1}, again);
+    cb.jump(Op::BEQZ, {kMayYield}, next);
+    cb.op(Op::ADDI, {kOld, kWord}, hash - 1);
+    cb.op(Op::ATOMADD, {kS, kOld, 0});
+    cb.jump(Op::BEQ, {kS, kHNext}, give_way);
+    cb.bind(next);
+    cb.op(Op::ADDI, {kB, kB}, 1);
+    cb.op(Op::ANDI, {kB, kB}, buckets - 1);
+    cb.jump(Op::JMP, {}, probe);
+    cb.bind(again);
+    cb.op(Op::ADDI, {kOld, kPage}, 1);
+    cb.op(Op::MOV, {kS, kWord});
+    cb.op(Op::ATOMCAS, {kS, kAddr, kOld});
+    cb.jump(Op::BNE, {kS, kWord}, probe);  // another went in first: look at it
+    cb.op(Op::STG, {kB, kPage}, kvArray(BLUE_KVP_BUCKET(np)));
+    cb.op(Op::MOV, {kH, kHNext});
+    cb.op(Op::MOV, {kParent, kPage});
+    cb.op(Op::LDG, {kPgen, kPage}, kvArray(BLUE_KVP_GEN(np)));
+    cb.li(kMayYield, 0);
+    cb.jump(Op::JMP, {}, indexed);
+    cb.bind(crowded);
+    cb.op(Op::ADDI, {kAddr, kPage}, state);
+    cb.li(kOld, uint32_t(0) - BLUE_KVP_INDEXED);
+    cb.op(Op::ATOMADD, {kWord, kAddr, kOld});
+    cb.jump(Op::JMP, {}, failed);
+}
+
+// At a request's end, before its response ends: the full pages it wrote after its prompt's (its
+// answer) go into the index too, continuing the chain of its prompt's pages, so a conversation's
+// next turn, on any instance, finds its earlier answer as well. They are marked ready a cycle
+// later (finishRequest). Not when the chain was cut (an opt-out, an embedding, a crowded index).
+void Lowering::publishAnswer(CodeBuilder& cb, uint32_t ctx) {
+    auto next = cb.newLabel("kv_publish_answer"), indexed = cb.newLabel("kv_answer_indexed");
+    auto done = cb.newLabel("kv_answer_published");
+    cb.jump(Op::BEQZ, {kChain}, done);
+    cb.li(kMayYield, 0);
+    cb.bind(next);
+    cb.jump(Op::BGEU, {kPubEnd, kHeld}, done);
+    cb.op(Op::ADDI, {kWord, kPubEnd}, 1);
+    cb.op(Op::SHLI, {kWord, kWord}, log2u(kv_page));
+    cb.jump(Op::BLTU, {kPos, kWord}, done);  // not full
+    cb.op(Op::LD, {kPage, kPubEnd}, pageTableAddr(ctx));
+    cb.op(Op::MOV, {kTmp, kPubEnd});
+    indexPage(cb, indexed, done, done);
+    cb.bind(indexed);
+    cb.op(Op::ADDI, {kPubEnd, kPubEnd}, 1);
+    cb.jump(Op::JMP, {}, next);
+    cb.bind(done);
 }
 
 // One page from the pool into page table entry kHeld (kPage = its id): the clock sweep takes a

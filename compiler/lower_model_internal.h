@@ -36,11 +36,12 @@ enum Reg : uint8_t {
     kHeld, kLeft, kPage, kProbe, kAddr, kOld, kOne,
     // The prefix index: the key hash of the pages before kJ (the next page looked up) and of page
     // kJ, the parent a page's key names and its generation, pages to publish and the next to mark
-    // ready, a page's state, the constant 8, a bucket, and whether an insert may still give way.
-    kH, kHNext, kParent, kPgen, kJ, kPubEnd, kReady, kS, kEight, kB, kMayYield,
+    // ready, a page's state, the constant 8, a bucket, whether an insert may still give way, and
+    // whether the pages published so far form an unbroken chain (more may follow).
+    kH, kHNext, kParent, kPgen, kJ, kPubEnd, kReady, kS, kEight, kB, kMayYield, kChain,
 };
 // Registers of a paged program (an unpaged one keeps 32: its module is as before paging).
-constexpr uint32_t kPagedRegs = 50;
+constexpr uint32_t kPagedRegs = 51;
 
 // Where SAMPLE writes the top log-probabilities: after the history.
 inline uint32_t topLogprobsAddr(uint32_t ctx) { return BLUE_LM_HISTORY + ctx; }
@@ -171,6 +172,9 @@ struct Lowering {
                      uint32_t qscale, uint32_t window, uint32_t softcap);
     void admitPages(CodeBuilder& cb, const GenLabels& g);
     void sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
+    void indexPage(CodeBuilder& cb, CodeBuilder::Label indexed, CodeBuilder::Label failed,
+                   CodeBuilder::Label give_way);
+    void publishAnswer(CodeBuilder& cb, uint32_t ctx);
     void takePage(CodeBuilder& cb, uint32_t ctx);
     void ensurePages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
     void markReady(CodeBuilder& cb, uint32_t ctx);

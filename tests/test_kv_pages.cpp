@@ -228,6 +228,35 @@ TEST_CASE("kv pages: the prefix index shares full pages by key, the same on the 
     CHECK(cached(5) == 0);
 }
 
+// A request's answer goes into the index at its end, after its prompt's pages: the next turn of
+// the conversation (the prompt, the answer, a new sentence) reuses every full page of both, as
+// per-instance caches reuse the rows of the instance's last request, with the same ids.
+TEST_CASE("kv pages: a conversation's next turn reuses the pages of the earlier answer too") {
+    auto flat = openEngine(1, 256, 0);
+    auto paged = openEngine(1, 256, 16);
+    GenerationRequest first = requests(*flat, 1, 0.0f, 0)[0];
+    first.prompt = storyTokens(*flat, 37);
+    first.max_new = 45;
+    first.ignore_eog = true;
+    const auto answer = ids(*flat, {first})[0];
+    REQUIRE(answer.size() == 45);
+    GenerationRequest next = first;
+    next.prompt.insert(next.prompt.end(), answer.begin(), answer.end());
+    const auto more = flat->continuationTokens(" Then they went home.");
+    next.prompt.insert(next.prompt.end(), more.begin(), more.end());
+    next.max_new = 20;
+    const std::vector<GenerationRequest> turns = {first, next};
+    auto want = flat->run(turns);
+    REQUIRE(want.isOk());
+    auto got = paged->run(turns);
+    REQUIRE_MESSAGE(got.isOk(), got.message());
+    for (size_t i = 0; i < turns.size(); ++i) CHECK(got.value()[i].tokens == want.value()[i].tokens);
+    // The first turn's rows: 37 prompt positions and the 45 of its answer (each emitted token is
+    // run before the length check), 82, whose 5 full pages the next turn maps.
+    CHECK(want.value()[1].cached_tokens == 82);
+    CHECK(got.value()[1].cached_tokens == 80);
+}
+
 // The headline case: 16 agents with one 200-token system prompt, all at once on 16 instances. One
 // computes the prompt's pages; the others find them pending in the index, wait for them and map
 // them, so the prefix is computed once and held once. Ids are those of per-instance caches
@@ -651,15 +680,16 @@ namespace blue::test {
 // instances, each after that system prompt with its own question. Each maps the system prompt's
 // pages from the index (usage.prompt_tokens_details.cached_tokens), whichever instance computed
 // them; the same prompt again reuses all its full pages but the last token's; cache_prompt: false
-// computes all; no page is held after, and none was evicted (the pool is 4 contexts).
+// computes all; a conversation's next turn maps its earlier answer's pages too; no page is held
+// after, and none was evicted (the pool is 8 contexts).
 TEST_CASE("kv pages: over HTTP, requests after one system prompt share its pages across instances") {
     TestModel tm;
     tm.kv_page = 16;
     TestServer s(4, 512, 16, {}, tm);
     std::string system;  // about 240 tokens
     for (int i = 0; i < 20; ++i) system += "Lily and Tom went to the park. ";
-    auto complete = [&](const std::string& prompt, bool cache, nlohmann::json* out) {
-        nlohmann::json body = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"cache_prompt", cache}};
+    auto complete = [&](const std::string& prompt, bool cache, nlohmann::json* out, int max_tokens = 8) {
+        nlohmann::json body = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"cache_prompt", cache}};
         auto r = post(s, "/v1/completions", body);
         REQUIRE(r);
         REQUIRE(r->status == 200);
@@ -695,14 +725,23 @@ TEST_CASE("kv pages: over HTTP, requests after one system prompt share its pages
     complete(system + "The dog", true, &again);
     CHECK(cached(again) == (prompt_tokens - 1) / 16 * 16);
     CHECK(again["choices"][0]["text"] == first["choices"][0]["text"]);
+    // A conversation: its next turn (the prompt, the answer, a new sentence) maps the pages of
+    // the earlier answer too, whichever instance took either turn.
+    nlohmann::json turn1, turn2;
+    complete(system + "Ben had a car", true, &turn1, 40);
+    const uint32_t turn1_prompt = turn1["usage"]["prompt_tokens"].get<uint32_t>();
+    complete(system + "Ben had a car" + turn1["choices"][0]["text"].get<std::string>() + " Then they went home.",
+             true, &turn2);
+    CAPTURE(turn1_prompt);
+    CHECK(cached(turn2) >= (turn1_prompt / 16 + 1) * 16);
     for (int i = 0; i < 200 && s.metric("bluevm_kv_pages_in_use") != 0; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     CHECK(s.metric("bluevm_kv_pages_in_use") == 0);
     CHECK(s.metric("bluevm_kv_pages_committed") == 0);
     CHECK(s.metric("bluevm_kv_evictions_total") == 0);
-    CHECK(s.metric("bluevm_prefix_hits_total") == 9);
-    CHECK(s.metric("bluevm_prefix_tokens_total") == double(saved + cached(again)));
+    CHECK(s.metric("bluevm_prefix_hits_total") == 11);
+    CHECK(s.metric("bluevm_prefix_tokens_total") == double(saved + cached(again) + cached(turn1) + cached(turn2)));
     CHECK(s.metric("bluevm_host_round_trips_total") == 0);
 }
 
