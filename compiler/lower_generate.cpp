@@ -192,7 +192,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     requestParams(cb, ctx, g);
     promptSection(cb, g);
     if (kv_page) {
-        admitPages(cb, g);
+        admitPages(cb, ctx, g);
         sharePrefix(cb, ctx, g);
     } else {
         prefixReuse(cb, ctx);

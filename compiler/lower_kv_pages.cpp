@@ -57,13 +57,15 @@ uint32_t log2u(uint32_t v) { return uint32_t(std::countr_zero(v)); }
 
 }  // namespace
 
-// After the prompt's checks (kTmp = prompt length): the request's reservation, kLeft pages,
-// admitted once the pool holds them. A restored conversation (start > 0: rows the host wrote
-// into per-instance caches) is rejected: paged snapshots come later (plan commit 8).
-void Lowering::admitPages(CodeBuilder& cb, const GenLabels& g) {
+// After the prompt's checks (kTmp = start + prompt length): the request's reservation, kLeft
+// pages, admitted once the pool holds them. A restored conversation (start > 0: the host wrote
+// its rows into pages 0..n-1 and mapped them in the page table, n = ceil(start / PS)) then
+// takes those pages (free -> held; any other state rejects it, so only a fresh machine's first
+// request restores), out of its reservation.
+void Lowering::admitPages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     auto admit = cb.newLabel("kv_admit"), admitted = cb.newLabel("kv_admitted");
-    auto wait = cb.newLabel("kv_admit_wait");
-    cb.jump(Op::BNEZ, {kStart}, g.reject);
+    auto wait = cb.newLabel("kv_admit_wait"), adopt = cb.newLabel("kv_adopt");
+    auto adopted = cb.newLabel("kv_adopted");
     cb.op(Op::MINU, {kLeft, kMaxNew, kCtx});  // positions it may write: min(ctx, prompt + max_new)
     cb.op(Op::ADD, {kLeft, kLeft, kTmp});
     cb.op(Op::MINU, {kLeft, kLeft, kCtx});
@@ -85,6 +87,28 @@ void Lowering::admitPages(CodeBuilder& cb, const GenLabels& g) {
     cb.op(Op::YIELD, {});
     cb.jump(Op::JMP, {}, admit);
     cb.bind(admitted);
+    cb.bind(adopt);
+    cb.op(Op::SHLI, {kOld, kHeld}, log2u(kv_page));
+    cb.jump(Op::BGEU, {kOld, kStart}, adopted);
+    cb.op(Op::LD, {kPage, kHeld}, pageTableAddr(ctx));
+    cb.li(kOld, kv_pages);
+    cb.jump(Op::BGEU, {kPage, kOld}, g.reject);
+    cb.op(Op::ADDI, {kAddr, kPage}, kvArray(BLUE_KVP_STATE(kv_pages)));
+    cb.li(kWord, 0);
+    cb.op(Op::ATOMCAS, {kWord, kAddr, kOne});
+    cb.jump(Op::BNEZ, {kWord}, g.reject);  // not free: released at reject with those before it
+    cb.op(Op::LDG, {kWord, kPage}, kvArray(BLUE_KVP_GEN(kv_pages)));
+    cb.op(Op::ADDI, {kWord, kWord}, 1);
+    cb.op(Op::STG, {kWord, kPage}, kvArray(BLUE_KVP_GEN(kv_pages)));
+    cb.op(Op::ADDI, {kHeld, kHeld}, 1);
+    cb.op(Op::ADDI, {kLeft, kLeft}, uint32_t(-1));
+    cb.li(kAddr, kvArray(BLUE_KVP_IN_USE));
+    cb.op(Op::ATOMADD, {kOld, kAddr, kOne});
+    cb.op(Op::ADDI, {kOld, kOld}, 1);
+    cb.li(kAddr, kvArray(BLUE_KVP_PEAK));
+    cb.op(Op::ATOMMAXS, {kWord, kAddr, kOld});
+    cb.jump(Op::JMP, {}, adopt);
+    cb.bind(adopted);
 }
 
 namespace {
@@ -152,7 +176,7 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     (void)g;
 
     cb.li(kHist, BLUE_LM_HISTORY);
-    cb.li(kPrompt, BLUE_LM_HISTORY);  // start is 0 (admission rejects a restored conversation)
+    cb.op(Op::ADD, {kPrompt, kHist, kStart});
     cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
     cb.op(Op::INFREE, {kSlot});
     cb.li(kReuse, 0);
@@ -163,6 +187,7 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.li(kPgen, 0);
     cb.li(kH, BLUE_KVP_HASH_SEED);
     cb.li(kChain, 0);
+    cb.jump(Op::BNEZ, {kStart}, done);  // a restored conversation: its own rows, not shared
     cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_NO_PREFIX);
     cb.jump(Op::BNEZ, {kWord}, done);
     if (embed_block != kNone) cb.jump(Op::BNEZ, {kEmbed}, done);
@@ -456,8 +481,9 @@ void Lowering::markReady(CodeBuilder& cb, uint32_t ctx) {
     cb.bind(marked);
 }
 
-// At a request's end (finish, reject, cancel): every page held is let go, its table entry
-// unmapped. A page no request holds any more stays cached when it is indexed and ready, is out of
+// At a request's end (finish, reject, cancel): every page held is let go. Its table entry stays
+// (entries past kHeld are stale: nothing reads a position the request has not mapped), so the
+// host can read a finished run's rows through it (a KV snapshot). A page no request holds any more stays cached when it is indexed and ready, is out of
 // the index and free when it was pending (a cancel before its rows were all written), and free
 // when private. Then in_use and committed drop by the pages no longer held, and committed by the
 // reservation not taken too (last, so admission never counts a page free before it is).
@@ -469,7 +495,6 @@ void Lowering::releasePages(CodeBuilder& cb, uint32_t ctx) {
     cb.jump(Op::BEQZ, {kHeld}, released);
     cb.op(Op::ADDI, {kHeld, kHeld}, uint32_t(-1));
     cb.op(Op::LD, {kPage, kHeld}, pageTableAddr(ctx));
-    cb.op(Op::ST, {kMinus1, kHeld}, pageTableAddr(ctx));
     cb.op(Op::ADDI, {kAddr, kPage}, kvArray(BLUE_KVP_STATE(np)));
     cb.op(Op::ATOMADD, {kS, kAddr, kMinus1});
     cb.op(Op::ANDI, {kWord, kS}, BLUE_KVP_REFS);

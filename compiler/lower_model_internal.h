@@ -51,7 +51,10 @@ inline uint32_t kvValidAddr(uint32_t ctx) { return topLogprobsAddr(ctx) + 2 * BL
 // before it came from the slot unchanged).
 inline uint32_t sessionFromAddr(uint32_t ctx) { return kvValidAddr(ctx) + 1; }
 // Paged KV: the page table, ceil(ctx / PS) words after it (local_words grows by as many).
-inline uint32_t pageTableAddr(uint32_t ctx) { return sessionFromAddr(ctx) + 1; }
+inline uint32_t pageTableAddr(uint32_t ctx) {
+    assert(sessionFromAddr(ctx) + 1 == BLUE_KVP_PAGE_TABLE(ctx));
+    return BLUE_KVP_PAGE_TABLE(ctx);
+}
 
 // The labels of the generation program, made in one place so the pieces below share them.
 struct GenLabels {
@@ -170,7 +173,7 @@ struct Lowering {
     // Paged KV (lower_kv_pages.cpp).
     void pagedCaches(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a,
                      uint32_t qscale, uint32_t window, uint32_t softcap);
-    void admitPages(CodeBuilder& cb, const GenLabels& g);
+    void admitPages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
     void sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
     void indexPage(CodeBuilder& cb, CodeBuilder::Label indexed, CodeBuilder::Label failed,
                    CodeBuilder::Label give_way);

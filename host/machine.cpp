@@ -652,7 +652,12 @@ Result<uint64_t> instanceRange(const Module& m, const PagePlan& pages, uint32_t 
                                uint32_t inst, uint64_t offset, uint64_t bytes) {
     if (tensor >= m.tensors.size()) return BLUE_ERROR("tensor %u is out of range (the module has %zu)", tensor, m.tensors.size());
     const TensorDecl& t = m.tensors[tensor];
-    if (t.cls != BLUE_TC_INSTANCE) return BLUE_ERROR("tensor '%s' is not an INSTANCE tensor", t.name.c_str());
+    if (t.cls != BLUE_TC_INSTANCE && t.cls != BLUE_TC_GLOBAL) {
+        return BLUE_ERROR("tensor '%s' is neither an INSTANCE nor a GLOBAL tensor", t.name.c_str());
+    }
+    if (t.cls == BLUE_TC_GLOBAL && inst != 0) {
+        return BLUE_ERROR("tensor '%s' is GLOBAL: one copy, instance 0 (not %u)", t.name.c_str(), inst);
+    }
     if (inst >= instances) return BLUE_ERROR("instance %u is out of range (the machine has %u)", inst, instances);
     const uint64_t natural = tensorSliceBytes(t);
     if (offset > natural || bytes > natural - offset) {

@@ -187,9 +187,10 @@ public:
     // One instance's memory, between runs only (before the first submit, or after run()
     // returned): `count` words of instance `inst`'s local memory from word `word`, and bytes of
     // its slice of an INSTANCE tensor from `offset` (the reference machine's packing: a slice's
-    // padding is at its end). Saving and restoring a conversation (host/memory/kv_snapshot.h)
-    // is the host moving I/O, never a decision about what runs. Fail on a range outside the
-    // instance's memory, on a tensor that is not INSTANCE, or while a chain is in flight.
+    // padding is at its end), or of a GLOBAL tensor (one copy: instance 0; a paged KV pool).
+    // Saving and restoring a conversation (host/memory/kv_snapshot.h) is the host moving I/O,
+    // never a decision about what runs. Fail on a range outside the instance's memory, on a
+    // tensor that is neither INSTANCE nor GLOBAL, or while a chain is in flight.
     Status readLocal(uint32_t inst, uint32_t word, std::span<uint32_t> out);
     Status writeLocal(uint32_t inst, uint32_t word, std::span<const uint32_t> words);
     Status readInstanceTensor(uint32_t tensor, uint32_t inst, uint64_t offset, std::span<uint8_t> out);

@@ -502,9 +502,14 @@ TEST_CASE("cli: generate --kv-save then --kv-load continues exactly as one unint
         };
         const std::vector<uint32_t> whole = with({"-p", "Once upon a time", "-n", "36"});
         REQUIRE(whole.size() == 36);
+        // Per-instance caches, then a paged KV cache, then per-instance again, then paged with
+        // 8 positions a page: the snapshot is the same file either way.
         std::vector<uint32_t> parts = with({"-p", "Once upon a time", "-n", "10", "--kv-save", a});
-        for (const char* n : {"11", "15"}) {  // two more runs, each going on from the last
-            std::vector<uint32_t> more = with({"-n", n, "--kv-load", a, "--kv-save", b});
+        const std::vector<std::vector<std::string>> runs = {
+            {"-n", "11", "--kv-page", "16"}, {"-n", "9"}, {"-n", "6", "--kv-page", "8"}};
+        for (std::vector<std::string> run : runs) {  // each going on from the last
+            run.insert(run.end(), {"--kv-load", a, "--kv-save", b});
+            std::vector<uint32_t> more = with(run);
             parts.insert(parts.end(), more.begin(), more.end());
             std::filesystem::rename(b, a);
         }

@@ -621,12 +621,6 @@ TEST_CASE(
                             "per layer for K and "
                             "as much for V") != std::string::npos);
     CHECK(big.err_text.find("more than the device's largest storage binding") != std::string::npos);
-    TempDir dir("blue_kv_pages_cli");
-    Child save(gen({"--kv-page", "16", "--kv-save", dir.path + "/s.kv"}));
-    CHECK(save.wait() == 1);
-    CHECK(save.err_text.find(
-              "KV snapshots (saving or restoring) of a paged KV cache are not supported yet") !=
-          std::string::npos);
 }
 
 // /metrics reads the pool's counters from every chain's snapshot (GpuOptions::heap_watch): the

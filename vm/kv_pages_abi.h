@@ -16,7 +16,13 @@
 #ifndef BLUE_VM_KV_PAGES_ABI_H
 #define BLUE_VM_KV_PAGES_ABI_H
 
+#include "vm/llm_abi.h"
+
 #define BLUE_KVP_BASE(in_slots) (2u * (in_slots))
+// Each instance's page table, in its local memory: after the history, the top log-probabilities,
+// the valid-rows word and the session word (compiler/lower_model_internal.h; the host writes it
+// when it restores a KV snapshot into pages 0..n-1).
+#define BLUE_KVP_PAGE_TABLE(ctx) (BLUE_LM_HISTORY + (ctx) + 2u * BLUE_MAX_TOP_LOGPROBS + 2u)
 // Header. The first BLUE_IO_SNAP3_WORDS (4) are the ones every chain copies to the host
 // (GpuOptions::heap_watch): /metrics reads them.
 #define BLUE_KVP_COMMITTED 0  // pages held by requests plus pages admitted requests may still take

@@ -434,10 +434,6 @@ std::optional<TokenLogprobs> LogprobRecords::pop() {
 Result<std::vector<Completion>> Engine::run(const std::vector<GenerationRequest>& requests_in,
                                             const TokenCallback& on_token, const KvRun& kv) {
     const bool with_kv = kv.restore || kv.save;
-    if (with_kv && kv_page_) {
-        return Status::error("KV snapshots (saving or restoring) of a paged KV cache are not supported yet; "
-                             "use a program without --kv-page");
-    }
     if (with_kv && requests_in.size() != 1) {
         return BLUE_ERROR("saving or restoring a KV snapshot takes one request (%zu given)", requests_in.size());
     }

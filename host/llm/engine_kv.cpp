@@ -2,10 +2,15 @@
 // Restoring writes the snapshot's token ids into the instance's history and its rows into every
 // layer's K and V cache before the run; the request's start position tells the program to go on
 // from there. Saving reads them back after the run. Both happen while nothing is submitted: the
-// host moves I/O and never decides what runs.
+// host moves I/O and never decides what runs. With a paged KV cache the rows go into pool pages
+// 0..n-1 of a fresh machine, mapped in order in instance 0's page table (the program takes
+// those pages as the request's own), and are read back through that table; the file is the same
+// either way, so a snapshot of one loads into the other.
+#include <algorithm>
 #include <cstring>
 
 #include "host/llm/engine.h"
+#include "vm/kv_pages_abi.h"
 #include "vm/llm_abi.h"
 
 namespace blue {
@@ -13,8 +18,8 @@ namespace blue {
 std::vector<uint32_t> Engine::kvCaches() const {
     std::vector<uint32_t> out;
     for (uint32_t l = 0; l < config_.n_layer; ++l) {
-        for (const char* kind : {"kcache.", "vcache."}) {
-            const std::string name = kind + std::to_string(l);
+        for (const char* kind : {"k", "v"}) {
+            const std::string name = kind + std::string(kv_page_ ? "pool." : "cache.") + std::to_string(l);
             for (uint32_t t = 0; t < module_.tensors.size(); ++t) {
                 if (module_.tensors[t].name == name) out.push_back(t);
             }
@@ -73,6 +78,11 @@ Status Engine::kvRestore(GpuMachine& machine, const KvSnapshot& s, uint32_t posi
     const std::vector<uint32_t> caches = kvCaches();
     std::span<const uint32_t> tokens(s.tokens.data(), positions);
     BLUE_TRY(machine.writeLocal(0, BLUE_LM_HISTORY, tokens));
+    if (kv_page_) {  // pages 0..n-1 in order: position p's row is row p of the pool
+        std::vector<uint32_t> table((positions + kv_page_ - 1) / kv_page_);
+        for (uint32_t k = 0; k < table.size(); ++k) table[k] = k;
+        BLUE_TRY(machine.writeLocal(0, BLUE_KVP_PAGE_TABLE(ctx_), table));
+    }
     const uint64_t bytes = uint64_t(positions) * l.rowBytes();
     for (size_t c = 0; c < caches.size(); ++c) {
         BLUE_TRY(machine.writeInstanceTensor(caches[c], 0, 0,
@@ -92,10 +102,28 @@ Status Engine::kvSave(GpuMachine& machine, KvSnapshot* out) const {
     s.tokens.resize(n);
     BLUE_TRY(machine.readLocal(0, BLUE_LM_HISTORY, s.tokens));
     const std::vector<uint32_t> caches = kvCaches();
-    const uint64_t bytes = uint64_t(n) * s.layout.rowBytes();
+    const uint64_t row = s.layout.rowBytes(), bytes = uint64_t(n) * row;
+    std::vector<uint32_t> table;
+    if (kv_page_) {  // the finished request's page table: which page holds each PS positions
+        table.resize((n + kv_page_ - 1) / kv_page_);
+        BLUE_TRY(machine.readLocal(0, BLUE_KVP_PAGE_TABLE(ctx_), table));
+        for (uint32_t k = 0; k < table.size(); ++k) {
+            if (table[k] >= kv_pages_)
+                return BLUE_ERROR("page table entry %u is %u; the pool has %u pages", k, table[k], kv_pages_);
+        }
+    }
     for (uint32_t t : caches) {
         s.caches.emplace_back(bytes);
-        BLUE_TRY(machine.readInstanceTensor(t, 0, 0, s.caches.back()));
+        std::vector<uint8_t>& rows = s.caches.back();
+        if (!kv_page_) {
+            BLUE_TRY(machine.readInstanceTensor(t, 0, 0, rows));
+            continue;
+        }
+        for (uint32_t k = 0; k < table.size(); ++k) {
+            const uint64_t first = uint64_t(k) * kv_page_, count = std::min<uint64_t>(kv_page_, n - first);
+            BLUE_TRY(machine.readInstanceTensor(t, 0, uint64_t(table[k]) * kv_page_ * row,
+                                                std::span<uint8_t>(rows.data() + first * row, count * row)));
+        }
     }
     *out = std::move(s);
     return Status::ok();
