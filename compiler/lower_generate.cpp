@@ -5,9 +5,9 @@
 namespace blue::lower_model {
 
 // The session store (LowerOptions::sessions): per layer a GLOBAL K and V store of `sessions`
-// slots shaped like the caches, a GLOBAL token table ((ctx + 1) words a slot: the count, then the
-// tokens), and two blocks that copy KV rows between an instance's caches and a slot, taking the
-// block arguments (rows = 1, slot, first row, end row).
+// slots of ctx rows, a GLOBAL token table ((ctx + 1) words a slot: the count, then the tokens),
+// and two blocks that copy KV rows between an instance's caches (or, paged, the pages its table
+// maps) and a slot, taking the block arguments (rows = 1, slot, first row, end row).
 void Lowering::sessionBlocks(CodeBuilder& cb, uint32_t ctx) {
     const uint32_t kv_dim = cfg.n_head_kv * cfg.head_dim;
     session_tokens = activation("session_tokens", BLUE_TC_GLOBAL, DType::I32, {uint64_t(ctx + 1) * sessions});
@@ -16,10 +16,15 @@ void Lowering::sessionBlocks(CodeBuilder& cb, uint32_t ctx) {
         for (uint32_t l = 0; l < cfg.n_layer; ++l) {
             for (const char* kv : {"k", "v"}) {
                 const std::string ln = std::to_string(l);
-                const uint32_t cache = ids.at(prefix + kv + "cache." + ln);
                 const uint32_t store = activation(std::string(kv) + "session." + ln, BLUE_TC_GLOBAL, kv_type,
                                                   {kv_dim, ctx, sessions});
-                cb.tensor(Op::KVCOPY, {cache, store, dir, 1, 2, 3});
+                if (kv_page) {  // through the page table: the pages the request holds then
+                    const uint32_t pool = ids.at(prefix + kv + "pool." + ln);
+                    cb.tensor(Op::KVCOPYP, {pool, store, dir, 1, 2, 3, pageTableAddr(ctx), (ctx + kv_page - 1) / kv_page});
+                } else {
+                    const uint32_t cache = ids.at(prefix + kv + "cache." + ln);
+                    cb.tensor(Op::KVCOPY, {cache, store, dir, 1, 2, 3});
+                }
             }
         }
         cb.endBlock();

@@ -176,9 +176,6 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     (void)g;
 
     cb.li(kHist, BLUE_LM_HISTORY);
-    cb.op(Op::ADD, {kPrompt, kHist, kStart});
-    cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
-    cb.op(Op::INFREE, {kSlot});
     cb.li(kReuse, 0);
     cb.li(kJ, 0);
     cb.li(kPubEnd, 0);
@@ -187,6 +184,10 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.li(kPgen, 0);
     cb.li(kH, BLUE_KVP_HASH_SEED);
     cb.li(kChain, 0);
+    if (sessions) storedSession(cb, ctx, done);
+    cb.op(Op::ADD, {kPrompt, kHist, kStart});
+    cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});  // kPrompt = prompt length
+    cb.op(Op::INFREE, {kSlot});
     cb.jump(Op::BNEZ, {kStart}, done);  // a restored conversation: its own rows, not shared
     cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_NO_PREFIX);
     cb.jump(Op::BNEZ, {kWord}, done);
@@ -300,6 +301,47 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.jump(Op::BEQZ, {kReuse}, reported);
     cb.op(Op::OUTU, {kReuse});
     cb.bind(reported);
+}
+
+// A paged request that continues a stored conversation (a session, not new) reuses its slot, not
+// the index: the slot's tokens become the history, kReuse = the leading prompt tokens they share
+// (at most all but the last), the prompt is copied over them, pages for those positions are
+// taken and the slot's rows copied into them (session_load through the page table); then on at
+// `done`. Its pages are not published (sessionFrom = kReuse: the save writes the rest). Any
+// other request goes on after this code.
+void Lowering::storedSession(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label done) {
+    auto other = cb.newLabel("kv_not_stored"), take = cb.newLabel("kv_session_pages");
+    auto taken = cb.newLabel("kv_session_pages_taken");
+    unlessStored(cb, other);
+    cb.jump(Op::BNEZ, {kStart}, other);
+    cb.op(Op::ANDI, {kWord, kFlags}, BLUE_REQ_FLAG_NO_PREFIX);
+    cb.jump(Op::BNEZ, {kWord}, other);
+    if (pooling == Pooling::Mean || pooling == Pooling::Cls) cb.jump(Op::BNEZ, {kEmbed}, other);
+    loadSession(cb, ctx);
+    cb.li(kReuse, BLUE_LM_HISTORY);
+    cb.op(Op::INCMP, {kReuse, kSlot, kTmp2});
+    cb.op(Op::LD, {kWord, 0}, kvValidAddr(ctx));
+    cb.op(Op::MINU, {kReuse, kReuse, kWord});
+    cb.op(Op::ADDI, {kWord, kTmp}, uint32_t(-1));  // kTmp: prompt length (start is 0)
+    cb.op(Op::MINU, {kReuse, kReuse, kWord});
+    cb.op(Op::MOV, {kPrompt, kHist});
+    cb.op(Op::INCPY, {kPrompt, kSlot, kTmp2});
+    cb.op(Op::INFREE, {kSlot});
+    cb.jump(Op::BEQZ, {kReuse}, done);
+    cb.bind(take);
+    cb.op(Op::SHLI, {kOld, kHeld}, log2u(kv_page));
+    cb.jump(Op::BGEU, {kOld, kReuse}, taken);
+    takePage(cb, ctx);
+    cb.jump(Op::JMP, {}, take);
+    cb.bind(taken);
+    cb.li(kArgRows, 1);
+    cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));
+    cb.li(kArgTokens, 0);
+    cb.op(Op::MOV, {kArgSampling, kReuse});
+    cb.op(Op::RUN, {kArgRows}, session_load);
+    cb.op(Op::ST, {kReuse, 0}, sessionFromAddr(ctx));
+    cb.jump(Op::JMP, {}, done);
+    cb.bind(other);
 }
 
 // Page kPage, entry kTmp of the page table (its rows those of the history's tokens there), into

@@ -352,10 +352,6 @@ Result<KvPaging> kvPaging(const LowerOptions& opt, uint32_t ctx, uint64_t row_by
         return BLUE_ERROR("kv page %u: positions per page must be a power of two from %u to %u (8, 16 or 32)", ps,
                           BLUE_KVP_MIN_PAGE, BLUE_KVP_MAX_PAGE);
     }
-    if (opt.sessions) {
-        return BLUE_ERROR("%u session slots with a paged KV cache (kv page %u): not supported yet; lower with kv page 0",
-                          opt.sessions, ps);
-    }
     const uint64_t pool = opt.kv_pool ? opt.kv_pool : uint64_t(std::max(opt.kv_pool_contexts, 1u)) * ctx;
     const uint64_t pages = (pool + ps - 1) / ps, need = (uint64_t(ctx) + ps - 1) / ps;
     if (pages < need) {

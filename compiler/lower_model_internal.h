@@ -175,6 +175,7 @@ struct Lowering {
                      uint32_t qscale, uint32_t window, uint32_t softcap);
     void admitPages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
     void sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
+    void storedSession(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label done);
     void indexPage(CodeBuilder& cb, CodeBuilder::Label indexed, CodeBuilder::Label failed,
                    CodeBuilder::Label give_way);
     void publishAnswer(CodeBuilder& cb, uint32_t ctx);

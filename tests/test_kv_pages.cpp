@@ -556,10 +556,7 @@ TEST_CASE(
                                          {{"--kv-page", "16", "--kv-pool", "134217728"},
                                           "bluec: kv pool of 134217728 positions needs 8.0 GiB per "
                                           "layer for K and as much for V; a tensor holds at "
-                                          "most 4 GiB (67108864 positions)\n"},
-                                         {{"--kv-page", "16", "--sessions", "2"},
-                                          "bluec: 2 session slots with a paged KV cache (kv page "
-                                          "16): not supported yet; lower with kv page 0\n"}}) {
+                                          "most 4 GiB (67108864 positions)\n"}}) {
         std::vector<std::string> argv = {
             binary("compiler/bluec"), "lower", "--model", storiesPath(), "-o", out, "--ctx", "128"};
         argv.insert(argv.end(), b.args.begin(), b.args.end());

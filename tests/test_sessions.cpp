@@ -45,8 +45,11 @@ std::vector<uint32_t> concat(std::vector<uint32_t> a, const std::vector<uint32_t
 // One instance serves, in order: conversations A and B's first turns (new in slots 0 and 1), C
 // without a session (its rows replace the instance's), then A's and B's second turns, whose
 // prompts repeat their first turns and answers: each takes |prompt| + 8 rows from its slot
-// (instead of 0 from the instance), and generates what the second turn alone generates.
+// (instead of 0 from the instance), and generates what the second turn alone generates. The same
+// with a paged KV cache (the slot's rows copied into the pages the turn takes).
 TEST_CASE("sessions: a conversation's turns reuse its KV rows from its slot on the reference machine and the GPU, same tokens") {
+  for (uint32_t kv_page : {0u, 16u}) {
+    CAPTURE(kv_page);
     const std::string path = sharedDir() + "/models/stories260K/stories260K.gguf";
     auto g = ggufOpen(path);
     REQUIRE_MESSAGE(g.isOk(), g.message());
@@ -56,6 +59,7 @@ TEST_CASE("sessions: a conversation's turns reuse its KV rows from its slot on t
     lo.ctx = 128;
     lo.grammar_words = 0;
     lo.sessions = 2;
+    lo.kv_page = kv_page;
     lo.model_path = path;
     auto m = lowerModel(g.value(), cfg.value(), lo);
     REQUIRE_MESSAGE(m.isOk(), m.message());
@@ -86,12 +90,16 @@ TEST_CASE("sessions: a conversation's turns reuse its KV rows from its slot on t
     // A new conversation in an occupied slot loads nothing from it (the host says so).
     Generated evicted = runOnRef(m.value(), 1, {turn(0, pa, 1, true), turn(1, pb, 2, true), turn(2, pc),
                                                turn(3, pa2, 1, true)});
-    CHECK(evicted.cached[3] == 1);  // only BOS, shared with C's rows that the instance holds
+    // Only BOS, shared with C's rows that the instance holds; paged, nothing (no full page).
+    CHECK(evicted.cached[3] == (kv_page ? 0u : 1u));
     CHECK(evicted.tokens[3] == alone.tokens[3]);
+  }
 }
 
 TEST_CASE("server: session_id keeps a conversation's KV rows between turns on any instance; one turn at a time; LRU eviction") {
-    TestServer s(2, 512, 8, {}, {.sessions = 2});
+  for (uint32_t kv_page : {0u, 16u}) {
+    CAPTURE(kv_page);
+    TestServer s(2, 512, 8, {}, {.sessions = 2, .kv_page = kv_page});
     auto complete = [&](const json& body) { return postOk(s, "/v1/completions", body); };
     const std::string p1 = "Once upon a time, there was a little girl named Lily.";
     json t1 = complete({{"prompt", p1}, {"max_tokens", 24}, {"temperature", 0}, {"session_id", "conv-a"}});
@@ -155,6 +163,7 @@ TEST_CASE("server: session_id keeps a conversation's KV rows between turns on an
     CHECK(json::parse(bad->body)["error"]["param"] == "session_id");
     auto meta = json::parse(s.client().Get("/v1/models")->body);
     CHECK(meta["data"][0]["meta"]["sessions"] == 2);
+  }
 }
 
 TEST_CASE("server: without --sessions a session_id is refused with a message saying how") {
