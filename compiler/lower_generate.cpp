@@ -63,6 +63,17 @@ void Lowering::loadSession(CodeBuilder& cb, uint32_t ctx) {
     cb.bind(done);
 }
 
+// The slot's KV rows of positions [0, kReuse) into the instance's caches (or the pages its table
+// maps), and a save writes from kReuse on (the rows before it are the slot's unchanged).
+void Lowering::loadSessionRows(CodeBuilder& cb, uint32_t ctx) {
+    cb.li(kArgRows, 1);
+    cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));  // block arguments: the slot, rows [0, kReuse)
+    cb.li(kArgTokens, 0);
+    cb.op(Op::MOV, {kArgSampling, kReuse});
+    cb.op(Op::RUN, {kArgRows}, session_load);
+    cb.op(Op::ST, {kReuse, 0}, sessionFromAddr(ctx));
+}
+
 // At a request's end: its tokens and KV rows from sessionFrom to kPos go into its slot, and the
 // slot's count becomes kPos. Nothing without a session.
 void Lowering::saveSession(CodeBuilder& cb, uint32_t ctx) {
@@ -340,12 +351,7 @@ void Lowering::prefixReuse(CodeBuilder& cb, uint32_t ctx) {
     if (sessions) {  // the shared rows of a stored conversation come from its slot
         auto own = cb.newLabel("own_rows");
         unlessStored(cb, own);
-        cb.li(kArgRows, 1);
-        cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));
-        cb.li(kArgTokens, 0);
-        cb.op(Op::MOV, {kArgSampling, kReuse});
-        cb.op(Op::RUN, {kArgRows}, session_load);
-        cb.op(Op::ST, {kReuse, 0}, sessionFromAddr(ctx));
+        loadSessionRows(cb, ctx);
         cb.bind(own);
     }
     cb.bind(no_reuse);

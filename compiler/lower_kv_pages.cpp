@@ -97,16 +97,7 @@ void Lowering::admitPages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.li(kWord, 0);
     cb.op(Op::ATOMCAS, {kWord, kAddr, kOne});
     cb.jump(Op::BNEZ, {kWord}, g.reject);  // not free: released at reject with those before it
-    cb.op(Op::LDG, {kWord, kPage}, kvArray(BLUE_KVP_GEN(kv_pages)));
-    cb.op(Op::ADDI, {kWord, kWord}, 1);
-    cb.op(Op::STG, {kWord, kPage}, kvArray(BLUE_KVP_GEN(kv_pages)));
-    cb.op(Op::ADDI, {kHeld, kHeld}, 1);
-    cb.op(Op::ADDI, {kLeft, kLeft}, uint32_t(-1));
-    cb.li(kAddr, kvArray(BLUE_KVP_IN_USE));
-    cb.op(Op::ATOMADD, {kOld, kAddr, kOne});
-    cb.op(Op::ADDI, {kOld, kOld}, 1);
-    cb.li(kAddr, kvArray(BLUE_KVP_PEAK));
-    cb.op(Op::ATOMMAXS, {kWord, kAddr, kOld});
+    pageTaken(cb, ctx, false);
     cb.jump(Op::JMP, {}, adopt);
     cb.bind(adopted);
 }
@@ -334,12 +325,7 @@ void Lowering::storedSession(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label d
     takePage(cb, ctx);
     cb.jump(Op::JMP, {}, take);
     cb.bind(taken);
-    cb.li(kArgRows, 1);
-    cb.op(Op::ADDI, {kArgPos, kSess}, uint32_t(-1));
-    cb.li(kArgTokens, 0);
-    cb.op(Op::MOV, {kArgSampling, kReuse});
-    cb.op(Op::RUN, {kArgRows}, session_load);
-    cb.op(Op::ST, {kReuse, 0}, sessionFromAddr(ctx));
+    loadSessionRows(cb, ctx);
     cb.jump(Op::JMP, {}, done);
     cb.bind(other);
 }
@@ -480,10 +466,17 @@ void Lowering::takePage(CodeBuilder& cb, uint32_t ctx) {
     cb.op(Op::ATOMCAS, {kWord, kAddr, kOne});  // free -> held
     cb.jump(Op::BNEZ, {kWord}, probe);
     cb.bind(take);
-    cb.op(Op::LDG, {kWord, kPage}, kvArray(BLUE_KVP_GEN(np)));  // a new generation of the page
+    pageTaken(cb, ctx, true);
+}
+
+// Page kPage, just taken (held now, by this request alone): a new generation of it (so no key
+// naming its old rows as parent matches again), page table entry kHeld (written when `map`; a
+// restored snapshot's is there already), one page of the reservation, in_use and the peak.
+void Lowering::pageTaken(CodeBuilder& cb, uint32_t ctx, bool map) {
+    cb.op(Op::LDG, {kWord, kPage}, kvArray(BLUE_KVP_GEN(kv_pages)));
     cb.op(Op::ADDI, {kWord, kWord}, 1);
-    cb.op(Op::STG, {kWord, kPage}, kvArray(BLUE_KVP_GEN(np)));
-    cb.op(Op::ST, {kPage, kHeld}, pageTableAddr(ctx));
+    cb.op(Op::STG, {kWord, kPage}, kvArray(BLUE_KVP_GEN(kv_pages)));
+    if (map) cb.op(Op::ST, {kPage, kHeld}, pageTableAddr(ctx));
     cb.op(Op::ADDI, {kHeld, kHeld}, 1);
     cb.op(Op::ADDI, {kLeft, kLeft}, uint32_t(-1));
     cb.li(kAddr, kvArray(BLUE_KVP_IN_USE));

@@ -180,12 +180,14 @@ struct Lowering {
                    CodeBuilder::Label give_way);
     void publishAnswer(CodeBuilder& cb, uint32_t ctx);
     void takePage(CodeBuilder& cb, uint32_t ctx);
+    void pageTaken(CodeBuilder& cb, uint32_t ctx, bool map);
     void ensurePages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
     void markReady(CodeBuilder& cb, uint32_t ctx);
     void releasePages(CodeBuilder& cb, uint32_t ctx);
     uint32_t kvArray(uint32_t offset) const { return kv_heap + offset; }  // a heap address
     void claimRequest(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label halt);
     void loadSession(CodeBuilder& cb, uint32_t ctx);
+    void loadSessionRows(CodeBuilder& cb, uint32_t ctx);
     void saveSession(CodeBuilder& cb, uint32_t ctx);
     void unlessStored(CodeBuilder& cb, CodeBuilder::Label skip);
 };
