@@ -556,6 +556,7 @@ void Lowering::releasePages(CodeBuilder& cb, uint32_t ctx) {
     cb.li(kLeft, 0);
     cb.li(kPubEnd, 0);
     cb.li(kReady, 0);
+    cb.li(kChain, 0);  // a request rejected before its lookup publishes nothing at its end
 }
 
 }  // namespace blue::lower_model
