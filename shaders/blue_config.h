@@ -22,16 +22,17 @@
 #define BLUE_ITEM_WG 64       // ITEM grid: invocations per item's workgroup
 #define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
 #define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (x) in the batched variant
-// MATMUL GEMM variant (`_g`: plain weight types, IQ4_NL, IQ4_XS, Q6_K, Q3_K): items per
-// workgroup and rows per invocation. Chosen when a cycle has at least BLUE_MATMUL_GEMM_TILE items
-// and the matrix at least one workgroup's rows (WG * R). On lavapipe each x texel then serves 4
-// rows and each weight vec4 16 items: 1.5-1.8x the 4-item tile's time for F32/F16, 1.2x for IQ4
-// (README, Measured); 1.8-2.3x for Q6_K and 1.1x for Q3_K at pp64. Q6_K's 4-item tile uses the
-// same generic decode (its masked decode stays for one item: it measured half the batched speed).
-// Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K and Q5_K stay on the 4-item tile: the same generic GEMM
-// measured 0.9-1.0x of it for them (stories110M shape, pp64), so they get no `_g` kernel. Nor
-// does Q4_0 any more: once its 4-item tile had the masked decode, `_g` measured 0.6-0.9x of it
-// (2026-11-27, stories110M Q4_0: pp64, pp256, 16/32/64 instances; README, Measured).
+// MATMUL GEMM variant (`_g`: the plain weight types F32, F16, BF16): items per workgroup and
+// rows per invocation. Chosen when a cycle has at least BLUE_MATMUL_GEMM_TILE items and the
+// matrix at least one workgroup's rows (WG * R). On lavapipe each x texel then serves 4 rows and
+// each weight vec4 16 items; for F16 it now measures level with the 4-item tile (pp64 86.6 /
+// 89.2 tok/s, 64 instances 18.9 / 16.3, stories110M shape). The quantized types stay on the
+// 4-item tile: Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K and Q5_K measured 0.9-1.0x of it with this GEMM;
+// Q4_0 0.6-0.9x once its tile had the masked decode; and on 2026-11-27 (stories110M shape, pure
+// files, pp64 and 64 instances, `BLUE_GEMM_MIN_ITEMS=65535` against the default) Q6_K 0.61x /
+// 0.63x, Q3_K 0.75x / 0.61x, IQ4_NL and IQ4_XS 0.83-0.92x at pp128: the tile improved since
+// they were given `_g` (README, Measured). Q6_K's tile uses the generic decode (its masked
+// decode stays for one item: it measured half the batched speed).
 #define BLUE_MATMUL_GEMM_TILE 16
 #define BLUE_MM_R_GEMM 4
 // MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).

@@ -640,7 +640,8 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
     CHECK(g.push[BLUE_PC_TILE] == BLUE_MATMUL_GEMM_TILE);
     CHECK(g.fixed == 2);  // ceil(257 / (64 invocations x 4 rows))
     CHECK(!Pipelines::exists("matmul_q8_0_g"));
-    CHECK(Pipelines::exists("matmul_q6_k_g"));
+    CHECK(!Pipelines::exists("matmul_q6_k_g"));
+    CHECK(Pipelines::exists("matmul_f16_g"));
     CHECK(!Pipelines::exists("matmul"));
     CHECK(Pipelines::exists("matmul_q8_0"));
     CHECK(Pipelines::exists("matmul_q4_0"));
