@@ -77,7 +77,7 @@ struct Finished {
     std::string text;
     std::vector<uint32_t> tokens;
     bluevm_finish reason = BLUEVM_FINISH_NONE;
-    uint32_t prompt_tokens = 0, completion_tokens = 0;
+    uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     int events = 0;
 };
 
@@ -94,6 +94,7 @@ Finished drain(bluevm_engine* e, uint64_t id) {
             f.reason = ev.reason;
             f.prompt_tokens = ev.prompt_tokens;
             f.completion_tokens = ev.completion_tokens;
+            f.cached_tokens = ev.cached_tokens;
             return f;
         }
     }
@@ -235,6 +236,58 @@ TEST_CASE("capi: concurrent requests on 3 instances equal one-at-a-time runs; ca
     CHECK(m.requests_cancelled == 1);
     CHECK(m.requests_finished == m.requests_total);
     CHECK(m.busy_instances == 0);
+    CHECK(m.round_trips == 0);
+    checkNoValidationErrors(o.model);
+}
+
+// A paged KV cache through the C API (kv_page, kv_pool; metrics API 14-15): a pool of 8 pages on
+// one instance, six different stories one after another: the pages their prompts and answers
+// publish stay cached until the pool needs them (evictions), the last story again maps its
+// cached pages, and the metrics say so.
+TEST_CASE("capi: a paged KV pool shares a repeated prompt's pages and counts its evictions") {
+    bluevm_model_options mo;
+    bluevm_model_options_init(&mo);
+    mo.ctx = 128;
+    mo.kv_page = 16;
+    mo.kv_pool = 128;
+    Opened o;
+    REQUIRE_MESSAGE(bluevm_model_open(storiesPath().c_str(), &mo, &o.model) == BLUEVM_OK, bluevm_last_error());
+    bluevm_engine_options eo;
+    bluevm_engine_options_init(&eo);
+    eo.instances = 1;
+    REQUIRE_MESSAGE(bluevm_engine_create(o.model, &eo, &o.engine) == BLUEVM_OK, bluevm_last_error());
+    const char* stories[] = {"Lily and Tom went to the park with their red ball and a big kite.",
+                             "The little dog ran into the garden and dug a hole under the tree.",
+                             "Once there was a bird who could not fly, so she sat and sang all day.",
+                             "Ben had a new toy car. It was blue and fast, and he raced it home.",
+                             "Mom baked a cake for Sue, and they ate it in the warm kitchen.",
+                             "A small frog sat on a leaf in the pond and looked at the moon."};
+    auto run = [&](const char* prompt) {
+        bluevm_request r;
+        bluevm_request_init(&r);
+        r.prompt = prompt;
+        r.max_tokens = 20;
+        r.ignore_eos = 1;
+        r.temperature = 0;
+        uint64_t id = 0;
+        REQUIRE_MESSAGE(bluevm_submit(o.engine, &r, &id) == BLUEVM_OK, bluevm_last_error());
+        Finished f = drain(o.engine, id);
+        bluevm_release(o.engine, id);
+        return f;
+    };
+    std::vector<Finished> first;
+    for (const char* p : stories) first.push_back(run(p));
+    Finished again = run(stories[5]);
+    CHECK(again.text == first[5].text);
+    CHECK(again.cached_tokens == (first[5].prompt_tokens - 1) / 16 * 16);
+    CHECK(again.cached_tokens >= 16);
+    bluevm_metrics m;
+    REQUIRE(bluevm_engine_metrics(o.engine, &m) == BLUEVM_OK);
+    CHECK(m.kv_page == 16);
+    CHECK(m.kv_pages == 8);
+    CHECK(m.kv_pages_peak <= 8);
+    CHECK(m.kv_evictions >= 1);
+    CHECK(m.prefix_tokens == again.cached_tokens);
     CHECK(m.round_trips == 0);
     checkNoValidationErrors(o.model);
 }
