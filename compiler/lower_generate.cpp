@@ -209,7 +209,7 @@ void Lowering::generationProgram(CodeBuilder& cb, uint32_t block, uint32_t ctx, 
     promptSection(cb, g);
     if (kv_page) {
         admitPages(cb, ctx, g);
-        sharePrefix(cb, ctx, g);
+        sharePrefix(cb, ctx);
     } else {
         prefixReuse(cb, ctx);
     }

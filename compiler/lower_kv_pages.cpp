@@ -64,8 +64,7 @@ uint32_t log2u(uint32_t v) { return uint32_t(std::countr_zero(v)); }
 // request restores), out of its reservation.
 void Lowering::admitPages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     auto admit = cb.newLabel("kv_admit"), admitted = cb.newLabel("kv_admitted");
-    auto wait = cb.newLabel("kv_admit_wait"), adopt = cb.newLabel("kv_adopt");
-    auto adopted = cb.newLabel("kv_adopted");
+    auto wait = cb.newLabel("kv_admit_wait"), adopted = cb.newLabel("kv_adopted");
     cb.op(Op::MINU, {kLeft, kMaxNew, kCtx});  // positions it may write: min(ctx, prompt + max_new)
     cb.op(Op::ADD, {kLeft, kLeft, kTmp});
     cb.op(Op::MINU, {kLeft, kLeft, kCtx});
@@ -86,8 +85,7 @@ void Lowering::admitPages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.bind(wait);
     cb.op(Op::YIELD, {});
     cb.jump(Op::JMP, {}, admit);
-    cb.bind(admitted);
-    cb.bind(adopt);
+    cb.bind(admitted);  // and on for each restored page
     cb.op(Op::SHLI, {kOld, kHeld}, log2u(kv_page));
     cb.jump(Op::BGEU, {kOld, kStart}, adopted);
     cb.op(Op::LD, {kPage, kHeld}, pageTableAddr(ctx));
@@ -98,7 +96,7 @@ void Lowering::admitPages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.op(Op::ATOMCAS, {kWord, kAddr, kOne});
     cb.jump(Op::BNEZ, {kWord}, g.reject);  // not free: released at reject with those before it
     pageTaken(cb, ctx, false);
-    cb.jump(Op::JMP, {}, adopt);
+    cb.jump(Op::JMP, {}, admitted);
     cb.bind(adopted);
 }
 
@@ -124,10 +122,31 @@ void pageWalk(CodeBuilder& cb, Op op, uint32_t page, uint8_t acc, uint8_t local,
     }
 }
 
-// dst = the first bucket of the key hash in `hash`.
-void firstBucket(CodeBuilder& cb, uint8_t dst, uint8_t hash, uint32_t buckets) {
-    cb.op(Op::MULI, {dst, hash}, kGolden);
-    cb.op(Op::SHRLI, {dst, dst}, 32 - log2u(buckets));
+// dst = the local address of page `index`'s tokens in the history.
+void pageTokens(CodeBuilder& cb, uint8_t dst, uint8_t index, uint32_t page) {
+    cb.op(Op::SHLI, {dst, index}, log2u(page));
+    cb.op(Op::ADDI, {dst, dst}, BLUE_LM_HISTORY);
+}
+
+// The probe sequence of the prefix index, one for lookups and inserts (an insert must walk the
+// entries a lookup of its key walks): from the first bucket of the key hash in `hash`, at most
+// BLUE_KVP_TABLE_PROBES entries, one after another (kB the bucket, kProbe the entries left).
+void firstEntry(CodeBuilder& cb, uint8_t hash, uint32_t buckets) {
+    cb.op(Op::MULI, {kB, hash}, kGolden);
+    cb.op(Op::SHRLI, {kB, kB}, 32 - log2u(buckets));
+    cb.li(kProbe, BLUE_KVP_TABLE_PROBES);
+}
+// Entry kB into kWord (an atomic read: entries change within a cycle), its address in kAddr; at
+// `exhausted` once every entry of the sequence was read.
+void readEntry(CodeBuilder& cb, uint32_t table, CodeBuilder::Label exhausted) {
+    cb.jump(Op::BEQZ, {kProbe}, exhausted);
+    cb.op(Op::ADDI, {kProbe, kProbe}, uint32_t(-1));
+    cb.op(Op::ADDI, {kAddr, kB}, table);
+    cb.op(Op::ATOMADD, {kWord, kAddr, 0});
+}
+void nextEntry(CodeBuilder& cb, uint32_t buckets) {
+    cb.op(Op::ADDI, {kB, kB}, 1);
+    cb.op(Op::ANDI, {kB, kB}, buckets - 1);
 }
 
 }  // namespace
@@ -148,9 +167,9 @@ void firstBucket(CodeBuilder& cb, uint8_t dst, uint8_t hash, uint32_t buckets) {
 //     rest private.
 // kReuse = the positions reused (OUTU when some); kReady..kPubEnd are the pages to mark ready as
 // prefill writes them. No sharing for a request that opts out of prefix reuse or an embedding.
-void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
+void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx) {
     const uint32_t ps = kv_page, shift = log2u(kv_page), np = kv_pages;
-    const uint32_t buckets = blueKvpBuckets(np), tab = pageTableAddr(ctx);
+    const uint32_t buckets = uint32_t(blueKvpBuckets(np)), tab = pageTableAddr(ctx);
     const uint32_t state = kvArray(BLUE_KVP_STATE(np)), gen = kvArray(BLUE_KVP_GEN(np));
     const uint32_t parent = kvArray(BLUE_KVP_PARENT(np)), pgen = kvArray(BLUE_KVP_PGEN(np));
     const uint32_t hash = kvArray(BLUE_KVP_HASH(np));
@@ -164,7 +183,6 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     auto give_way = cb.newLabel("kv_give_way");
     auto ins_fail = cb.newLabel("kv_insert_failed"), done = cb.newLabel("kv_shared");
     auto reported = cb.newLabel("kv_reuse_reported");
-    (void)g;
 
     cb.li(kHist, BLUE_LM_HISTORY);
     cb.li(kReuse, 0);
@@ -192,17 +210,12 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.op(Op::SHRLI, {kN, kN}, shift);  // pages before the last prompt token
     cb.jump(Op::BGEU, {kJ, kN}, missed);
     cb.op(Op::MOV, {kHNext, kH});
-    cb.op(Op::SHLI, {kWord, kJ}, shift);
-    cb.op(Op::ADDI, {kWord, kWord}, BLUE_LM_HISTORY);
+    pageTokens(cb, kWord, kJ, ps);
     pageWalk(cb, Op::HASHL, ps, kHNext, kWord, kTmp, missed);
     cb.bind(probe_start);
-    firstBucket(cb, kB, kHNext, buckets);
-    cb.li(kProbe, BLUE_KVP_TABLE_PROBES);
+    firstEntry(cb, kHNext, buckets);
     cb.bind(probe);
-    cb.jump(Op::BEQZ, {kProbe}, missed);
-    cb.op(Op::ADDI, {kProbe, kProbe}, uint32_t(-1));
-    cb.op(Op::ADDI, {kAddr, kB}, table);
-    cb.op(Op::ATOMADD, {kWord, kAddr, 0});  // an atomic read: entries change within a cycle
+    readEntry(cb, table, missed);
     cb.jump(Op::BEQZ, {kWord}, missed);
     cb.jump(Op::BEQ, {kWord, kMinus1}, probe_next);
     cb.op(Op::ADDI, {kPage, kWord}, uint32_t(-1));
@@ -230,8 +243,7 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.bind(held);  // held: its key cannot change now; check it
     cb.op(Op::SHLI, {kOld, kPage}, shift);
     cb.op(Op::ADDI, {kOld, kOld}, tokens);
-    cb.op(Op::SHLI, {kWord, kJ}, shift);
-    cb.op(Op::ADDI, {kWord, kWord}, BLUE_LM_HISTORY);
+    pageTokens(cb, kWord, kJ, ps);
     pageWalk(cb, Op::HCMPL, ps, kOld, kWord, kTmp, mismatch);
     cb.op(Op::LDG, {kWord, kPage}, parent);
     cb.jump(Op::BNE, {kWord, kParent}, mismatch);
@@ -262,8 +274,7 @@ void Lowering::sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g) {
     cb.op(Op::ADDI, {kAddr, kPage}, state);
     cb.op(Op::ATOMADD, {kWord, kAddr, kMinus1});
     cb.bind(probe_next);
-    cb.op(Op::ADDI, {kB, kB}, 1);
-    cb.op(Op::ANDI, {kB, kB}, buckets - 1);
+    nextEntry(cb, buckets);
     cb.jump(Op::JMP, {}, probe);
 
     cb.bind(missed);
@@ -340,16 +351,14 @@ void Lowering::storedSession(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label d
 void Lowering::indexPage(CodeBuilder& cb, CodeBuilder::Label indexed, CodeBuilder::Label failed,
                          CodeBuilder::Label give_way) {
     const uint32_t ps = kv_page, shift = log2u(kv_page), np = kv_pages;
-    const uint32_t buckets = blueKvpBuckets(np), hash = kvArray(BLUE_KVP_HASH(np));
+    const uint32_t buckets = uint32_t(blueKvpBuckets(np)), hash = kvArray(BLUE_KVP_HASH(np));
     const uint32_t state = kvArray(BLUE_KVP_STATE(np)), table = kvArray(BLUE_KVP_TABLE(np, ps));
     auto probe = cb.newLabel("kv_insert_probe"), next = cb.newLabel("kv_insert_next");
     auto again = cb.newLabel("kv_insert_try"), crowded = cb.newLabel("kv_insert_crowded");
-    cb.op(Op::SHLI, {kWord, kTmp}, shift);
-    cb.op(Op::ADDI, {kWord, kWord}, BLUE_LM_HISTORY);
+    pageTokens(cb, kWord, kTmp, ps);
     cb.op(Op::MOV, {kHNext, kH});
     pageWalk(cb, Op::HASHL, ps, kHNext, kWord, kTmp2, failed);
-    cb.op(Op::SHLI, {kWord, kTmp}, shift);
-    cb.op(Op::ADDI, {kWord, kWord}, BLUE_LM_HISTORY);
+    pageTokens(cb, kWord, kTmp, ps);
     cb.op(Op::SHLI, {kOld, kPage}, shift);
     cb.op(Op::ADDI, {kOld, kOld}, kvArray(BLUE_KVP_TOKENS(np)));
     pageWalk(cb, Op::HCPYL, ps, kOld, kWord, kTmp2, failed);
@@ -360,13 +369,9 @@ void Lowering::indexPage(CodeBuilder& cb, CodeBuilder::Label indexed, CodeBuilde
     cb.op(Op::ADDI, {kAddr, kPage}, state);
     cb.li(kOld, BLUE_KVP_INDEXED);
     cb.op(Op::ATOMADD, {kWord, kAddr, kOld});
-    firstBucket(cb, kB, kHNext, buckets);
-    cb.li(kProbe, BLUE_KVP_TABLE_PROBES);
+    firstEntry(cb, kHNext, buckets);
     cb.bind(probe);
-    cb.jump(Op::BEQZ, {kProbe}, crowded);
-    cb.op(Op::ADDI, {kProbe, kProbe}, uint32_t(-1));
-    cb.op(Op::ADDI, {kAddr, kB}, table);
-    cb.op(Op::ATOMADD, {kWord, kAddr, 0});
+    readEntry(cb, table, crowded);
     cb.jump(Op::BEQZ, {kWord}, again);
     cb.jump(Op::BEQ, {kWord, kMinus1}, again);
     cb.jump(Op::BEQZ, {kMayYield}, next);
@@ -374,8 +379,7 @@ void Lowering::indexPage(CodeBuilder& cb, CodeBuilder::Label indexed, CodeBuilde
     cb.op(Op::ATOMADD, {kS, kOld, 0});
     cb.jump(Op::BEQ, {kS, kHNext}, give_way);
     cb.bind(next);
-    cb.op(Op::ADDI, {kB, kB}, 1);
-    cb.op(Op::ANDI, {kB, kB}, buckets - 1);
+    nextEntry(cb, buckets);
     cb.jump(Op::JMP, {}, probe);
     cb.bind(again);
     cb.op(Op::ADDI, {kOld, kPage}, 1);

@@ -366,9 +366,7 @@ Result<KvPaging> kvPaging(const LowerOptions& opt, uint32_t ctx, uint64_t row_by
                           (unsigned long long)pool, double(pages * ps * row_bytes) / (1u << 30),
                           (unsigned long long)(kMaxPoolBytes / row_bytes / ps * ps));
     }
-    uint64_t buckets = 16;  // blueKvpBuckets, in 64 bits: a pool of too many pages is refused below
-    while (buckets < 2 * pages) buckets *= 2;
-    const uint64_t heap = BLUE_KVP_BASE(uint64_t(opt.in_slots)) + BLUE_KVP_HEADER_WORDS + (6 + ps) * pages + buckets;
+    const uint64_t heap = BLUE_KVP_BASE(uint64_t(opt.in_slots)) + BLUE_KVP_HEAP_WORDS(pages, uint64_t(ps));
     if (heap > BLUE_MAX_HEAP_WORDS) {
         return BLUE_ERROR("kv pool of %llu pages: its page state needs %llu heap words, more than %u",
                           (unsigned long long)pages, (unsigned long long)heap, BLUE_MAX_HEAP_WORDS);
@@ -405,7 +403,7 @@ Result<Module> lowerModel(const GgufFile& gguf, const ModelConfig& cfg, const Lo
         lw.kv_heap = BLUE_KVP_BASE(opt.in_slots);
         m.layout.regs = kPagedRegs;
         m.layout.local_words += (ctx + lw.kv_page - 1) / lw.kv_page;
-        m.layout.heap_words += BLUE_KVP_HEAP_WORDS(lw.kv_pages, lw.kv_page);
+        m.layout.heap_words += uint32_t(BLUE_KVP_HEAP_WORDS(lw.kv_pages, lw.kv_page));  // kvPaging bounds it
         m.layout.heap_static = m.layout.heap_words;
     }
     if (opt.grammar_words) {

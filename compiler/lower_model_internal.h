@@ -174,7 +174,7 @@ struct Lowering {
     void pagedCaches(CodeBuilder& cb, uint32_t layer, uint32_t ctx, const std::map<std::string, uint32_t>& a,
                      uint32_t qscale, uint32_t window, uint32_t softcap);
     void admitPages(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
-    void sharePrefix(CodeBuilder& cb, uint32_t ctx, const GenLabels& g);
+    void sharePrefix(CodeBuilder& cb, uint32_t ctx);
     void storedSession(CodeBuilder& cb, uint32_t ctx, CodeBuilder::Label done);
     void indexPage(CodeBuilder& cb, CodeBuilder::Label indexed, CodeBuilder::Label failed,
                    CodeBuilder::Label give_way);

@@ -31,16 +31,21 @@ struct Opened {
     }
 };
 
-void open(Opened* o, uint32_t instances, uint32_t ctx, uint32_t max_queue = 0) {
-    bluevm_model_options mo;
-    bluevm_model_options_init(&mo);
-    mo.ctx = ctx;
+// stories260K with model options `mo` and an engine of `instances`.
+void open(Opened* o, const bluevm_model_options& mo, uint32_t instances, uint32_t max_queue = 0) {
     REQUIRE_MESSAGE(bluevm_model_open(storiesPath().c_str(), &mo, &o->model) == BLUEVM_OK, bluevm_last_error());
     bluevm_engine_options eo;
     bluevm_engine_options_init(&eo);
     eo.instances = instances;
     eo.max_queue = max_queue;
     REQUIRE_MESSAGE(bluevm_engine_create(o->model, &eo, &o->engine) == BLUEVM_OK, bluevm_last_error());
+}
+
+void open(Opened* o, uint32_t instances, uint32_t ctx, uint32_t max_queue = 0) {
+    bluevm_model_options mo;
+    bluevm_model_options_init(&mo);
+    mo.ctx = ctx;
+    open(o, mo, instances, max_queue);
 }
 
 // A grammar that does not fit an instance's grammar memory has its own status (API 12), so a
@@ -51,11 +56,7 @@ TEST_CASE("capi: an automaton larger than grammar_words gets BLUEVM_ERR_GRAMMAR_
     mo.ctx = 64;
     mo.grammar_words = 1024;
     Opened o;
-    REQUIRE_MESSAGE(bluevm_model_open(storiesPath().c_str(), &mo, &o.model) == BLUEVM_OK, bluevm_last_error());
-    bluevm_engine_options eo;
-    bluevm_engine_options_init(&eo);
-    eo.instances = 1;
-    REQUIRE_MESSAGE(bluevm_engine_create(o.model, &eo, &o.engine) == BLUEVM_OK, bluevm_last_error());
+    open(&o, mo, 1);
     bluevm_request r;
     bluevm_request_init(&r);
     r.prompt = "Lily";
@@ -251,11 +252,7 @@ TEST_CASE("capi: a paged KV pool shares a repeated prompt's pages and counts its
     mo.kv_page = 16;
     mo.kv_pool = 128;
     Opened o;
-    REQUIRE_MESSAGE(bluevm_model_open(storiesPath().c_str(), &mo, &o.model) == BLUEVM_OK, bluevm_last_error());
-    bluevm_engine_options eo;
-    bluevm_engine_options_init(&eo);
-    eo.instances = 1;
-    REQUIRE_MESSAGE(bluevm_engine_create(o.model, &eo, &o.engine) == BLUEVM_OK, bluevm_last_error());
+    open(&o, mo, 1);
     const char* stories[] = {"Lily and Tom went to the park with their red ball and a big kite.",
                              "The little dog ran into the garden and dug a hole under the tree.",
                              "Once there was a bird who could not fly, so she sat and sang all day.",

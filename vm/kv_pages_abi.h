@@ -5,7 +5,7 @@
 // The state lives in the heap from word BLUE_KVP_BASE(in_slots), after claimRequest's marks
 // (a tag and a cycle per input slot): a header of BLUE_KVP_HEADER_WORDS words, then arrays of NP
 // words (one per page: its state, generation, key and bucket), each page's PS key tokens, and the
-// prefix index, an open-addressed table of BLUE_KVP_BUCKETS(NP) entries (page + 1; 0 empty, ~0
+// prefix index, an open-addressed table of blueKvpBuckets(NP) entries (page + 1; 0 empty, ~0
 // a removed entry). Each instance's page table (one page id per PS positions, 0xFFFFFFFF
 // unmapped) is in its local memory, not here.
 //
@@ -58,9 +58,10 @@
 // Entries of the prefix index a lookup or an insert looks at, from the key's bucket on.
 #define BLUE_KVP_TABLE_PROBES 8u
 
-// Entries of the prefix index: the power of two at least 2 x NP (at least 16).
-static inline unsigned blueKvpBuckets(unsigned np) {
-    unsigned b = 16u;
+// Entries of the prefix index: the power of two at least 2 x NP (at least 16). In 64 bits, so
+// the compiler can size a pool of any page count before it refuses one too large for the heap.
+static inline unsigned long long blueKvpBuckets(unsigned long long np) {
+    unsigned long long b = 16u;
     while (b < 2u * np) b *= 2u;
     return b;
 }

@@ -119,10 +119,16 @@ Status Engine::kvSave(GpuMachine& machine, KvSnapshot* out) const {
             BLUE_TRY(machine.readInstanceTensor(t, 0, 0, rows));
             continue;
         }
-        for (uint32_t k = 0; k < table.size(); ++k) {
-            const uint64_t first = uint64_t(k) * kv_page_, count = std::min<uint64_t>(kv_page_, n - first);
+        // One read per run of consecutive pages (a fresh machine's request takes pages in order,
+        // so usually one read per tensor).
+        for (uint32_t k = 0; k < table.size();) {
+            uint32_t end = k + 1;
+            while (end < table.size() && table[end] == table[end - 1] + 1) ++end;
+            const uint64_t first = uint64_t(k) * kv_page_;
+            const uint64_t count = std::min<uint64_t>(uint64_t(end - k) * kv_page_, n - first);
             BLUE_TRY(machine.readInstanceTensor(t, 0, uint64_t(table[k]) * kv_page_ * row,
                                                 std::span<uint8_t>(rows.data() + first * row, count * row)));
+            k = end;
         }
     }
     *out = std::move(s);
