@@ -2,6 +2,7 @@
 #include "host/machine_plan.h"
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <map>
 #include <optional>
@@ -111,6 +112,14 @@ void splitMatmul(DispatchDesc* d, uint64_t rows, const char* suffix) {
     d->fixed = uint32_t(groups);
 }
 
+// A lanes-over-rows MATMUL dispatch over `rows` rows (r per lane) at matmulWidth's lanes.
+void narrowMatmul(DispatchDesc* d, uint64_t rows, uint32_t r) {
+    const uint32_t w = matmulWidth(rows, r);
+    if (w == BLUE_MATMUL_WG) return;
+    d->pipeline += "@" + std::to_string(w);
+    d->fixed = uint32_t((rows + uint64_t(w) * r - 1) / (uint64_t(w) * r));
+}
+
 // The single-item (`_b1`) variant of a MATMUL or MOEMM dispatch: runs when one item asks.
 DispatchDesc singleItemDispatch(const DispatchDesc& d) {
     DispatchDesc single = d;
@@ -121,14 +130,14 @@ DispatchDesc singleItemDispatch(const DispatchDesc& d) {
 }
 
 // The GEMM variant of a batched MATMUL dispatch over `rows` weight rows, when its type has one
-// and the matrix fills at least one of its workgroups (fewer rows would leave most lanes computing
-// clamped duplicates).
+// and the matrix fills at least one of its narrowest workgroups (fewer rows would leave most lanes
+// computing clamped duplicates), at matmulWidth's lanes.
 std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t rows, uint32_t min_items) {
-    const uint32_t wg_rows = BLUE_MATMUL_WG * BLUE_MM_R_GEMM;
     DispatchDesc g = batched;
     g.pipeline += "_g";
-    if (rows < wg_rows || !Pipelines::exists(g.pipeline)) return std::nullopt;
-    g.fixed = uint32_t((rows + wg_rows - 1) / wg_rows);
+    if (rows < 16 * BLUE_MM_R_GEMM || !Pipelines::exists(g.pipeline)) return std::nullopt;
+    g.fixed = uint32_t((rows + BLUE_MATMUL_WG * BLUE_MM_R_GEMM - 1) / (BLUE_MATMUL_WG * BLUE_MM_R_GEMM));
+    narrowMatmul(&g, rows, BLUE_MM_R_GEMM);
     g.min_items = min_items;
     g.tile = BLUE_MATMUL_GEMM_TILE;
     return g;
@@ -240,21 +249,40 @@ uint32_t maxGrammarWords(uint32_t loop_limit) {
 
 uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab) {
     if (loop_limit == 0) return UINT32_MAX;
-    // SAMPLE's other walks: about 60 over the row, 2,048 logits an iteration (row statistics,
+    // SAMPLE's other walks: about 60 over the row, 8 logits per lane an iteration (row statistics,
     // top-k/top-p passes, top log-probabilities, the draw), and a grammar's mask, up to 17
     // iterations per 4 tokens per lane; then 64 of margin, as attnLoops keeps.
-    const uint64_t rest = 60 * ((uint64_t(n_vocab) + 2047) / 2048) + 70 * ((uint64_t(n_vocab) + 1023) / 1024) + 64;
+    const uint64_t lanes = sampleWidth(loop_limit, n_vocab), n = n_vocab;
+    const uint64_t rest = 60 * ((n + 8 * lanes - 1) / (8 * lanes)) + 70 * ((n + 4 * lanes - 1) / (4 * lanes)) + 64;
     if (rest >= loop_limit) return 0;
     const uint64_t budget = loop_limit - rest;
-    // applyPenalties: ceil(W / 256) window positions per invocation, each walking the window 16
+    // applyPenalties: ceil(W / lanes) window positions per invocation, each walking the window 16
     // tokens an iteration, plus the outer loop.
-    auto loops = [](uint64_t w) { return (w + 255) / 256 * ((w + 15) / 16 + 1) + (w + 255) / 256 + 1; };
+    auto loops = [lanes](uint64_t w) {
+        return (w + lanes - 1) / lanes * ((w + 15) / 16 + 1) + (w + lanes - 1) / lanes + 1;
+    };
     uint64_t lo = 0, hi = 1u << 20;
     while (lo < hi) {
         const uint64_t mid = (lo + hi + 1) / 2;
         if (loops(mid) <= budget) lo = mid; else hi = mid - 1;
     }
     return uint32_t(lo);
+}
+
+uint32_t sampleWidth(uint32_t loop_limit, uint32_t n_vocab) {
+    return loop_limit != 0 && n_vocab <= kNarrowSampleVocab ? 64 : 256;
+}
+
+uint32_t matmulWidth(uint64_t rows, uint32_t r) {
+    for (uint32_t w : {uint32_t(BLUE_MATMUL_WG), 32u}) {
+        const uint64_t per = uint64_t(w) * r, computed = (rows + per - 1) / per * per;
+        if (computed * 4 <= rows * 5) return w;
+    }
+    return 16;
+}
+
+uint32_t rmsnormWidth(uint64_t group) {
+    return uint32_t(std::clamp<uint64_t>(std::bit_ceil(std::max<uint64_t>(group, 1)) / 4, 16, BLUE_ITEM_WG));
 }
 
 Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
@@ -689,6 +717,16 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                                   std::string(info.name).c_str(), limit.c_str());
             }
             const TensorDecl& dst = m.tensors[ti.args[0]];
+            // Narrow workgroups where the device pays for idle lanes (sampleWidth, rmsnormWidth).
+            uint32_t width = 0;
+            if (ti.op == Op::SAMPLE || ti.op == Op::SAMPLEG || ti.op == Op::SAMPLEQ) {
+                const uint32_t w = sampleWidth(kernels.loop_limit, uint32_t(dst.ne[0]));
+                if (w != 256) width = w;
+            } else if (ti.op == Op::RMSNORM && base.pipeline == "rmsnorm") {
+                const uint32_t w = rmsnormWidth(ti.args[4] != 0 ? ti.args[4] : dst.ne[0]);
+                if (w != BLUE_ITEM_WG) width = w;
+            }
+            if (width != 0) base.pipeline += "@" + std::to_string(width);
             base.mode = dst.cls == BLUE_TC_ROWS ? 0 : 1;
             base.push[BLUE_PC_BLOCK] = b;
             base.push[BLUE_PC_MODE] = base.mode;
@@ -822,15 +860,16 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     // many (a prompt, a large batch): a GEMM. On a GPU (split_matmul) the single
                     // item and the 4-item tile split K and the GEMM is the shared-memory tiled
                     // `_t`; on a CPU driver the GEMM is `_g`, where the type has one.
+                    const uint32_t r = matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
                     DispatchDesc single = singleItemDispatch(d);
-                    if (kernels.split_matmul) splitMatmul(&single, n, "s");
+                    if (kernels.split_matmul) splitMatmul(&single, n, "s"); else narrowMatmul(&single, n, r);
                     out.push_back(single);
                     d.min_items = 2;
                     d.tile = BLUE_MATMUL_TILE;
                     std::optional<DispatchDesc> gemm =
                         kernels.split_matmul ? tiledDispatch(d, n, kernels.gemm_min_items)
                                             : gemmDispatch(d, n, kernels.gemm_min_items);
-                    if (kernels.split_matmul) splitMatmul(&d, n, "_s");
+                    if (kernels.split_matmul) splitMatmul(&d, n, "_s"); else narrowMatmul(&d, n, r);
                     if (gemm) {
                         d.max_items = gemm->min_items - 1;
                         d.push[BLUE_PC_TILE] = d.tile;

@@ -225,8 +225,25 @@ constexpr uint32_t deviceLoopLimit(bool cpu_driver) { return cpu_driver ? 65535u
 
 // The longest window of history tokens SAMPLE's repetition penalties can walk within a loop limit
 // (0: no limit, UINT32_MAX returned), after the walks over a vocabulary of n_vocab tokens the rest
-// of sampling (and a grammar's mask) takes. shaders/sample.comp applyPenalties has the count.
+// of sampling (and a grammar's mask) takes, at sampleWidth's lanes. shaders/sample.comp
+// applyPenalties has the count.
 uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab);
+
+// Narrow workgroups for CPU drivers. lavapipe runs a workgroup's lanes eight at a time whether they
+// have work or not, so a kernel sized for a GPU's wide rows spends most of a small row's dispatch
+// on idle lanes (README, Measured: narrow workgroups). These pick the kernels' widths there
+// ("kernel@W", host/pipelines.h); devices without a loop limit (GPUs) keep the built widths.
+//
+// SAMPLE, SAMPLEG, SAMPLEQ: 64 lanes for vocabularies up to kNarrowSampleVocab on a CPU driver
+// (every walk then still fits the loop limit with room for penalties), else the built 256.
+constexpr uint32_t kNarrowSampleVocab = 4096;
+uint32_t sampleWidth(uint32_t loop_limit, uint32_t n_vocab);
+// The lanes-over-rows MATMUL kernels (`_b1` and the 4-item tile) over `rows` rows of `r` rows per
+// lane: the widest of 64, 32 and 16 lanes whose last workgroup leaves at most a fifth of the
+// rows it computes clamped (64 x 4 lanes' rows for a 64-row matrix computed one row four times).
+uint32_t matmulWidth(uint64_t rows, uint32_t r);
+// RMSNORM's lavapipe kernel over groups of `group` elements: a lane per four elements, 16 to 64.
+uint32_t rmsnormWidth(uint64_t group);
 
 // Why a size past the loop limit is refused, for messages: "its compiler ends every loop of a
 // shader invocation after 65535 iterations: lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS".

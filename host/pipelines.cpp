@@ -126,8 +126,23 @@ std::vector<char> readPipelineCacheFile(const std::string& path) {
     return blob ? std::move(*blob) : std::vector<char>{};
 }
 
+std::optional<KernelWidth> splitKernelWidth(const std::string& name) {
+    KernelWidth k;
+    const size_t at = name.find('@');
+    k.kernel = name.substr(0, at);
+    if (at == std::string::npos) return k;
+    const std::string digits = name.substr(at + 1);
+    if (digits.empty() || digits.size() > 4 || digits.find_first_not_of("0123456789") != std::string::npos) {
+        return std::nullopt;
+    }
+    k.width = uint32_t(std::stoul(digits));
+    if (k.width == 0) return std::nullopt;
+    return k;
+}
+
 bool Pipelines::exists(const std::string& name) {
-    return findShader(name) != nullptr;
+    const std::optional<KernelWidth> k = splitKernelWidth(name);
+    return k && findShader(k->kernel) != nullptr;
 }
 
 std::string Pipelines::cachePath() const {
@@ -193,7 +208,8 @@ Result<std::unique_ptr<Pipelines>> Pipelines::create(Device& dev) {
 
 Result<VkPipeline> Pipelines::get(const std::string& name) {
     if (auto it = pipelines_.find(name); it != pipelines_.end()) return it->second;
-    const EmbeddedShader* shader = findShader(kernelVariant(name, dev_.info()));
+    const std::optional<KernelWidth> k = splitKernelWidth(name);
+    const EmbeddedShader* shader = k ? findShader(kernelVariant(k->kernel, dev_.info())) : nullptr;
     if (!shader) return BLUE_ERROR("no kernel named '%s' is built into this BlueVM", name.c_str());
     VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
     mi.codeSize = shader->words * 4;
@@ -205,6 +221,10 @@ Result<VkPipeline> Pipelines::get(const std::string& name) {
     pi.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
     pi.stage.module = module;
     pi.stage.pName = "main";
+    // A width asked for in the name: the workgroup's lanes (shaders/blue_config.h BLUE_SPEC_WG).
+    VkSpecializationMapEntry entry{BLUE_SPEC_WG, 0, 4};
+    VkSpecializationInfo spec{1, &entry, 4, &k->width};
+    if (k->width != 0) pi.stage.pSpecializationInfo = &spec;
     pi.layout = layout_;
     VkPipeline pipeline = VK_NULL_HANDLE;
     VkResult r = vkCreateComputePipelines(dev_.device(), cache_, 1, &pi, nullptr, &pipeline);

@@ -42,6 +42,16 @@ bool writePipelineCacheFile(const std::string& path, const std::vector<char>& bl
 // The blob of the cache file at `path`, or an empty one when it is missing or damaged.
 std::vector<char> readPipelineCacheFile(const std::string& path);
 
+// A kernel name may end in "@W": the kernel built with a variable workgroup width (its
+// `local_size_x_id` is BLUE_SPEC_WG) run with W lanes; the plan narrows kernels that way where a
+// CPU driver pays for every lane a workgroup has, busy or not (host/machine_plan.cpp).
+struct KernelWidth {
+    std::string kernel;  // the name without "@W"
+    uint32_t width = 0;  // 0: the width the kernel was built with
+};
+// The kernel and width a name asks for; nothing when what follows '@' is not a width.
+std::optional<KernelWidth> splitKernelWidth(const std::string& name);
+
 class Pipelines {
 public:
     ~Pipelines();
@@ -50,7 +60,7 @@ public:
 
     static Result<std::unique_ptr<Pipelines>> create(Device& dev);
 
-    // True when an embedded kernel of that name exists.
+    // True when an embedded kernel of that name exists ("@W" allowed, splitKernelWidth).
     static bool exists(const std::string& name);
     // The pipeline of an embedded kernel (its variant for this device, kernelVariant), created
     // on first use.

@@ -18,7 +18,13 @@
 // ---- workgroup sizes ---------------------------------------------------------------------
 #define BLUE_SEQ_WG 64        // sequencer: one invocation per instance
 #define BLUE_PLAN_WG 64       // plan: one workgroup
-#define BLUE_ELEM_WG 256      // ELEM grid: elements per workgroup along x
+// ELEM grid: elements per workgroup along x. 64 rather than 256: lavapipe pays for every lane of a
+// workgroup, busy or not, and a 256-lane workgroup for a 64-element row (rope, kvstore at small
+// head counts) cost 4x the dispatch (README, Measured: narrow workgroups).
+#define BLUE_ELEM_WG 64
+// The specialization constant of kernels built with a variable workgroup width (`local_size_x_id`):
+// the plan names them "kernel@W" (host/pipelines.h) to run them W lanes wide.
+#define BLUE_SPEC_WG 0
 #define BLUE_ITEM_WG 64       // ITEM grid: invocations per item's workgroup
 #define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
 #define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (x) in the batched variant

@@ -30,8 +30,12 @@ bool g_cached;
 
 #ifdef MM_SPLITK
 layout(local_size_x = BLUE_MATMUL_SPLIT_WG) in;
+const uint MM_WG = BLUE_MATMUL_WG;  // (the lanes-over-rows code below is not reached)
 #else
-layout(local_size_x = BLUE_MATMUL_WG) in;
+// Lanes over rows: BLUE_MATMUL_WG lanes, or fewer where the plan narrows a small matrix's
+// workgroups (lavapipe runs every lane, so lanes past the last row cost as much as busy ones).
+layout(local_size_x = BLUE_MATMUL_WG, local_size_x_id = BLUE_SPEC_WG) in;  // both: the default is the width
+layout(constant_id = BLUE_SPEC_WG) const uint MM_WG = BLUE_MATMUL_WG;
 #endif
 
 uint g_xt;  // texels in an x row (zero beyond)
@@ -156,9 +160,9 @@ void main() {
     return;
 #endif
     uint lid = gl_LocalInvocationID.x;
-    uint row0 = gl_WorkGroupID.y * BLUE_MATMUL_WG * MM_R + lid;
+    uint row0 = gl_WorkGroupID.y * MM_WG * MM_R + lid;
     uint rows[MM_R];
-    for (uint r = 0u; r < MM_R; ++r) rows[r] = min(row0 + r * BLUE_MATMUL_WG, N - 1u);
+    for (uint r = 0u; r < MM_R; ++r) rows[r] = min(row0 + r * MM_WG, N - 1u);
     float acc[MM_R][MM_BT];
     for (uint r = 0u; r < MM_R; ++r) for (uint c = 0u; c < MM_BT; ++c) acc[r][c] = 0.0;
     uint bpr = (K + WL_E - 1u) / WL_E;
@@ -364,7 +368,7 @@ void main() {
     const bool accumulate = pc.w[BLUE_PC_MM_ACCUMULATE] != 0u;  // MATMULADD: dst += the product
 #endif
     for (uint r = 0u; r < MM_R; ++r) {
-        uint row = row0 + r * BLUE_MATMUL_WG;
+        uint row = row0 + r * MM_WG;
         if (row >= N) continue;
         for (uint c = 0u; c < count; ++c) {
             float v = acc[r][c];

@@ -1,20 +1,21 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // RMSNORM: dst = a / sqrt(mean(a^2) + eps) * w over groups of G elements (G = 0: the whole row).
-// One workgroup per item. Built twice: BLUE_ITEM_WG lanes reading floats (lavapipe's shape), and
+// One workgroup per item. Built twice: BLUE_ITEM_WG lanes (or fewer) reading floats (lavapipe's shape), and
 // `_w` (RMS_WIDE, GPU shapes: GpuOptions::decode_kernel) with 256 lanes reading vec4 where the
 // group and every slice are 16-byte aligned, so a 2048-element row is two loads per lane rather
 // than 32 in a chain (20 us per dispatch on an NVIDIA H100 that way).
 #include "common/tensor.glsl"
 #ifdef RMS_WIDE
 #define RMS_WG 256u
+layout(local_size_x = RMS_WG) in;
 #else
-#define RMS_WG BLUE_ITEM_WG
+// BLUE_ITEM_WG lanes, or as few as the plan asks for a short row (BLUE_SPEC_WG).
+layout(local_size_x = BLUE_ITEM_WG, local_size_x_id = BLUE_SPEC_WG) in;  // both: the default is the width
+layout(constant_id = BLUE_SPEC_WG) const uint RMS_WG = BLUE_ITEM_WG;
 #endif
 #define REDUCE_WG RMS_WG
 #include "common/reduce.glsl"
-
-layout(local_size_x = RMS_WG) in;
 
 void main() {
     TRef dst = tref(BLUE_PC_OPERANDS);

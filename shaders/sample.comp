@@ -16,10 +16,11 @@
 #include "common/bytes.glsl"
 #include "common/philox.glsl"
 #include "vm/llm_abi.h"
-#define SAMPLE_WG 256u
+// 256 lanes, or fewer where the plan narrows it for a small vocabulary on a CPU driver
+// (BLUE_SPEC_WG; host/machine_plan.cpp sampleWidth).
+layout(local_size_x = 256, local_size_x_id = BLUE_SPEC_WG) in;  // both: the default is the width
+layout(constant_id = BLUE_SPEC_WG) const uint SAMPLE_WG = 256u;
 #include "common/sampling.glsl"
-
-layout(local_size_x = SAMPLE_WG) in;
 
 #ifdef GRAMMAR
 // ---- the grammar (vm/llm_abi.h BLUE_GR_*, BLUE_TB_*) ----------------------------------------

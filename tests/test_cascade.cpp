@@ -573,7 +573,7 @@ TEST_CASE("cascade: a stage's repetition penalties over a window longer than the
     const bool cpu = d.out_text.find("(CPU)") != std::string::npos;
     TempDir dir;
     // 18,000 tokens of window at a context of 20,000: past lavapipe's loop limit (maxPenaltyWindow:
-    // about 16,300 at a 300-token vocabulary); no limit on a GPU. A tiny synthetic model trained
+    // about 8,100 at a 300-token vocabulary); no limit on a GPU. A tiny synthetic model trained
     // for 32,768 positions (a cascade's context is at most its models').
     const std::string model = dir.path + "/long.gguf";
     Child synth({binary("tools/synth/blue-synth"), "--preset", "stories15M", "--layers", "1", "--dim", "64",

@@ -435,8 +435,8 @@ TEST_CASE("cli: generate refuses repetition penalties over a window longer than 
     Child d({binary("host/bluevm"), "devices"});
     REQUIRE(d.wait() == 0);
     const bool cpu = d.out_text.find("(CPU)") != std::string::npos;
-    // 18,000 tokens of window at a context of 20,000: past lavapipe's loop limit (about 16,300
-    // at stories260K's 512 tokens: maxPenaltyWindow); no limit on a GPU.
+    // 18,000 tokens of window at a context of 20,000: past lavapipe's loop limit (about 8,100
+    // at stories260K's 512 tokens, sampled on 64 lanes: maxPenaltyWindow); no limit on a GPU.
     Child c({binary("host/bluevm"), "generate", "--model", stories(), "--ctx", "20000", "--prompt", "Lily", "-n", "2",
              "--repeat-penalty", "1.1", "--repeat-last-n", "18000"});
     if (cpu) {

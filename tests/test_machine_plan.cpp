@@ -302,7 +302,9 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     REQUIRE(pages.isOk());
     Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
     REQUIRE_MESSAGE(d.isOk(), d.message());
-    REQUIRE(d.value().size() == 5);  // MATMUL has a single-item and a batched dispatch
+    // MATMUL has a single-item, a 4-item and a GEMM dispatch, each 16 lanes wide on a CPU driver
+    // for its 130 rows (matmulWidth).
+    REQUIRE(d.value().size() == 6);
     const PagePlan& p = pages.value();
     auto tref = [&](const DispatchDesc& desc, size_t operand, uint32_t tensor) {
         INFO("operand " << operand << " tensor " << tensor);
@@ -316,7 +318,7 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(add.pipeline == "tadd");
     CHECK(add.block == 0);
     CHECK(add.mode == 0);
-    CHECK(add.fixed == 4);  // ceil(1024 / 256)
+    CHECK(add.fixed == 16);  // ceil(1024 / 64)
     CHECK(add.axis == 0);
     CHECK(add.tile == 1);
     CHECK(add.push[BLUE_PC_BLOCK] == 0);
@@ -331,22 +333,28 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     tref(scale, 1, 2);
     CHECK(scale.push[BLUE_PC_OPERANDS + 2 * BLUE_TREF_WORDS] == std::bit_cast<uint32_t>(-1.5f));
     const DispatchDesc& mm1 = d.value()[2];
-    CHECK(mm1.pipeline == "matmul_f32_b1");
+    CHECK(mm1.pipeline == "matmul_f32_b1@16");
+    CHECK(mm1.fixed == 5);  // ceil(130 / (16 invocations x 2 rows))
     CHECK(mm1.max_items == 1);
     CHECK(mm1.push[BLUE_PC_TILE] == 1);
     const DispatchDesc& mm = d.value()[3];
-    CHECK(mm.pipeline == "matmul_f32");
+    CHECK(mm.pipeline == "matmul_f32@16");
     CHECK(mm.block == 1);
     CHECK(mm.push[BLUE_PC_BLOCK] == 1);
     CHECK(mm.axis == 1);  // items along x, weight rows along y
-    CHECK(mm.fixed == 2);  // ceil(130 / (64 invocations x 2 rows))
+    CHECK(mm.fixed == 5);
     CHECK(mm.min_items == 2);
+    CHECK(mm.max_items == BLUE_MATMUL_GEMM_TILE - 1);
     CHECK(mm.tile == BLUE_MATMUL_TILE);
     CHECK(mm.push[BLUE_PC_TILE] == BLUE_MATMUL_TILE);
     tref(mm, 0, 3);
     tref(mm, 1, 0);
     tref(mm, 2, 1);
-    const DispatchDesc& sum = d.value()[4];
+    const DispatchDesc& gemm = d.value()[4];
+    CHECK(gemm.pipeline == "matmul_f32_g@16");
+    CHECK(gemm.fixed == 3);  // ceil(130 / (16 invocations x 4 rows))
+    CHECK(gemm.min_items == BLUE_MATMUL_GEMM_TILE);
+    const DispatchDesc& sum = d.value()[5];
     CHECK(sum.pipeline == "tsum");
     CHECK(sum.mode == 1);  // an INSTANCE destination: one item per instance
     CHECK(sum.push[BLUE_PC_MODE] == 1);
@@ -357,7 +365,7 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(kernelName(m, uint32_t(Op::TADD), {2, 1, 1}) == "tadd");
     // As on a GPU: the single item and the 4-item tile take the split-K kernels, a workgroup per
     // 8 rows, and 16 items or more the shared-memory tiled GEMM, a workgroup per 64 rows and 64
-    // items (the CPU driver's `_g` needs a matrix of 256 rows at least; `_t` takes any).
+    // items.
     Result<std::vector<DispatchDesc>> gpu = planDispatches(m, pages.value(), 65535, KernelChoice{true, false});
     REQUIRE_MESSAGE(gpu.isOk(), gpu.message());
     REQUIRE(gpu.value().size() == 6);
@@ -399,7 +407,7 @@ halt
     const uint32_t scalars_at = BLUE_PC_OPERANDS + 3 * BLUE_TREF_WORDS;
     const DispatchDesc& none = d.value()[0];
     CHECK(none.pipeline == "rope");
-    CHECK(none.fixed == 1);  // ceil(16 / 256)
+    CHECK(none.fixed == 1);  // ceil(16 / 64)
     // `none` is a reference to page 0xFFFF that the kernel tests; the scalars follow it in place.
     CHECK(none.push[ff_at] == 0xFFFFFFFFu);
     CHECK(none.push[scalars_at] == 1);
@@ -531,13 +539,13 @@ halt
     const DispatchDesc& pg = d.value()[0];
     CHECK(pg.pipeline == "pgcopy");
     CHECK(pg.mode == 1);  // a GLOBAL first operand: one item per instance
-    CHECK(pg.fixed == 3);  // 86 words a row x 8 rows / 256
+    CHECK(pg.fixed == 11);  // 86 words a row x 8 rows / 64
     CHECK(pg.push[BLUE_PC_KV_ROW_WORDS] == 86);
     CHECK(pg.push[BLUE_PC_KVP_PAGE] == 8);
     CHECK(pg.push[BLUE_PC_KVP_PAGES] == 1000);
     const DispatchDesc& cp = d.value()[1];
     CHECK(cp.pipeline == "kvcopyp");
-    CHECK(cp.fixed == 7);  // 86 x 20 / 256
+    CHECK(cp.fixed == 27);  // 86 x 20 / 64
     CHECK(cp.push[BLUE_PC_KV_ROW_WORDS] == 86);
     CHECK(cp.push[BLUE_PC_KV_CTX] == 20);
     CHECK(cp.push[BLUE_PC_KVP_PAGE] == 8);
@@ -593,7 +601,7 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
     Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 3);
     REQUIRE(!d.isOk());
     CHECK(d.message() ==
-          "block 'first': TADD on tensor 'y' needs 4 workgroups, the device allows 3");
+          "block 'first': TADD on tensor 'y' needs 16 workgroups, the device allows 3");
     // Every matrix type the verifier accepts for MATMUL (and EMBED) plans to its own kernels:
     // no accepted module can reach the "no GPU kernel" refusal through a weight type.
     Module q = m;
@@ -616,14 +624,13 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
         REQUIRE(qp.isOk());
         Result<std::vector<DispatchDesc>> qd = planDispatches(q, qp.value(), 65535);
         REQUIRE_MESSAGE(qd.isOk(), qd.message());
-        CHECK(qd.value()[2].pipeline == name + "_b1");
-        CHECK(qd.value()[3].pipeline == name);
+        CHECK(qd.value()[2].pipeline == name + "_b1@16");  // 130 rows: 16 lanes (matmulWidth)
+        CHECK(qd.value()[3].pipeline == name + "@16");
     }
-    // A plain-type matrix of at least one GEMM workgroup's rows gets a third dispatch, the GEMM
-    // tile, and the 4-item tile stops below it; Q8_0 and most K-quants have no GEMM kernel (Q6_K
-    // and Q3_K do).
+    // A plain-type matrix gets a third dispatch, the GEMM tile, and the 4-item tile stops below
+    // it; the quantized types have no GEMM kernel. 256 rows fill a workgroup of 64 lanes of each.
     q.tensors[0].dtype = DType::F32;
-    q.tensors[0].ne[1] = BLUE_MATMUL_WG * BLUE_MM_R_GEMM + 1;
+    q.tensors[0].ne[1] = BLUE_MATMUL_WG * BLUE_MM_R_GEMM;
     q.tensors[3].ne[0] = q.tensors[0].ne[1];
     Result<PagePlan> gp = planPages(q, 4, 4u << 20);
     REQUIRE(gp.isOk());
@@ -638,7 +645,9 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
     CHECK(g.max_items == 0);
     CHECK(g.tile == BLUE_MATMUL_GEMM_TILE);
     CHECK(g.push[BLUE_PC_TILE] == BLUE_MATMUL_GEMM_TILE);
-    CHECK(g.fixed == 2);  // ceil(257 / (64 invocations x 4 rows))
+    CHECK(g.fixed == 1);  // 256 / (64 invocations x 4 rows)
+    CHECK(gd.value()[2].pipeline == "matmul_f32_b1");
+    CHECK(gd.value()[2].fixed == 2);  // 256 / (64 invocations x 2 rows)
     CHECK(!Pipelines::exists("matmul_q8_0_g"));
     CHECK(!Pipelines::exists("matmul_q6_k_g"));
     CHECK(Pipelines::exists("matmul_f16_g"));
@@ -847,20 +856,93 @@ TEST_CASE("plan: maxGrammarWords leaves the copy cycle's steps and other loops 7
 
 TEST_CASE("plan: maxPenaltyWindow is the longest window whose walk stays under the loop limit") {
     CHECK(maxPenaltyWindow(0, 32000) == UINT32_MAX);  // no limit (GPUs)
-    const uint32_t small = maxPenaltyWindow(65535, 512), qwen = maxPenaltyWindow(65535, 152064);
-    // applyPenalties' count: ceil(W / 256) * (ceil(W / 16) + 1) + ceil(W / 256) + 1.
-    auto loops = [](uint64_t w) { return (w + 255) / 256 * ((w + 15) / 16 + 1) + (w + 255) / 256 + 1; };
-    // At 512 tokens the rest of sampling takes 60 + 70 + 64 = 194: the window is the longest
-    // that fits beside it.
-    CHECK(small > 15000);
-    CHECK(loops(small) + 194 <= 65535);
-    CHECK(loops(small + 1) + 194 > 65535);
+    const uint32_t llama = maxPenaltyWindow(65535, 32000), qwen = maxPenaltyWindow(65535, 152064);
+    // applyPenalties' count at L lanes: ceil(W / L) * (ceil(W / 16) + 1) + ceil(W / L) + 1.
+    auto loops = [](uint64_t w, uint64_t lanes) {
+        return (w + lanes - 1) / lanes * ((w + 15) / 16 + 1) + (w + lanes - 1) / lanes + 1;
+    };
+    // At 32,000 tokens (256 lanes) the rest of sampling takes 60 * 16 + 70 * 32 + 64 = 3,264: the
+    // window is the longest that fits beside it.
+    CHECK(llama > 14000);
+    CHECK(loops(llama, 256) + 3264 <= 65535);
+    CHECK(loops(llama + 1, 256) + 3264 > 65535);
     // A larger vocabulary leaves less of the limit for the window.
-    CHECK(qwen < small);
+    CHECK(qwen < llama);
     CHECK(qwen > 12000);
-    CHECK(loops(qwen) + 60 * (152064 / 2048 + 1) + 70 * (152064 / 1024 + 1) + 64 <= 65535);
+    CHECK(loops(qwen, 256) + 60 * (152064 / 2048 + 1) + 70 * (152064 / 1024 + 1) + 64 <= 65535);
+    // A small vocabulary samples on 64 lanes (sampleWidth), so each lane walks 4 times the window
+    // positions: at 512 tokens the rest takes 60 + 70 * 2 + 64 = 264.
+    const uint32_t small = maxPenaltyWindow(65535, 512);
+    CHECK(small > 8000);
+    CHECK(loops(small, 64) + 264 <= 65535);
+    CHECK(loops(small + 1, 64) + 264 > 65535);
     // A vocabulary whose own walks take the whole limit leaves no window.
     CHECK(maxPenaltyWindow(65535, 1u << 30) == 0);
+}
+
+TEST_CASE("plan: kernels run narrow on a CPU driver where wide workgroups would idle") {
+    // MATMUL's lanes-over-rows kernels: the widest of 64, 32, 16 lanes computing at most a fifth
+    // more rows than the matrix has (stories260K: 64-row attention matrices, 172-row FFN ones).
+    CHECK(matmulWidth(64, 4) == 16);
+    CHECK(matmulWidth(64, 2) == 32);
+    CHECK(matmulWidth(172, 2) == 32);  // 3 x 64 rows
+    CHECK(matmulWidth(172, 4) == 16);  // 3 x 64 rows; 32 lanes would compute 256
+    CHECK(matmulWidth(768, 4) == 64);
+    CHECK(matmulWidth(32000, 4) == 64);
+    CHECK(matmulWidth(1, 4) == 16);
+    // RMSNORM: a lane per four elements, 16 to 64 lanes.
+    CHECK(rmsnormWidth(1) == 16);
+    CHECK(rmsnormWidth(64) == 16);
+    CHECK(rmsnormWidth(128) == 32);
+    CHECK(rmsnormWidth(256) == 64);
+    CHECK(rmsnormWidth(4096) == 64);
+    // SAMPLE: 64 lanes for small vocabularies under a loop limit (CPU drivers) only.
+    CHECK(sampleWidth(65535, 512) == 64);
+    CHECK(sampleWidth(65535, kNarrowSampleVocab) == 64);
+    CHECK(sampleWidth(65535, kNarrowSampleVocab + 1) == 256);
+    CHECK(sampleWidth(0, 512) == 256);
+    // In a plan: the width is in the kernel's name and the grid follows it; GPU shapes keep their
+    // own kernels at the widths they were built with.
+    Module m = assembleOrFail(R"(.layout regs=4 max_rows=8 local=64
+.tensor w global f32 [64, 64]
+.tensor nw global f32 [64]
+.tensor x rows f32 [64]
+.tensor y rows f32 [64]
+.tensor l instance f32 [512]
+.block b args=2
+    rmsnorm y, x, nw, 0.00001, 0
+    matmul y, w, x
+    sample l, 1
+.end
+halt
+)");
+    m.tensors[0].cls = BLUE_TC_WEIGHT;
+    m.tensors[1].cls = BLUE_TC_WEIGHT;
+    Result<PagePlan> pages = planPages(m, 2, 1u << 20);
+    REQUIRE_MESSAGE(pages.isOk(), pages.message());
+    KernelChoice cpu;
+    cpu.loop_limit = deviceLoopLimit(true);
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535, cpu);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    std::vector<std::string> names;
+    for (const DispatchDesc& desc : d.value()) names.push_back(desc.pipeline);
+    CHECK(names == std::vector<std::string>{"rmsnorm@16", "matmul_f32_b1@32", "matmul_f32@32", "matmul_f32_g@16",
+                                            "sample@64"});
+    CHECK(d.value()[1].fixed == 1);  // 64 rows / (32 lanes x 2 rows)
+    KernelChoice gpu;
+    gpu.split_matmul = true;
+    gpu.split_attn = true;
+    Result<std::vector<DispatchDesc>> g = planDispatches(m, pages.value(), 65535, gpu);
+    REQUIRE_MESSAGE(g.isOk(), g.message());
+    names.clear();
+    for (const DispatchDesc& desc : g.value()) names.push_back(desc.pipeline);
+    CHECK(names == std::vector<std::string>{"rmsnorm_w", "matmul_f32_b1s", "matmul_f32_s", "matmul_f32_t", "sample"});
+    // A width is a number after '@'; anything else names no kernel.
+    CHECK(Pipelines::exists("matmul_q4_0@16"));
+    CHECK(!Pipelines::exists("matmul_q4_0@"));
+    CHECK(!Pipelines::exists("matmul_q4_0@0"));
+    CHECK(!Pipelines::exists("matmul_q4_0@x16"));
+    CHECK(!Pipelines::exists("nosuch@16"));
 }
 
 }  // namespace blue::test

@@ -163,7 +163,9 @@ void elementwiseCase(Op op, double bound) {
 // a GEMM kernel (`_g`) run a third time: 21 rows (a full 16-item tile and a partial one) against
 // N = 300 (two workgroups of 256 rows, the second partial), which the plan gives to `_g`. Every
 // type runs those 21 rows once more as on a GPU, where the plan gives them the shared-memory tiled
-// `_t` (one partial 64-item tile; N = 300: five 64-row tiles, the last partial).
+// `_t` (one partial 64-item tile; N = 300: five 64-row tiles, the last partial). On a CPU driver
+// these small matrices run narrowed workgroups (matmulWidth: 32 or 16 lanes for N = 172, 16 for
+// `_g` at N = 300), so each lanes-over-rows kernel runs once more at its built 64 lanes, N = 512.
 void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
@@ -177,6 +179,9 @@ void matmulCase(DType t) {
                              {{1}, {3}, kWide, DK::SPLIT}};
     const std::string gemm = "matmul_" + lowerName(t) + "_g";
     if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::AUTO});
+    runs.push_back({{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, 512, DK::ROWS});
+    runs.push_back({{1}, {3}, 512, DK::ROWS});
+    if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 512, DK::AUTO});
     runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::SPLIT});  // 21 items: split-K tiles on GPUs
     runs.push_back({{30, 25, 15}, {0, 2, 1}, 300, DK::SPLIT});  // 70 items: a full GEMM tile and a partial one
     for (const Run& run : runs) {
@@ -329,30 +334,34 @@ void poolCase() {
 }
 
 // RMSNORM over whole 172-wide rows, over groups of 64 and of 32 (the latter with a weight that is
-// itself a ROWS tensor, read per row), into an INSTANCE destination, and over 170-wide rows (no
-// vec4 alignment). Run once more with GPU shapes: the wide `_w` kernel (vec4 reads where aligned,
-// floats for the 170-wide rows).
+// itself a ROWS tensor, read per row), into an INSTANCE destination, over 170-wide rows (no
+// vec4 alignment) and over 96-wide rows. On a CPU driver the groups of 64 and 32 run 16 lanes
+// wide, the 96-wide rows 32 and the rest 64 (rmsnormWidth). Run once more with GPU shapes: the
+// wide `_w` kernel (vec4 reads where aligned, floats for the 170-wide rows).
 void rmsnormCase() {
     for (auto decode : {GpuOptions::DecodeKernel::ROWS, GpuOptions::DecodeKernel::SPLIT}) {
         OpModule om(kVocab, 8, kTokens + 8, 0x4A5);
         uint32_t a = om.rowsInput("a", kWide, -3, 3), c = om.rowsInput("c", 192, -3, 3);
-        uint32_t odd = om.rowsInput("odd", 170, -3, 3);
+        uint32_t odd = om.rowsInput("odd", 170, -3, 3), mid = om.rowsInput("mid", 96, -3, 3);
         uint32_t wr = om.rowsInput("w_rows", 32, 0.5f, 1.5f);
         uint32_t w172 =
             om.data("w172", BLUE_TC_WEIGHT, DType::F32, {kWide}, om.random(kWide, 0.5f, 1.5f));
         uint32_t w170 = om.data("w170", BLUE_TC_WEIGHT, DType::F32, {170}, om.random(170, 0.5f, 1.5f));
         uint32_t w64 = om.data("w64", BLUE_TC_WEIGHT, DType::F32, {64}, om.random(64, 0.5f, 1.5f));
+        uint32_t w96 = om.data("w96", BLUE_TC_WEIGHT, DType::F32, {96}, om.random(96, 0.5f, 1.5f));
         uint32_t n1 = om.tensor("n_row", BLUE_TC_ROWS, DType::F32, {kWide});
         uint32_t n2 = om.tensor("n_group64", BLUE_TC_ROWS, DType::F32, {192});
         uint32_t n3 = om.tensor("n_group32_rowweight", BLUE_TC_ROWS, DType::F32, {192});
         uint32_t ni = om.tensor("n_inst", BLUE_TC_INSTANCE, DType::F32, {kWide});
         uint32_t n5 = om.tensor("n_odd", BLUE_TC_ROWS, DType::F32, {170});
+        uint32_t n6 = om.tensor("n_mid", BLUE_TC_ROWS, DType::F32, {96});
         const uint32_t eps5 = std::bit_cast<uint32_t>(1e-5f), eps6 = std::bit_cast<uint32_t>(1e-6f);
         om.step(Op::RMSNORM, {n1, a, w172, eps5, 0});
         om.step(Op::RMSNORM, {n2, c, w64, eps6, 64});
         om.step(Op::RMSNORM, {n3, c, wr, eps5, 32});
         om.step(Op::RMSNORM, {ni, a, w172, eps5, 0});
         om.step(Op::RMSNORM, {n5, odd, w170, eps5, 0});
+        om.step(Op::RMSNORM, {n6, mid, w96, eps5, 0});
         std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {3, 0, 6});
         Module m = om.build(plans);
         auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0, [&](GpuOptions& o) { o.decode_kernel = decode; });
@@ -368,6 +377,7 @@ void rmsnormCase() {
         expectClose(*both, n3, rows, 1e-5, "RMSNORM groups of 32, per-row weight" + kind);
         expectClose(*both, ni, 0, 1e-5, "RMSNORM instance" + kind);
         expectClose(*both, n5, rows, 1e-5, "RMSNORM 170-wide rows" + kind);
+        expectClose(*both, n6, rows, 1e-5, "RMSNORM 96-wide rows" + kind);
     }
 }
 

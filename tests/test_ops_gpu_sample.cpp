@@ -331,28 +331,33 @@ void sampleTopCase() {
 }
 
 // Penalties over the longest window the host lets through on lavapipe (maxPenaltyWindow: about
-// 15,700 tokens at this vocabulary of 32,768), every token distinct (each window position walks
-// the whole window: the worst case), and the row's three largest logits only at the window's end.
-// One word an iteration, the kernel took ceil(6000 / 256) * 6,001 = 144,000 loop iterations an
-// invocation at 6,000 tokens, past lavapipe's 65,535 (KernelChoice::loop_limit), so the window's
-// last tokens went unpenalized there.
-void samplePenaltyWindowCase() {
-    constexpr uint32_t kWideLogits = 32768, kWideInstances = 2;
-    const uint32_t window = maxPenaltyWindow(deviceLoopLimit(true), kWideLogits);
-    REQUIRE(window > 15000);
+// 15,700 tokens at a vocabulary of 32,768 sampled on 256 lanes; about 8,000 at 4,096, which
+// samples on 64 lanes: sampleWidth), the row's three largest logits only at the window's end.
+// At 32,768 every token is distinct (each window position walks the whole window: the worst
+// case); at 4,096 the window repeats a vocabulary's worth of tokens. One word an iteration, the
+// kernel took ceil(6000 / 256) * 6,001 = 144,000 loop iterations an invocation at 6,000 tokens,
+// past lavapipe's 65,535 (KernelChoice::loop_limit), so the window's last tokens went unpenalized
+// there.
+void samplePenaltyWindowCase(uint32_t vocab, uint32_t least_window) {
+    CAPTURE(vocab);
+    constexpr uint32_t kWideInstances = 2;
+    const uint32_t window = maxPenaltyWindow(deviceLoopLimit(true), vocab);
+    REQUIRE(window > least_window);
     REQUIRE(window < 32000);
+    // The leaders and a token never in the history sit in the vocabulary's last 800 ids.
+    const uint32_t lead = vocab - 700, history_ids = vocab - 800;
     OpModule om(kWideInstances, kWideInstances, BLUE_LM_HISTORY + window + 8, 0x5A9);
     std::vector<float> dists;
     for (uint32_t d = 0; d < kWideInstances; ++d) {
-        std::vector<float> row = om.random(kWideLogits, -3, 3);
-        row[32000 + d] = 9.0f;
-        row[32100 + d] = 8.5f;
-        row[32200 + d] = 8.0f;
-        row[32300 + d] = 7.0f;  // not in the history
+        std::vector<float> row = om.random(vocab, -3, 3);
+        row[lead + d] = 9.0f;
+        row[lead + 100 + d] = 8.5f;
+        row[lead + 200 + d] = 8.0f;
+        row[lead + 300 + d] = 7.0f;  // not in the history
         dists.insert(dists.end(), row.begin(), row.end());
     }
-    uint32_t rows = om.rowsInput("logit_rows", kWideLogits, dists);
-    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kWideLogits});
+    uint32_t rows = om.rowsInput("logit_rows", vocab, dists);
+    uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {vocab});
     om.step(Op::TSCALE, {logits, rows, std::bit_cast<uint32_t>(1.0f)});
     om.step(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
     om.outputsAfterRun();
@@ -365,7 +370,10 @@ void samplePenaltyWindowCase() {
         p.local_words.back().second = window;  // BLUE_SP_HIST_LEN
         for (uint32_t h = 0; h < window; ++h) {
             const uint32_t from_end = window - h;
-            const uint32_t t = from_end == 3 ? 32000 + i : from_end == 2 ? 32100 + i : from_end == 1 ? 32200 + i : h;
+            const uint32_t t = from_end == 3   ? lead + i
+                               : from_end == 2 ? lead + 100 + i
+                               : from_end == 1 ? lead + 200 + i
+                                               : h % history_ids;
             p.local_words.push_back({BLUE_LM_HISTORY + h, t});
         }
     }
@@ -378,9 +386,9 @@ void samplePenaltyWindowCase() {
         std::vector<OutputRecord> g = recordsOf(both->gpu_report.output, i), r = recordsOf(both->ref_report.output, i);
         REQUIRE(g.size() == 3);
         REQUIRE(r.size() == 3);
-        // Greedy after penalties: the leader's 9 / 1.3 - 0.5 - 0.25 = 6.17 falls below token
-        // 32300 + i's unpenalized 7.
-        CHECK(r[0].value == 32300 + i);
+        // Greedy after penalties: the leader's 9 / 1.3 - 0.5 - 0.25 = 6.17 falls below the token
+        // never in the history, 7.
+        CHECK(r[0].value == lead + 300 + i);
         CHECK(g[0].value == r[0].value);
     }
 }
@@ -427,7 +435,8 @@ void sampleCase() {
     opMeasures().push_back({"SAMPLE entropy", t.entropy.normalised(), bound});
     opMeasures().push_back({"SAMPLE logprob", t.logprob.normalised(), bound});
     sampleTopCase();
-    samplePenaltyWindowCase();
+    samplePenaltyWindowCase(32768, 15000);
+    samplePenaltyWindowCase(kNarrowSampleVocab, 7500);
 }
 
 }  // namespace blue::test
