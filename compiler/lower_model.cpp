@@ -32,7 +32,6 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
     a["att"] = activation("att", BLUE_TC_ROWS, DType::F32, {q_dim});
     if (!cfg.isMoe()) {
         a["hb"] = activation("hb", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
-        a["hb2"] = activation("hb2", BLUE_TC_ROWS, DType::F32, {cfg.n_ff});
     }
     uint32_t eps = floatBits(cfg.rms_norm_eps);
 
@@ -109,15 +108,15 @@ uint32_t Lowering::forwardBlock(CodeBuilder& cb, uint32_t ctx, ForwardHead head,
 
 // A dense FFN on the normed rows xb, added into x: SwiGLU or (gemma) GeGLU of the gate and up
 // projections (phi3's ffn_up holds the gate's rows, then the up rows), the down projection, and
-// (gemma) its post-FFN norm.
+// (gemma) its post-FFN norm. The up projection goes into hb first and the gate's matmul gates it
+// there (MATMULGLU): the activation in the same dispatch, no SWIGLU pass over hb.
 void Lowering::feedForward(CodeBuilder& cb, uint32_t l, const std::map<std::string, uint32_t>& a) {
     const uint32_t eps = floatBits(cfg.rms_norm_eps), f = cfg.n_ff;
-    const uint32_t hb = a.at("hb"), hb2 = a.at("hb2"), xb = a.at("xb"), xb2 = a.at("xb2"), x = a.at("x");
+    const uint32_t hb = a.at("hb"), xb = a.at("xb"), xb2 = a.at("xb2"), x = a.at("x");
     uint32_t gate_w = cfg.fused_up ? layerWeightRows(l, "ffn_up.weight", 0, f) : layerWeight(l, "ffn_gate.weight");
     uint32_t up_w = cfg.fused_up ? layerWeightRows(l, "ffn_up.weight", f, f) : layerWeight(l, "ffn_up.weight");
-    cb.tensor(Op::MATMUL, {hb, gate_w, xb});
-    cb.tensor(Op::MATMUL, {hb2, up_w, xb});
-    cb.tensor(cfg.gelu_ffn ? Op::GEGLU : Op::SWIGLU, {hb, hb, hb2});
+    cb.tensor(Op::MATMUL, {hb, up_w, xb});
+    cb.tensor(Op::MATMULGLU, {hb, gate_w, xb, cfg.gelu_ffn ? BLUE_GLU_GELU : BLUE_GLU_SILU});
     if (cfg.post_norms) {
         cb.tensor(Op::MATMUL, {xb2, layerWeight(l, "ffn_down.weight"), hb});
         cb.tensor(Op::RMSNORM, {xb2, xb2, layerWeight(l, "post_ffw_norm.weight"), eps, 0});
@@ -153,12 +152,10 @@ void Lowering::experts(CodeBuilder& cb, uint32_t l, const std::map<std::string, 
     if (cfg.n_ff_shexp > 0) {
         const uint32_t s = cfg.n_ff_shexp;
         const uint32_t hs = activation("shexp_h", BLUE_TC_ROWS, DType::F32, {s});
-        const uint32_t hs2 = activation("shexp_h2", BLUE_TC_ROWS, DType::F32, {s});
         shared = activation("shexp_out", BLUE_TC_ROWS, DType::F32, {dim});
         shared_gate = activation("shexp_gate", BLUE_TC_ROWS, DType::F32, {1});
-        cb.tensor(Op::MATMUL, {hs, layerWeight(l, "ffn_gate_shexp.weight"), xb});
-        cb.tensor(Op::MATMUL, {hs2, layerWeight(l, "ffn_up_shexp.weight"), xb});
-        cb.tensor(Op::SWIGLU, {hs, hs, hs2});
+        cb.tensor(Op::MATMUL, {hs, layerWeight(l, "ffn_up_shexp.weight"), xb});
+        cb.tensor(Op::MATMULGLU, {hs, layerWeight(l, "ffn_gate_shexp.weight"), xb, BLUE_GLU_SILU});
         cb.tensor(Op::MATMUL, {shared, layerWeight(l, "ffn_down_shexp.weight"), hs});
         // The gate's weight is a vector [dim] in the file: a one-row matrix to MATMUL.
         const uint32_t gw = layerWeight(l, "ffn_gate_inp_shexp.weight");

@@ -30,7 +30,7 @@ std::string lower(std::string_view s) {
 }
 
 bool isMatmul(Op op) {
-    return op == Op::MATMUL || op == Op::MATMULADD;
+    return op == Op::MATMUL || op == Op::MATMULADD || op == Op::MATMULGLU;
 }
 
 // Why an op's kernel cannot run an instruction that the op's rules (and the reference machine)
@@ -47,6 +47,7 @@ std::string kernelLimit(const Module& m, const TensorInstr& ti) {
             break;
         case Op::MATMUL:
         case Op::MATMULADD:
+        case Op::MATMULGLU:
             if (m.tensors[a[1]].cls != BLUE_TC_WEIGHT) {
                 return strFormat(
                     "the matrix '%s' is not a WEIGHT tensor; the kernels read "
@@ -680,8 +681,8 @@ uint32_t matmulRowsPerInvocation(DType type) {
 
 std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>& args) {
     const OpInfo& info = *opInfo(op);
-    // MATMULADD runs MATMUL's kernels, told by a push constant to add into dst.
-    std::string base = op == uint32_t(Op::MATMULADD) ? std::string("matmul") : lower(info.name);
+    // MATMULADD and MATMULGLU run MATMUL's kernels, told by a push constant what to do with dst.
+    std::string base = isMatmul(Op(op)) ? std::string("matmul") : lower(info.name);
     if (info.format.size() > 1 && info.format[1] == 't' && args[1] < m.tensors.size()) {
         std::string typed = base + "_" + lower(dtypeName(m.tensors[args[1]].dtype));
         if (Pipelines::exists(typed)) return typed;
@@ -763,7 +764,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 base.push[BLUE_PC_EMBED_BASE] = 0;
                 base.push[BLUE_PC_EMBED_LAST] = 1;
             }
-            if (ti.op == Op::MATMULADD) base.push[BLUE_PC_MM_ACCUMULATE] = 1;
+            if (ti.op == Op::MATMULADD) base.push[BLUE_PC_MM_EPILOGUE] = BLUE_MM_ADD;
+            if (ti.op == Op::MATMULGLU) base.push[BLUE_PC_MM_EPILOGUE] = ti.args[3] == BLUE_GLU_GELU ? BLUE_MM_GELU : BLUE_MM_SILU;
             if (ti.op == Op::KVCOPY) {
                 base.push[BLUE_PC_KV_ROW_WORDS] = uint32_t(*dtypeRowBytes(dst.dtype, dst.ne[0]) / 4);
                 base.push[BLUE_PC_KV_CTX] = uint32_t(dst.ne[1]);

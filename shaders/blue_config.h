@@ -103,8 +103,13 @@
 // writes the zeros of out-of-range tokens). Unsplit tables: 0 and 1.
 #define BLUE_PC_EMBED_BASE 20
 #define BLUE_PC_EMBED_LAST 21
-// MATMUL: 1 when the instruction is MATMULADD (the kernels add their result to dst).
-#define BLUE_PC_MM_ACCUMULATE 20
+// MATMUL: what the kernels do with a product v at dst (MATMULADD adds it; MATMULGLU gates dst
+// with it, silu or gelu: common/activations.glsl).
+#define BLUE_PC_MM_EPILOGUE 20
+#define BLUE_MM_STORE 0
+#define BLUE_MM_ADD 1
+#define BLUE_MM_SILU 2
+#define BLUE_MM_GELU 3
 // KVCOPY: 32-bit words of one cache row, and the context (rows of a cache, and of a store's slot).
 #define BLUE_PC_KV_ROW_WORDS 20
 #define BLUE_PC_KV_CTX 21

@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// MATMUL: dst[n] = sum_k w[n][k] * x[k] for every item (MATMULADD: dst[n] += it), weights in the GPU weight layout
+// MATMUL: dst[n] = sum_k w[n][k] * x[k] for every item (MATMULADD: dst[n] += it; MATMULGLU:
+// dst[n] = act(it) * dst[n]: common/activations.glsl), weights in the GPU weight layout
 // (common/wlayout.glsl), any type (WTYPE_*). Lanes over output rows: each invocation owns MM_R
 // rows (n = base + r * WG) and MM_BT items, so the x it reads is the same for the whole workgroup
 // (one vectorized load) and every weight texel serves MM_BT items. Built twice: MM_BT = 1 for one
@@ -18,6 +19,7 @@
 bool g_cached;
 #endif
 #include "common/wlayout.glsl"
+#include "common/activations.glsl"
 
 #if defined(MM_R)  // set by the build (the GEMM variant)
 #elif defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
@@ -52,7 +54,7 @@ vec4 xLoad(uint base, uint t) { return t < g_xt ? TEXELF(2, base + t) : vec4(0.0
 shared float s_part[MM_BT][BLUE_MATMUL_SPLIT_WG];
 
 void splitMatmul(uint K, uint N, uint xb[MM_BT], uint out_at[MM_BT], uint count, uint wbase,
-                 uint dpage, bool accumulate) {
+                 uint dpage, uint epilogue) {
     const uint lid = gl_LocalInvocationID.x, lanes = BLUE_MATMUL_SPLIT_WG / BLUE_MATMUL_SPLIT_ROWS;
     const uint row = min(gl_WorkGroupID.y * BLUE_MATMUL_SPLIT_ROWS + (lid & 7u), N - 1u);
     const uint bpr = (K + WL_E - 1u) / WL_E;
@@ -98,7 +100,7 @@ void splitMatmul(uint K, uint N, uint xb[MM_BT], uint out_at[MM_BT], uint count,
     if (lid < BLUE_MATMUL_SPLIT_ROWS && out_row < N) {
         for (uint c = 0u; c < count; ++c) {
             float v = s_part[c][lid];
-            if (accumulate) v += page_f[dpage].d[out_at[c] + out_row];
+            if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dpage].d[out_at[c] + out_row]);
             page_f[dpage].d[out_at[c] + out_row] = v;
         }
     }
@@ -156,7 +158,7 @@ void main() {
 #endif
     g_xt = (K + 3u) / 4u;
 #ifdef MM_SPLITK
-    splitMatmul(K, N, xb, out_at, count, wbase, dst.page, pc.w[BLUE_PC_MM_ACCUMULATE] != 0u);
+    splitMatmul(K, N, xb, out_at, count, wbase, dst.page, pc.w[BLUE_PC_MM_EPILOGUE]);
     return;
 #endif
     uint lid = gl_LocalInvocationID.x;
@@ -363,16 +365,16 @@ void main() {
     }
 #endif
 #ifdef MM_MOE
-    const bool accumulate = false;
+    const uint epilogue = BLUE_MM_STORE;
 #else
-    const bool accumulate = pc.w[BLUE_PC_MM_ACCUMULATE] != 0u;  // MATMULADD: dst += the product
+    const uint epilogue = pc.w[BLUE_PC_MM_EPILOGUE];  // MATMULADD, MATMULGLU: what dst holds counts
 #endif
     for (uint r = 0u; r < MM_R; ++r) {
         uint row = row0 + r * MM_WG;
         if (row >= N) continue;
         for (uint c = 0u; c < count; ++c) {
             float v = acc[r][c];
-            if (accumulate) v = page_f[dst.page].d[out_at[c] + row] + v;
+            if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dst.page].d[out_at[c] + row]);
             page_f[dst.page].d[out_at[c] + row] = v;
         }
     }

@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// MATMUL `_t`: the tiled GEMM for GPUs (MATMULADD too: dst += the product), any weight type
+// MATMUL `_t`: the tiled GEMM for GPUs (MATMULADD and MATMULGLU too: their epilogues), any weight type
 // (WTYPE_*). The plan gives it a cycle's items when there are at least BLUE_MATMUL_GEMM_TILE of
 // them (a prompt, a large batch) and the machine uses GPU shapes (GpuOptions::decode_kernel).
 // A workgroup owns a tile of 64 rows x 64 items of dst. For every 32 elements of K, lanes 0-63
@@ -14,6 +14,7 @@
 // Grid: x = ceil(items / BLUE_MATMUL_TILED_ITEMS), y = ceil(N / BLUE_MATMUL_TILED_ROWS).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
+#include "common/activations.glsl"
 
 #ifndef MT_TR
 #define MT_TR 4u  // rows per lane (a multiple of 4)
@@ -107,7 +108,7 @@ void main() {
         barrier();
     }
 
-    const bool accumulate = pc.w[BLUE_PC_MM_ACCUMULATE] != 0u;
+    const uint epilogue = pc.w[BLUE_PC_MM_EPILOGUE];
     for (uint c = 0u; c < MT_TC; ++c) {
         const uint item = MT_TC * tc + c;
         if (item >= count) break;
@@ -116,7 +117,7 @@ void main() {
             const uint row = row0 + MT_TR * tr + r;
             if (row >= N) break;
             float v = acc[c][r / 4u][r & 3u];
-            if (accumulate) v += page_f[dst.page].d[out_at + row];
+            if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dst.page].d[out_at + row]);
             page_f[dst.page].d[out_at + row] = v;
         }
     }

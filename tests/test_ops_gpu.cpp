@@ -199,6 +199,13 @@ void matmulCase(DType t) {
         // MATMULADD (the same kernels, adding into dst): y_acc = y + W x = 2 W x.
         om.step(Op::TSCALE, {acc, y, std::bit_cast<uint32_t>(1.0f)});
         om.step(Op::MATMULADD, {acc, w, x});
+        // MATMULGLU (the same kernels, gating dst): y_silu = silu(W x) * (0.5 W x), y_gelu alike.
+        uint32_t silu = om.tensor("y_silu", BLUE_TC_ROWS, DType::F32, {n});
+        uint32_t gelu = om.tensor("y_gelu", BLUE_TC_ROWS, DType::F32, {n});
+        om.step(Op::TSCALE, {silu, y, std::bit_cast<uint32_t>(0.5f)});
+        om.step(Op::MATMULGLU, {silu, w, x, BLUE_GLU_SILU});
+        om.step(Op::TSCALE, {gelu, y, std::bit_cast<uint32_t>(0.5f)});
+        om.step(Op::MATMULGLU, {gelu, w, x, BLUE_GLU_GELU});
         std::vector<InstancePlan> plans = raggedPlans(om, run.rows, run.starts);
         Module m = om.build(plans);
         auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0,
@@ -221,6 +228,10 @@ void matmulCase(DType t) {
         expectClose(*both, y, items, bound, name + " rows");
         expectClose(*both, yi, 0, bound, name + " instance");
         expectClose(*both, acc, items, 2 * bound, name + " accumulated (MATMULADD)");
+        // The product's error (1e-4 of max |W x|, about 10) through the activation (slope <= 1.1)
+        // times the gated value (up to 5), and the gated value's own: a few 1e-4 of max |ref|.
+        expectClose(*both, silu, items, 10 * bound, name + " gating (MATMULGLU silu)");
+        expectClose(*both, gelu, items, 10 * bound, name + " gating (MATMULGLU gelu)");
     }
 }
 
@@ -464,6 +475,7 @@ void runOpCase(Op op) {
             for (DType t : kernelTypes("moemm", kWeightTypes)) moemmCase(t);
             return;
         case Op::MATMULADD:
+        case Op::MATMULGLU:
             return;  // in every MATMUL case (matmulCase), through every kernel variant
         case Op::MOEMIX:
             moemixCase();

@@ -914,6 +914,32 @@ halt
                          "destination it is added into");
 }
 
+TEST_CASE("verify: MATMULGLU gates a destination that is not its input, with silu or gelu") {
+    const char* src = R"(.layout regs=4 max_rows=2
+.tensor x rows f32 [8]
+.tensor h rows f32 [8]
+.tensor w weight f32 [8, 8] data f32 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3
+.block b args=2
+    matmulglu x, w, h, 1
+.end
+halt
+)";
+    Result<Module> good = assemble(src, "res");
+    REQUIRE_MESSAGE(good.isOk(), good.message());
+    CHECK(verifyModule(good.value()).isOk());
+    std::string self = src;
+    self.replace(self.find("matmulglu x, w, h, 1"), 20, "matmulglu x, w, x, 1");
+    Result<Module> m = assemble(self, "res");
+    REQUIRE(!m.isOk());
+    CHECK(m.message() == "res: block 0 'b': MATMULGLU at TCODE word 0: operand 2 (tensor 'x'): x must not be the "
+                         "destination it gates");
+    std::string act = src;
+    act.replace(act.find("matmulglu x, w, h, 1"), 20, "matmulglu x, w, h, 2");
+    Result<Module> a = assemble(act, "res");
+    REQUIRE(!a.isOk());
+    CHECK(a.message() == "res: block 0 'b': MATMULGLU at TCODE word 0: activation 2: 0 (silu) or 1 (gelu)");
+}
+
 TEST_CASE("verify: ATTNX, SOFTCAP and GEGLU operand rules") {
     const char* src = R"(.layout regs=4 max_rows=2
 .tensor x rows f32 [8]

@@ -45,6 +45,10 @@
 #define BLUE_TC_INSTANCE 2u  // one slice per instance (KV caches, per-instance state)
 #define BLUE_TC_GLOBAL 3u    // one read-write tensor shared by all instances
 
+// MATMULGLU's activation (operand 3): the gate projection's silu (SwiGLU) or tanh gelu (GeGLU).
+#define BLUE_GLU_SILU 0u
+#define BLUE_GLU_GELU 1u
+
 // Limits a module may ask for (the verifier rejects more; devices may allow less).
 #define BLUE_MAX_REGS 256u
 #define BLUE_MAX_BLOCK_ARGS 8u

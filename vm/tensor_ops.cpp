@@ -65,9 +65,10 @@ void elementwise(const Items& it, const TensorInstr& ti, bool binary, F f) {
     }
 }
 
-// MATMUL, or (accumulate) MATMULADD: the product rounded to float, then added to dst in float, as
-// a MATMUL into a temporary and a TADD would.
-void refMatmul(const Items& it, const TensorInstr& ti, bool accumulate) {
+// MATMUL, MATMULADD and MATMULGLU: the product rounded to float, then (MATMULADD) added to dst in
+// float, as a MATMUL into a temporary and a TADD would, or (MATMULGLU) gating dst as SWIGLU or
+// GEGLU would.
+void refMatmul(const Items& it, const TensorInstr& ti) {
     const TensorDecl& w = it.env.module->tensors[ti.args[1]];
     uint64_t k_len = w.ne[0], n_len = w.ne[1];
     uint64_t row_bytes = *dtypeRowBytes(w.dtype, k_len);
@@ -77,7 +78,11 @@ void refMatmul(const Items& it, const TensorInstr& ti, bool accumulate) {
         const float* x = it.f32(ti.args[2], item);
         for (uint64_t n = 0; n < n_len; ++n) {
             const float v = dotRow(w.dtype, wd + n * row_bytes, x, int64_t(k_len));
-            dst[n] = accumulate ? dst[n] + v : v;
+            switch (ti.op) {
+                case Op::MATMULADD: dst[n] = dst[n] + v; break;
+                case Op::MATMULGLU: dst[n] = ti.args[3] == BLUE_GLU_GELU ? geluTimes(v, dst[n]) : siluTimes(v, dst[n]); break;
+                default: dst[n] = v; break;
+            }
         }
     }
 }
@@ -169,6 +174,12 @@ Status checkTensorOp(const Module& m, const TensorInstr& ti) {
         case Op::MATMULADD:
             if (c.ti.args[0] == c.ti.args[2]) return c.fail(2, "x must not be the destination it is added into");
             return checkMatmul(c);
+        case Op::MATMULGLU:
+            if (c.ti.args[0] == c.ti.args[2]) return c.fail(2, "x must not be the destination it gates");
+            if (c.ti.args[3] != BLUE_GLU_SILU && c.ti.args[3] != BLUE_GLU_GELU) {
+                return BLUE_ERROR("activation %u: 0 (silu) or 1 (gelu)", c.ti.args[3]);
+            }
+            return checkMatmul(c);
         case Op::TSUM:
             BLUE_TRY(c.dst(0));
             BLUE_TRY(c.dtype(0, DType::F32));
@@ -202,8 +213,9 @@ void runTensorOpRef(const TensorOpEnv& env, const TensorInstr& ti) {
             elementwise(it, ti, false, [cap](float a, float) { return float(cap * std::tanh(a / cap)); });
             return;
         }
-        case Op::MATMUL: refMatmul(it, ti, false); return;
-        case Op::MATMULADD: refMatmul(it, ti, true); return;
+        case Op::MATMUL:
+        case Op::MATMULADD:
+        case Op::MATMULGLU: refMatmul(it, ti); return;
         case Op::TSUM: refSum(it, ti); return;
         case Op::KERNEL: assert(false && "refCanRun() refuses modules with custom kernels"); return;
         default:

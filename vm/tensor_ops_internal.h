@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <functional>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -174,5 +175,14 @@ uint32_t sampleToken(const std::vector<float>& logits, const SampleParams& p, fl
 Status checkSpecOp(const Checker& c);
 void refSpec(const Items& it, const TensorInstr& ti);
 void refScore(const Items& it, const TensorInstr& ti);
+
+// The GLU activations times the up projection, in double, as SWIGLU, GEGLU and MATMULGLU compute
+// them (shaders/common/activations.glsl). gelu is the tanh form written as x / (1 + exp(-2y)),
+// y = sqrt(2/pi)(x + 0.044715x^3): no tanh overflow for large |x|.
+inline float siluTimes(float g, float u) { return float(g / (1.0 + std::exp(-double(g))) * u); }
+inline float geluTimes(float g, float u) {
+    const double x = g, y = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+    return float(x / (1.0 + std::exp(-2.0 * y)) * u);
+}
 
 }  // namespace blue

@@ -345,23 +345,17 @@ void refSwiglu(const Items& it, const TensorInstr& ti) {
         const float* g = it.f32(ti.args[1], item);
         const float* u = it.f32(ti.args[2], item);
         float* dst = it.f32(ti.args[0], item);
-        for (uint64_t i = 0; i < n; ++i) dst[i] = float(g[i] / (1.0 + std::exp(-double(g[i]))) * u[i]);
+        for (uint64_t i = 0; i < n; ++i) dst[i] = siluTimes(g[i], u[i]);
     }
 }
 
-// gelu(x) with tanh: 0.5x(1 + tanh(y)) = x / (1 + exp(-2y)), y = sqrt(2/pi)(x + 0.044715x^3),
-// the form the kernel computes too (no tanh overflow for large |x|).
 void refGeglu(const Items& it, const TensorInstr& ti) {
     uint64_t n = it.decl(ti.args[0]).elements();
-    const double k = std::sqrt(2.0 / M_PI);
     for (uint32_t item = 0; item < it.count(); ++item) {
         const float* g = it.f32(ti.args[1], item);
         const float* u = it.f32(ti.args[2], item);
         float* dst = it.f32(ti.args[0], item);
-        for (uint64_t i = 0; i < n; ++i) {
-            double x = g[i], y = k * (x + 0.044715 * x * x * x);
-            dst[i] = float(x / (1.0 + std::exp(-2.0 * y)) * u[i]);
-        }
+        for (uint64_t i = 0; i < n; ++i) dst[i] = geluTimes(g[i], u[i]);
     }
 }
 

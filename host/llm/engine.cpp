@@ -352,7 +352,7 @@ std::vector<MatrixUse> matmulMatrices(const Module& m) {
         if (!decodeBlock(m, b, &instrs)) continue;
         for (const TensorInstr& ti : instrs) {
             const TensorDecl& w = m.tensors[ti.args[1]];
-            if (ti.op == Op::MATMUL || ti.op == Op::MATMULADD) out.push_back({&w});
+            if (ti.op == Op::MATMUL || ti.op == Op::MATMULADD || ti.op == Op::MATMULGLU) out.push_back({&w});
             if (ti.op == Op::MOEMM) out.push_back({&w, m.tensors[ti.args[0]].elements() / w.ne[1], w.ne[2], true});
         }
     }
