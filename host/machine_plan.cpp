@@ -136,7 +136,7 @@ DispatchDesc singleItemDispatch(const DispatchDesc& d) {
 std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t rows, uint32_t min_items) {
     DispatchDesc g = batched;
     g.pipeline += "_g";
-    if (rows < 16 * BLUE_MM_R_GEMM || !Pipelines::exists(g.pipeline)) return std::nullopt;
+    if (rows < kNarrowMatmulWg * BLUE_MM_R_GEMM || !Pipelines::exists(g.pipeline)) return std::nullopt;
     g.fixed = uint32_t((rows + BLUE_MATMUL_WG * BLUE_MM_R_GEMM - 1) / (BLUE_MATMUL_WG * BLUE_MM_R_GEMM));
     narrowMatmul(&g, rows, BLUE_MM_R_GEMM);
     g.min_items = min_items;
@@ -279,7 +279,7 @@ uint32_t matmulWidth(uint64_t rows, uint32_t r) {
         const uint64_t per = uint64_t(w) * r, computed = (rows + per - 1) / per * per;
         if (computed * 4 <= rows * 5) return w;
     }
-    return 16;
+    return kNarrowMatmulWg;
 }
 
 uint32_t rmsnormWidth(uint64_t group) {

@@ -238,9 +238,11 @@ uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab);
 // (every walk then still fits the loop limit with room for penalties), else the built 256.
 constexpr uint32_t kNarrowSampleVocab = 4096;
 uint32_t sampleWidth(uint32_t loop_limit, uint32_t n_vocab);
-// The lanes-over-rows MATMUL kernels (`_b1` and the 4-item tile) over `rows` rows of `r` rows per
-// lane: the widest of 64, 32 and 16 lanes whose last workgroup leaves at most a fifth of the
-// rows it computes clamped (64 x 4 lanes' rows for a 64-row matrix computed one row four times).
+// The lanes-over-rows MATMUL kernels (`_b1`, the 4-item tile, `_g`) over `rows` rows of `r` rows
+// per lane: the widest of 64, 32 and 16 (kNarrowMatmulWg) lanes whose last workgroup leaves at most
+// a fifth of the rows it computes clamped (64 x 4 lanes' rows for a 64-row matrix computed one row
+// four times).
+constexpr uint32_t kNarrowMatmulWg = 16;
 uint32_t matmulWidth(uint64_t rows, uint32_t r);
 // RMSNORM's lavapipe kernel over groups of `group` elements: a lane per four elements, 16 to 64.
 uint32_t rmsnormWidth(uint64_t group);

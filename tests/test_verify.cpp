@@ -893,51 +893,36 @@ namespace blue::test {
 // The Gemma ops' own rules: ATTNX's soft cap is 0 or positive, SOFTCAP's positive, GEGLU writes
 // ROWS. The assembler takes all three; the disassembly assembles back to the same module; a
 // negative cap patched into the module is refused by the verifier too.
-TEST_CASE("verify: MATMULADD adds into a destination that is not its input") {
-    const char* src = R"(.layout regs=4 max_rows=2
+TEST_CASE("verify: MATMULADD and MATMULGLU write into a destination that is not their input") {
+    auto withInstr = [](const std::string& instr) {
+        return assemble(R"(.layout regs=4 max_rows=2
 .tensor x rows f32 [8]
 .tensor h rows f32 [8]
 .tensor w weight f32 [8, 8] data f32 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3
 .block b args=2
-    matmuladd x, w, h
+    )" + instr + R"(
 .end
 halt
-)";
-    Result<Module> good = assemble(src, "res");
-    REQUIRE_MESSAGE(good.isOk(), good.message());
-    CHECK(verifyModule(good.value()).isOk());
-    std::string bad = src;
-    bad.replace(bad.find("matmuladd x, w, h"), 17, "matmuladd x, w, x");
-    Result<Module> m = assemble(bad, "res");
-    REQUIRE(!m.isOk());
-    CHECK(m.message() == "res: block 0 'b': MATMULADD at TCODE word 0: operand 2 (tensor 'x'): x must not be the "
-                         "destination it is added into");
-}
-
-TEST_CASE("verify: MATMULGLU gates a destination that is not its input, with silu or gelu") {
-    const char* src = R"(.layout regs=4 max_rows=2
-.tensor x rows f32 [8]
-.tensor h rows f32 [8]
-.tensor w weight f32 [8, 8] data f32 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3
-.block b args=2
-    matmulglu x, w, h, 1
-.end
-halt
-)";
-    Result<Module> good = assemble(src, "res");
-    REQUIRE_MESSAGE(good.isOk(), good.message());
-    CHECK(verifyModule(good.value()).isOk());
-    std::string self = src;
-    self.replace(self.find("matmulglu x, w, h, 1"), 20, "matmulglu x, w, x, 1");
-    Result<Module> m = assemble(self, "res");
-    REQUIRE(!m.isOk());
-    CHECK(m.message() == "res: block 0 'b': MATMULGLU at TCODE word 0: operand 2 (tensor 'x'): x must not be the "
-                         "destination it gates");
-    std::string act = src;
-    act.replace(act.find("matmulglu x, w, h, 1"), 20, "matmulglu x, w, h, 2");
-    Result<Module> a = assemble(act, "res");
-    REQUIRE(!a.isOk());
-    CHECK(a.message() == "res: block 0 'b': MATMULGLU at TCODE word 0: activation 2: 0 (silu) or 1 (gelu)");
+)",
+                        "res");
+    };
+    for (const char* good : {"matmuladd x, w, h", "matmulglu x, w, h, 0", "matmulglu x, w, h, 1"}) {
+        CAPTURE(good);
+        Result<Module> m = withInstr(good);
+        REQUIRE_MESSAGE(m.isOk(), m.message());
+        CHECK(verifyModule(m.value()).isOk());
+    }
+    Result<Module> add = withInstr("matmuladd x, w, x");
+    REQUIRE(!add.isOk());
+    CHECK(add.message() == "res: block 0 'b': MATMULADD at TCODE word 0: operand 2 (tensor 'x'): x must not be the "
+                           "destination it is added into");
+    Result<Module> glu = withInstr("matmulglu x, w, x, 1");
+    REQUIRE(!glu.isOk());
+    CHECK(glu.message() == "res: block 0 'b': MATMULGLU at TCODE word 0: operand 2 (tensor 'x'): x must not be the "
+                           "destination it gates");
+    Result<Module> act = withInstr("matmulglu x, w, h, 2");
+    REQUIRE(!act.isOk());
+    CHECK(act.message() == "res: block 0 'b': MATMULGLU at TCODE word 0: activation 2: 0 (silu) or 1 (gelu)");
 }
 
 TEST_CASE("verify: ATTNX, SOFTCAP and GEGLU operand rules") {
