@@ -210,10 +210,8 @@ void Lowering::attention(CodeBuilder& cb, uint32_t l, uint32_t ctx,
     } else if (cfg.rope_scaling == RopeScaling::Yarn) {  // YaRN: a divisor per pair (checkLowerable)
         freqs = yarnDivisors();
     }
-    for (uint32_t t : {q, k}) {
-        cb.tensor(Op::ROPE, {t, t, freqs, BLUE_FA_POS, cfg.head_dim, cfg.n_rot, mode,
-                             floatBits(base), floatBits(scale)});
-    }
+    // Q and K in one dispatch (ROPEQK rotates both in place).
+    cb.tensor(Op::ROPEQK, {q, k, freqs, BLUE_FA_POS, cfg.head_dim, cfg.n_rot, mode, floatBits(base), floatBits(scale)});
     // RoPE's attention factor scales the rotated Q and K, so their products by its square.
     const float magnitude = ropeMagnitude(cfg, own_base);
     float qscale = (cfg.attn_scale > 0 ? cfg.attn_scale : 1.0f / std::sqrt(float(cfg.head_dim))) * magnitude * magnitude;

@@ -773,6 +773,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             // ELEM grids size x by the destination's elements; the paged copies' destination is a
             // whole pool, so they take one page (PGCOPY) or a store slot (KVCOPYP) of words.
             uint64_t elem_count = dst.elements();
+            if (ti.op == Op::ROPEQK) elem_count += m.tensors[ti.args[1]].elements();  // q's pairs, then k's
             if (const TensorDecl* pool = kvPool(m, ti)) {
                 const uint32_t row_words = uint32_t(*dtypeRowBytes(pool->dtype, pool->ne[0]) / 4);
                 base.push[BLUE_PC_KVP_PAGE] = uint32_t(pool->ne[1]);

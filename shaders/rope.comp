@@ -2,22 +2,20 @@
 #extension GL_GOOGLE_include_directive : require
 // ROPE: rotates each pair of dims of every head by position * scale * base^(-2i/n_rot) / ff[i].
 // Mode 0 pairs (2i, 2i+1), mode 2 (neox) pairs (i, i + n_rot/2); dims past n_rot are copied.
-// One invocation per pair, so dst may be the source.
+// One invocation per pair, so dst may be the source. ROPEQK (ROPE_QK): operands 0 and 1 are q
+// and k, each rotated in place; invocations over q's pairs, then k's.
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
 
 layout(local_size_x = BLUE_ELEM_WG) in;
 
-void main() {
-    TRef dst = tref(BLUE_PC_OPERANDS);
-    TRef src = tref(BLUE_PC_OPERANDS + 4u);
+// Pair p of the item's row of src, rotated into dst.
+void rotatePair(TRef dst, TRef src, uint p, uint item) {
     TRef ff = tref(BLUE_PC_OPERANDS + 8u);
     uint arg = pc.w[BLUE_PC_OPERANDS + 12u], head = pc.w[BLUE_PC_OPERANDS + 13u];
     uint n_rot = pc.w[BLUE_PC_OPERANDS + 14u], mode = pc.w[BLUE_PC_OPERANDS + 15u];
     float base = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 16u]);
     float scale = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 17u]);
-    uint p = gl_GlobalInvocationID.x, item = gl_WorkGroupID.y;
-    if (p >= dst.n / 2u || item >= itemCount()) return;
     uint h = p / (head / 2u), j = p % (head / 2u);
     uint half_rot = n_rot / 2u;
     uint i0, i1;
@@ -44,4 +42,20 @@ void main() {
     }
     page_f[dst.page].d[d + i0] = x0;
     page_f[dst.page].d[d + i1] = x1;
+}
+
+void main() {
+    TRef a = tref(BLUE_PC_OPERANDS);
+    TRef b = tref(BLUE_PC_OPERANDS + 4u);
+    uint p = gl_GlobalInvocationID.x, item = gl_WorkGroupID.y;
+    if (item >= itemCount()) return;
+#ifdef ROPE_QK
+    // One call for either tensor (a call per branch ran both copies on lavapipe, masked: 2x).
+    const bool is_k = p >= a.n / 2u;
+    const TRef t = is_k ? b : a;
+    const uint pair = is_k ? p - a.n / 2u : p;
+    if (pair < t.n / 2u) rotatePair(t, t, pair, item);
+#else
+    if (p < a.n / 2u) rotatePair(a, b, p, item);
+#endif
 }

@@ -181,13 +181,11 @@ TEST_CASE("archs: gemma3-tiny on the GPU gives the reference tokens") {
     std::vector<float> bases;
     for (const TensorInstr& t : ops) {
         if (t.op == Op::ATTNX) CHECK((t.args[8] == 8 && t.args[9] == 0));
-        if (t.op == Op::ROPE && t.args[0] == t.args[1] && bases.size() < 12)
-            bases.push_back(std::bit_cast<float>(t.args[7]));
+        if (t.op == Op::ROPEQK && bases.size() < 6) bases.push_back(std::bit_cast<float>(t.args[7]));
     }
-    REQUIRE(bases.size() == 12);  // Q and K of 6 layers: 10000 on the local layers, 1e6 on layer 5
-    for (size_t i = 0; i < 10; ++i) CHECK(bases[i] == 10000.0f);
-    CHECK(bases[10] == 1e6f);
-    CHECK(bases[11] == 1e6f);
+    REQUIRE(bases.size() == 6);  // Q and K of 6 layers: 10000 on the local layers, 1e6 on layer 5
+    for (size_t i = 0; i < 5; ++i) CHECK(bases[i] == 10000.0f);
+    CHECK(bases[5] == 1e6f);
     checkGpuMatchesRef(m);
     CHECK_NO_VALIDATION_ERRORS();
 }
@@ -211,7 +209,7 @@ TEST_CASE(
         CHECK(countOp(ops, Op::ATTN) == 3);
         const TensorInstr* rope = nullptr;
         for (const TensorInstr& t : ops) {
-            if (t.op == Op::ROPE && !rope) rope = &t;
+            if (t.op == Op::ROPEQK && !rope) rope = &t;
         }
         REQUIRE(rope);
         CHECK(m.tensors[rope->args[2]].name == "rope_factors_short.weight");  // ctx 96 <= 4096
@@ -224,7 +222,7 @@ TEST_CASE(
         Module ml = lower(model, longer, path);
         std::vector<TensorInstr> lops = forwardOps(ml);
         for (const TensorInstr& t : lops) {
-            if (t.op == Op::ROPE) CHECK(ml.tensors[t.args[2]].name == "rope_factors_long.weight");
+            if (t.op == Op::ROPEQK) CHECK(ml.tensors[t.args[2]].name == "rope_factors_long.weight");
         }
         CHECK(maxLogprobDiff(checkGpuMatchesRef(ml), short_tokens) > 1e-3);
     }
@@ -242,10 +240,11 @@ TEST_CASE(
     CHECK(model.cfg.rope_scaling_orig_ctx == 512);
     Module m = lower(model, model.cfg, path);
     std::vector<TensorInstr> ops = forwardOps(m);
-    CHECK(countOp(ops, Op::ROPE) == 6);
+    CHECK(countOp(ops, Op::ROPEQK) == 3);  // Q and K of each layer in one dispatch
+    CHECK(countOp(ops, Op::ROPE) == 0);
     uint32_t table = ~0u;
     for (const TensorInstr& t : ops) {
-        if (t.op != Op::ROPE) continue;
+        if (t.op != Op::ROPEQK) continue;
         CHECK(m.tensors[t.args[2]].name == "rope_yarn_divisors");
         CHECK(std::bit_cast<float>(t.args[8]) == 1.0f);  // no position scale: the divisors carry it
         table = t.args[2];

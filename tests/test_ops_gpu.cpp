@@ -426,6 +426,9 @@ void runOpCase(Op op) {
         case Op::ROPE:
             ropeCase();
             return;
+        case Op::ROPEQK:
+            ropeqkCase();
+            return;
         case Op::KVSTORE:
             for (DType t : kernelTypes("kvstore", kCacheTypes)) kvstoreCase(t);
             return;

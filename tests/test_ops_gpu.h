@@ -29,6 +29,7 @@ uint32_t totalRows(const std::vector<InstancePlan>& plans);
 std::string lowerName(DType t);
 
 void ropeCase();                // test_ops_gpu_llm.cpp
+void ropeqkCase();              // test_ops_gpu_llm.cpp
 void kvstoreCase(DType cache);  // test_ops_gpu_llm.cpp
 void kvcopyCase(DType cache);   // test_ops_gpu_llm.cpp
 void attnCase(DType cache);     // test_ops_gpu_llm.cpp

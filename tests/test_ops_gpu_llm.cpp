@@ -56,6 +56,29 @@ void ropeCase() {
     expectClose(*both, r4, rows, 2e-3, "ROPE adjacent pairs, 16 of 64 rotated");
 }
 
+// ROPEQK: q and k of different widths (12 and 4 heads of 16; 3 and 1 of 64) rotated in place in
+// one dispatch, adjacent and neox pairs, part of a head rotated, with factors; each against the
+// reference's two ROPEs. Same bound as ROPE (same angles and rotations).
+void ropeqkCase() {
+    OpModule om(64, 8, kTokens + 8, 0x809F);
+    uint32_t q = om.rowsInput("q", 192, -2, 2), k = om.rowsInput("k", 64, -2, 2);
+    uint32_t q2 = om.rowsInput("q2", 192, -2, 2), k2 = om.rowsInput("k2", 64, -2, 2);
+    uint32_t ffw = om.data("ff", BLUE_TC_WEIGHT, DType::F32, {16}, om.random(16, 1.0f, 8.0f));
+    const uint32_t kNone = 0xFFFFFFFFu, pos = BLUE_FA_POS;
+    // q, k, factors, position arg, head size, rotated dims, mode, base, scale
+    om.step(Op::ROPEQK, {q, k, kNone, pos, 16, 12, 0, bits(10000.0f), bits(1.0f)});
+    om.step(Op::ROPEQK, {q2, k2, ffw, pos, 64, 32, 2, bits(1e6f), bits(0.25f)});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {7, 299, 1030});
+    Module m = om.build(plans);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
+    const uint32_t rows = totalRows(plans);
+    expectClose(*both, q, rows, 2e-3, "ROPEQK q, head 16, adjacent pairs, 12 of 16 rotated");
+    expectClose(*both, k, rows, 2e-3, "ROPEQK k, head 16, adjacent pairs, 12 of 16 rotated");
+    expectClose(*both, q2, rows, 2e-3, "ROPEQK q, head 64, neox, half rotated, factors");
+    expectClose(*both, k2, rows, 2e-3, "ROPEQK k, head 64, neox, half rotated, factors");
+}
+
 // K and V rows of 172 into caches of 16 positions: rows at 15-16, 9-11 and 3. Position 16 is
 // past the context and must be dropped; instance 0 has it, so a store past its slice would land
 // in instance 1's untouched position 0 and show.

@@ -925,6 +925,30 @@ halt
     CHECK(act.message() == "res: block 0 'b': MATMULGLU at TCODE word 0: activation 2: 0 (silu) or 1 (gelu)");
 }
 
+TEST_CASE("verify: ROPEQK rotates two distinct rows that its head size divides") {
+    auto withInstr = [](const std::string& instr) {
+        return assemble(R"(.layout regs=4 max_rows=2
+.tensor q rows f32 [16]
+.tensor k rows f32 [8]
+.tensor k6 rows f32 [6]
+.block b args=2
+    )" + instr + R"(
+.end
+halt
+)",
+                        "res");
+    };
+    Result<Module> good = withInstr("ropeqk q, k, none, 1, 4, 4, 2, 10000, 1.0");
+    REQUIRE_MESSAGE(good.isOk(), good.message());
+    CHECK(verifyModule(good.value()).isOk());
+    Result<Module> same = withInstr("ropeqk q, q, none, 1, 4, 4, 2, 10000, 1.0");
+    REQUIRE(!same.isOk());
+    CHECK(same.message() == "res: block 0 'b': ROPEQK at TCODE word 0: operand 1 (tensor 'q'): k must not be q");
+    Result<Module> odd = withInstr("ropeqk q, k6, none, 1, 4, 4, 2, 10000, 1.0");
+    REQUIRE(!odd.isOk());
+    CHECK(odd.message() == "res: block 0 'b': ROPEQK at TCODE word 0: head size 4 does not divide k's row");
+}
+
 TEST_CASE("verify: ATTNX, SOFTCAP and GEGLU operand rules") {
     const char* src = R"(.layout regs=4 max_rows=2
 .tensor x rows f32 [8]

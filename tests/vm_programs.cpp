@@ -76,6 +76,7 @@ const std::vector<ScalarHint>& scalarHints() {
         {Op::EMBED, {std::to_string(BLUE_FA_TOKENS)}},
         // position arg, head size 4, 4 rotated dims, neox pairs, base, scale
         {Op::ROPE, {std::to_string(BLUE_FA_POS), "4", "4", "2", "10000", "0.5"}},
+        {Op::ROPEQK, {std::to_string(BLUE_FA_POS), "4", "4", "2", "10000", "0.5"}},
         {Op::KVSTORE, {std::to_string(BLUE_FA_POS)}},
         // save into slot arg 0 (the rows: 2) the rows from arg 0 to arg 1 (the position: 5)
         {Op::KVCOPY, {"1", std::to_string(BLUE_FA_ROWS), std::to_string(BLUE_FA_ROWS), std::to_string(BLUE_FA_POS)}},

@@ -188,14 +188,24 @@ Status checkEmbed(const Checker& c) {
     return argSlot(c.ti.args[2]);
 }
 
+// ROPE rotates src (1) into dst (0); ROPEQK rotates q (0) and k (1) in place, each a ROWS F32
+// tensor whose row the head size divides.
 Status checkRope(const Checker& c, const Module& m) {
     BLUE_TRY(rowsDst(c, 0));
     BLUE_TRY(c.dtype(1, DType::F32));
-    BLUE_TRY(c.elements(1, c.t(0).elements()));
+    if (c.ti.op == Op::ROPEQK) {
+        BLUE_TRY(rowsDst(c, 1));
+        if (c.ti.args[0] == c.ti.args[1]) return c.fail(1, "k must not be q");
+    } else {
+        BLUE_TRY(c.elements(1, c.t(0).elements()));
+    }
     const auto& a = c.ti.args;
     uint32_t head = a[4], n_rot = a[5], mode = a[6];
     BLUE_TRY(argSlot(a[3]));
     if (head == 0 || c.t(0).elements() % head) return BLUE_ERROR("head size %u does not divide the row", head);
+    if (c.ti.op == Op::ROPEQK && c.t(1).elements() % head) {
+        return BLUE_ERROR("head size %u does not divide k's row", head);
+    }
     if (n_rot == 0 || n_rot > head || n_rot % 2) return BLUE_ERROR("rotated dims %u must be even and at most the head size", n_rot);
     if (mode != 0 && mode != 2) return BLUE_ERROR("rope mode %u is neither 0 (adjacent pairs) nor 2 (neox)", mode);
     if (a[2] != kNone) {
@@ -301,14 +311,16 @@ void refEmbed(const Items& it, const TensorInstr& ti) {
     }
 }
 
-void refRope(const Items& it, const TensorInstr& ti) {
+// ROPE's rotation of tensor `src` into `dst` (operand indices; the same for in place), with the
+// instruction's factors, position and shape operands.
+void ropeRows(const Items& it, const TensorInstr& ti, uint32_t dst_at, uint32_t src_at) {
     const auto& a = ti.args;
-    uint64_t n = it.decl(a[0]).elements();
+    uint64_t n = it.decl(a[dst_at]).elements();
     uint32_t head = a[4], n_rot = a[5], mode = a[6];
     double base = bitsToFloat(a[7]), scale = bitsToFloat(a[8]);
     for (uint32_t item = 0; item < it.count(); ++item) {
-        const float* src = it.f32(a[1], item);
-        float* dst = it.f32(a[0], item);
+        const float* src = it.f32(a[src_at], item);
+        float* dst = it.f32(a[dst_at], item);
         const float* ff = a[2] != kNone ? it.f32(a[2], item) : nullptr;
         double pos = double(it.arg(item, a[3]) + it.rowLocal(item));
         std::vector<float> out(src, src + n);
@@ -323,6 +335,15 @@ void refRope(const Items& it, const TensorInstr& ti) {
             }
         }
         std::copy(out.begin(), out.end(), dst);
+    }
+}
+
+void refRope(const Items& it, const TensorInstr& ti) {
+    if (ti.op == Op::ROPEQK) {
+        ropeRows(it, ti, 0, 0);
+        ropeRows(it, ti, 1, 1);
+    } else {
+        ropeRows(it, ti, 0, 1);
     }
 }
 
@@ -592,7 +613,8 @@ Status checkLlmOp(const Checker& c) {
     switch (c.ti.op) {
         case Op::RMSNORM: return checkRmsnorm(c);
         case Op::EMBED: return checkEmbed(c);
-        case Op::ROPE: return checkRope(c, c.m);
+        case Op::ROPE:
+        case Op::ROPEQK: return checkRope(c, c.m);
         case Op::KVSTORE: return checkKvstore(c);
         case Op::KVCOPY: return checkKvcopy(c);
         case Op::ATTN:
@@ -614,7 +636,8 @@ bool runLlmOpRef(const Items& it, const TensorInstr& ti) {
     switch (ti.op) {
         case Op::RMSNORM: refRmsnorm(it, ti); return true;
         case Op::EMBED: refEmbed(it, ti); return true;
-        case Op::ROPE: refRope(it, ti); return true;
+        case Op::ROPE:
+        case Op::ROPEQK: refRope(it, ti); return true;
         case Op::KVSTORE: refKvstore(it, ti); return true;
         case Op::KVCOPY: refKvcopy(it, ti); return true;
         case Op::ATTN:
