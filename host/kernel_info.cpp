@@ -16,7 +16,8 @@ namespace {
 constexpr uint32_t kMagic = 0x07230203u;
 constexpr uint32_t kOpExecutionMode = 16, kOpCapability = 17, kOpTypeBool = 20, kOpTypeInt = 21,
                    kOpTypeFloat = 22, kOpTypeVector = 23, kOpTypeMatrix = 24, kOpTypeArray = 28,
-                   kOpTypeStruct = 30, kOpTypePointer = 32, kOpConstant = 43, kOpVariable = 59;
+                   kOpTypeStruct = 30, kOpTypePointer = 32, kOpConstant = 43, kOpSpecConstant = 50,
+                   kOpVariable = 59;
 constexpr uint32_t kModeLocalSize = 17;
 constexpr uint32_t kStorageWorkgroup = 4;
 
@@ -68,6 +69,7 @@ void readInstruction(uint32_t op, const uint32_t* w, uint32_t n, Types& t, Kerne
             if (n >= 3) t.pointee[w[0]] = w[2];
             break;
         case kOpConstant:
+        case kOpSpecConstant:  // its default: the built width, the widest a plan runs (kernel@W)
             if (n >= 3) t.constant[w[1]] = w[2];
             break;
         case kOpVariable:

@@ -337,6 +337,12 @@ TEST_CASE("device limits: the kernels' needs are read from their SPIR-V") {
     CHECK(find("sequencer").local_size[0] == BLUE_SEQ_WG);
     CHECK(find("tsum").shared_bytes == BLUE_ITEM_WG * 4u);  // float partial[BLUE_ITEM_WG]
     CHECK(find("tadd").shared_bytes == 0u);
+    // Arrays sized by the width specialization constant count at the built (widest) width.
+    CHECK(find("rmsnorm").shared_bytes == BLUE_ITEM_WG * 4u);  // reduce_f[RMS_WG]
+    // The sampler: reduce_f, reduce_u, cand_count (256 words each), reduce_v (256 vec4), cand_v
+    // (1,024 floats), radix_hist (256 words) and seven single words (the radix select's and the
+    // draw's).
+    CHECK(find("sample").shared_bytes == 256u * 4 * 3 + 256 * 16 + 1024 * 4 + 256 * 4 + 7 * 4);
     CHECK(find("sequencer").uses(SpvCap::kGroupNonUniformBallot));
     CHECK_FALSE(find("sequencer_noballot").uses(SpvCap::kGroupNonUniformBallot));
     for (const KernelInfo& k : kernels) {

@@ -113,8 +113,9 @@ Generated generate(std::vector<std::string> args) {
 
 TEST_CASE("memory: under --vram-budget, weights beyond it are read from host memory, same ids") {
     const std::string stories = sharedDir() + "/models/stories260K/stories260K.gguf";
-    // One instance: the known greedy continuation, with about a quarter of the weights
-    // (1.1 MiB in all) in device memory.
+    // One instance: the known greedy continuation, with about half of the weights (1.1 MiB in
+    // all) or more in host memory: 787 KB on lavapipe, 621 KB under the CI's device profiles,
+    // whose smaller pages place the weights differently.
     std::vector<std::string> one = {"--model", stories, "--prompt", "", "-n", "48", "--ids", "--temp", "0"};
     Generated plain = generate(one);
     std::vector<std::string> budget = one;
@@ -122,7 +123,7 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
     Generated paged = generate(budget);
     CHECK(paged.out == plain.out);
     CHECK(plain.stats["host_weight_bytes"] == 0);
-    CHECK(paged.stats["host_weight_bytes"].get<uint64_t>() > 700000u);
+    CHECK(paged.stats["host_weight_bytes"].get<uint64_t>() > 550000u);
     CHECK(paged.stats["vram_bytes"].get<uint64_t>() <= uint64_t(1.75 * 1048576));
     CHECK(paged.stats["vram_bytes"].get<uint64_t>() < plain.stats["vram_bytes"].get<uint64_t>());
     CHECK(paged.stats["round_trips"] == 0);
@@ -132,7 +133,7 @@ TEST_CASE("memory: under --vram-budget, weights beyond it are read from host mem
     budget.insert(budget.end(), {"--vram-budget", "2M", "--host-weights", "stream"});
     Generated streamed = generate(budget);
     CHECK(streamed.out == plain.out);
-    CHECK(streamed.stats["host_weight_bytes"].get<uint64_t>() > 700000u);
+    CHECK(streamed.stats["host_weight_bytes"].get<uint64_t>() > 550000u);
     CHECK(streamed.stats["vram_bytes"].get<uint64_t>() <= uint64_t(2 * 1048576));
     // Every submitted cycle copies the host-memory weights once.
     CHECK(streamed.stats["streamed_bytes"].get<uint64_t>() >=
