@@ -893,18 +893,18 @@ namespace blue::test {
 // The Gemma ops' own rules: ATTNX's soft cap is 0 or positive, SOFTCAP's positive, GEGLU writes
 // ROWS. The assembler takes all three; the disassembly assembles back to the same module; a
 // negative cap patched into the module is refused by the verifier too.
+// A module of `tensors` whose one block runs `instr`, assembled as "res".
+static Result<Module> oneInstr(const std::string& tensors, const std::string& instr) {
+    return assemble(".layout regs=4 max_rows=2\n" + tensors + ".block b args=2\n    " + instr + "\n.end\nhalt\n", "res");
+}
+
 TEST_CASE("verify: MATMULADD and MATMULGLU write into a destination that is not their input") {
     auto withInstr = [](const std::string& instr) {
-        return assemble(R"(.layout regs=4 max_rows=2
-.tensor x rows f32 [8]
+        return oneInstr(R"(.tensor x rows f32 [8]
 .tensor h rows f32 [8]
 .tensor w weight f32 [8, 8] data f32 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3 4 0 1 2 3
-.block b args=2
-    )" + instr + R"(
-.end
-halt
 )",
-                        "res");
+                        instr);
     };
     for (const char* good : {"matmuladd x, w, h", "matmulglu x, w, h, 0", "matmulglu x, w, h, 1"}) {
         CAPTURE(good);
@@ -927,16 +927,7 @@ halt
 
 TEST_CASE("verify: ROPEQK rotates two distinct rows that its head size divides") {
     auto withInstr = [](const std::string& instr) {
-        return assemble(R"(.layout regs=4 max_rows=2
-.tensor q rows f32 [16]
-.tensor k rows f32 [8]
-.tensor k6 rows f32 [6]
-.block b args=2
-    )" + instr + R"(
-.end
-halt
-)",
-                        "res");
+        return oneInstr(".tensor q rows f32 [16]\n.tensor k rows f32 [8]\n.tensor k6 rows f32 [6]\n", instr);
     };
     Result<Module> good = withInstr("ropeqk q, k, none, 1, 4, 4, 2, 10000, 1.0");
     REQUIRE_MESSAGE(good.isOk(), good.message());
