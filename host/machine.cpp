@@ -388,8 +388,9 @@ Result<std::string> describeKernelShapes(const GpuOptions& options, const Device
     const uint32_t g = k->gemm_min_items;
     return std::string("matmul: ") +
            (k->split_matmul ? strFormat("split K for 1-%u items, shared-memory tiles for %u+ (GPU shapes)", g - 1, g)
-                            : strFormat("lanes over rows for 1-%u items, register tiles for %u+, 16-64 lanes a "
-                                        "workgroup by the matrix's rows (CPU-driver shapes)", g - 1, g)) +
+                            : strFormat("lanes over rows for 1-%u items, lanes over items (block types) or register "
+                                        "tiles (F32, F16, BF16) for %u+, 16-64 lanes a workgroup by the "
+                                        "matrix's rows (CPU-driver shapes)", g - 1, g)) +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head") +
            (k->loop_limit != 0 ? strFormat("; sampling: 64 lanes up to %u tokens, else 256", kNarrowSampleVocab) : "");
 }

@@ -144,6 +144,20 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
     return g;
 }
 
+// The CPU drivers' lanes-over-items GEMM (`_i`, shaders/matmul_items.comp) for a batched MATMUL
+// dispatch over `rows` weight rows, when its type has one: workgroups of BLUE_MATMUL_ITEMS_ROWS
+// rows by BLUE_MATMUL_ITEMS_LANES x BLUE_MATMUL_ITEMS_PER_LANE items, from `min_items` items on.
+std::optional<DispatchDesc> itemsDispatch(const DispatchDesc& batched, uint64_t rows, uint32_t min_items) {
+    DispatchDesc g = batched;
+    g.pipeline += "_i";
+    const uint64_t groups = (rows + BLUE_MATMUL_ITEMS_ROWS - 1) / BLUE_MATMUL_ITEMS_ROWS;
+    if (groups > kMinGroupsY || !Pipelines::exists(g.pipeline)) return std::nullopt;
+    g.fixed = uint32_t(groups);
+    g.min_items = min_items;
+    g.tile = BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE;
+    return g;
+}
+
 // The worst case of loop iterations one invocation of the ATTN/ATTNX/ATTNP kernels runs (each
 // loop counted once more than its iterations, as lavapipe counts them): the lane-per-head kernel
 // walks every position of the context with two loops over the head's quads (four at a time, then
@@ -871,7 +885,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.tile = BLUE_MATMUL_TILE;
                     std::optional<DispatchDesc> gemm =
                         kernels.split_matmul ? tiledDispatch(d, n, kernels.gemm_min_items)
-                                            : gemmDispatch(d, n, kernels.gemm_min_items);
+                                            : itemsDispatch(d, n, kernels.gemm_min_items);
+                    if (!gemm && !kernels.split_matmul) gemm = gemmDispatch(d, n, kernels.gemm_min_items);
                     if (kernels.split_matmul) splitMatmul(&d, n, "_s"); else narrowMatmul(&d, n, r);
                     if (gemm) {
                         d.max_items = gemm->min_items - 1;

@@ -31,14 +31,9 @@
 // MATMUL GEMM variant (`_g`: the plain weight types F32, F16, BF16): items per workgroup and
 // rows per invocation. Chosen when a cycle has at least BLUE_MATMUL_GEMM_TILE items and the
 // matrix at least one workgroup's rows (WG * R). On lavapipe each x texel then serves 4 rows and
-// each weight vec4 16 items; for F16 it now measures level with the 4-item tile (pp64 86.6 /
-// 89.2 tok/s, 64 instances 18.9 / 16.3, stories110M shape). The quantized types stay on the
-// 4-item tile: Q8_0, Q4_1, Q5_0, Q5_1, Q2_K, Q4_K and Q5_K measured 0.9-1.0x of it with this GEMM;
-// Q4_0 0.6-0.9x once its tile had the masked decode; and on 2026-11-27 (stories110M shape, pure
-// files, pp64 and 64 instances, `BLUE_GEMM_MIN_ITEMS=65535` against the default) Q6_K 0.61x /
-// 0.63x, Q3_K 0.75x / 0.61x, IQ4_NL and IQ4_XS 0.83-0.92x at pp128: the tile improved since
-// they were given `_g` (README, Measured). Q6_K's tile uses the generic decode (its masked
-// decode stays for one item: it measured half the batched speed).
+// each weight vec4 16 items; for F16 it measures level with the 4-item tile (pp64 86.6 / 89.2
+// tok/s, 64 instances 18.9 / 16.3, stories110M shape). The block types measured 0.6-1.0x of the
+// 4-item tile with this GEMM; they have the lanes-over-items `_i` (below) instead.
 #define BLUE_MATMUL_GEMM_TILE 16
 #define BLUE_MM_R_GEMM 4
 // MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).
@@ -57,6 +52,14 @@
 // or more where the machine uses GPU shapes (split K); on lavapipe `_g` stays.
 #define BLUE_MATMUL_TILED_ROWS 64u
 #define BLUE_MATMUL_TILED_ITEMS 64u
+// MATMUL `_i` (matmul_items.comp), the GEMM for CPU drivers (every block type): lanes over items,
+// MI_C items per lane and MI_R rows per workgroup of 8 lanes (one lavapipe vector). The plan gives
+// it a cycle's items from BLUE_MATMUL_GEMM_TILE on, where the machine uses CPU shapes. Against the
+// 4-item tile (2026-11-27, stories110M shape, pure files, pp64): 1.2-1.6x for every block type
+// measured; 4 items x 16 rows, 8 x 16, 4 x 32 and 2 x 32 came out within this machine's noise.
+#define BLUE_MATMUL_ITEMS_LANES 8u
+#define BLUE_MATMUL_ITEMS_PER_LANE 4u
+#define BLUE_MATMUL_ITEMS_ROWS 16u
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 #define BLUE_ATTN_SPLIT_WG 32   // ATTN `_split` (GPUs): lanes, over positions, per (head, item)
 #define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)

@@ -5,8 +5,9 @@
 // (common/wlayout.glsl), any type (WTYPE_*). Lanes over output rows: each invocation owns MM_R
 // rows (n = base + r * WG) and MM_BT items, so the x it reads is the same for the whole workgroup
 // (one vectorized load) and every weight texel serves MM_BT items. Built twice: MM_BT = 1 for one
-// item (decode) and BLUE_MATMUL_TILE for batches; plain types, Q4_0 and IQ4 a third time (`_g`,
-// MM_GEMM, MM_BT and MM_R from blue_config.h's GEMM constants) for prompts and large batches.
+// item (decode) and BLUE_MATMUL_TILE for batches; the plain types a third time (`_g`, MM_GEMM,
+// MM_BT and MM_R from blue_config.h's GEMM constants) for prompts and large batches on CPU drivers
+// (block types have matmul_items.comp's `_i` there).
 // The plan enables one per cycle by the item count. Built twice more with MM_MOE for MOEMM, the
 // grouped expert matmul: the same loops over a tile of one expert's rows that the map lists.
 // Grid: x = ceil(items / MM_BT) (MOEMM: the map's tiles), y = ceil(N / (WG * MM_R)).
@@ -180,69 +181,6 @@ void main() {
             vec4 a, b;
             plainTexel(wTexel(wbase, bpr, rows[r], g, 0u), a, b);
             for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += dot(a, xa[c]) + dot(b, xq[c]);
-        }
-    }
-#elif (defined(WTYPE_Q4_0) || defined(WL_IQ4)) && defined(MM_GEMM)
-    // GEMM tile: shaped like the plain types' loop (one x texel per item per step, every weight
-    // vec4 reused by MM_BT items) instead of the masked decode below, whose pre-scaled x per item
-    // spills at 16 items. A block's quant texel and scale stay in registers over its 8 steps.
-    // IQ4_NL/IQ4_XS share the nibble order: only the levels and the scale differ.
-    for (uint g = 0u; g < bpr; ++g) {
-        WHead head[MM_R];
-        for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
-        for (uint s = 0u; s < 8u; ++s) {
-            uint xt = g * 64u + s * 8u;
-            if (xt >= g_xt) break;
-            uvec4 q[MM_R];
-            float d[MM_R];
-            for (uint r = 0u; r < MM_R; ++r) {
-                q[r] = wTexel(wbase, bpr, rows[r], g, 1u + s);
-#ifdef WL_IQ4
-                d[r] = iq4Scale(head[r].t0, s);
-#else
-                d[r] = halfOf(head[r].t0, s);
-#endif
-            }
-            // Step j: elements 4j..4j+3 of the block, the low nibbles of word j (j < 4) or the
-            // high nibbles of word j - 4.
-            for (uint j = 0u; j < 8u; ++j) {
-                uvec4 shift = uvec4(0u, 8u, 16u, 24u) + 4u * (j >> 2);
-                vec4 wv[MM_R];
-#ifdef WL_IQ4
-                for (uint r = 0u; r < MM_R; ++r) wv[r] = d[r] * iq4Nib4(q[r][j & 3u], 4u * (j >> 2));
-#else
-                for (uint r = 0u; r < MM_R; ++r) wv[r] = d[r] * (vec4((uvec4(q[r][j & 3u]) >> shift) & 15u) - 8.0);
-#endif
-                for (uint c = 0u; c < MM_BT; ++c) {
-                    vec4 xv = xLoad(xb[c], xt + j);
-                    for (uint r = 0u; r < MM_R; ++r) acc[r][c] += dot(wv[r], xv);
-                }
-            }
-        }
-    }
-#elif defined(MM_GEMM)
-    // GEMM tile for other block types (built for Q6_K and Q3_K, where it measured faster than the
-    // 4-item tile; see blue_config.h): each row's group of 32 is decoded once into weights
-    // (sc * q + mn), then every x texel serves MM_R rows and every weight vec4 MM_BT items.
-    for (uint g = 0u; g < bpr; ++g) {
-        WHead head[MM_R];
-        for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
-        for (uint s = 0u; s < 8u; ++s) {
-            uint xt = g * 64u + s * 8u;
-            if (xt >= g_xt) break;
-            vec4 wq[MM_R][8];
-            for (uint r = 0u; r < MM_R; ++r) {
-                vec4 q[8];
-                vec2 sc, mn;
-                wGroup(wbase, bpr, rows[r], g, s, head[r], q, sc, mn);
-                for (uint j = 0u; j < 8u; ++j) wq[r][j] = q[j] * sc[j >> 2] + mn[j >> 2];
-            }
-            for (uint j = 0u; j < 8u; ++j) {
-                for (uint c = 0u; c < MM_BT; ++c) {
-                    vec4 xv = xLoad(xb[c], xt + j);
-                    for (uint r = 0u; r < MM_R; ++r) acc[r][c] += dot(wq[r][j], xv);
-                }
-            }
         }
     }
 #elif (defined(WTYPE_Q6_K) && defined(MM_SINGLE)) || defined(WTYPE_Q4_0)

@@ -150,7 +150,7 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
         device = d.out_text;
     }
     if (device.find("(CPU)") != std::string::npos) {
-        CHECK(native == "kernel shapes: matmul: lanes over rows for 1-15 items, register tiles for 16+, 16-64 lanes a "
+        CHECK(native == "kernel shapes: matmul: lanes over rows for 1-15 items, lanes over items (block types) or register tiles (F32, F16, BF16) for 16+, 16-64 lanes a "
                         "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head; sampling: 64 "
                         "lanes up to 4096 tokens, else 256");
     } else {  // a GPU
@@ -163,12 +163,12 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
     // BLUE_GEMM_MIN_ITEMS moves the split; a count out of range is refused naming the variable.
     CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_GEMM_MIN_ITEMS=16"}).find("split K for 1-15 items, shared-memory tiles for 16+") !=
           std::string::npos);
-    CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=40"}).find("lanes over rows for 1-39 items, register tiles for 40+") !=
+    CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=40"}).find("lanes over rows for 1-39 items, lanes over items (block types) or register tiles (F32, F16, BF16) for 40+") !=
           std::string::npos);
     CHECK(shapes({"BLUE_GEMM_MIN_ITEMS=1"}).find("BLUE_GEMM_MIN_ITEMS is '1': it takes a count of items from 2 to 65535") !=
           std::string::npos);
     CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_ATTN_KERNEL=lanes"})
-              .rfind("kernel shapes: matmul: lanes over rows for 1-15 items, register tiles for 16+, 16-64 lanes a "
+              .rfind("kernel shapes: matmul: lanes over rows for 1-15 items, lanes over items (block types) or register tiles (F32, F16, BF16) for 16+, 16-64 lanes a "
                      "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head",
                      0) == 0);
     CHECK(shapes({"BLUE_DECODE_KERNEL=fast"}).find("BLUE_DECODE_KERNEL is 'fast': it takes 'rows' or 'split'") !=

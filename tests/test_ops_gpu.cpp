@@ -160,8 +160,10 @@ void elementwiseCase(Op op, double bound) {
 // instance (the plan kernel picks the single-item `_b1` variant when one item asks). Both run once
 // more as on a GPU, where the plan gives them the split-K kernels (`_s`, `_b1s`: 22 row groups of
 // 8, the last partial, and more lanes per row than K has units). Types with
-// a GEMM kernel (`_g`) run a third time: 21 rows (a full 16-item tile and a partial one) against
-// N = 300 (two workgroups of 256 rows, the second partial), which the plan gives to `_g`. Every
+// a CPU GEMM kernel run a third time: 21 rows against N = 300, which the plan gives to `_g` (a
+// full 16-item tile and a partial one; two workgroups of 256 rows, the second partial) or `_i` (a
+// partial 32-item tile, 19 workgroups of 16 rows, the last partial), then 70 rows (several item
+// tiles, the last partial). Every
 // type runs those 21 rows once more as on a GPU, where the plan gives them the shared-memory tiled
 // `_t` (one partial 64-item tile; N = 300: five 64-row tiles, the last partial). On a CPU driver
 // these small matrices run narrowed workgroups (matmulWidth: 32 or 16 lanes for N = 172, 16 for
@@ -177,8 +179,11 @@ void matmulCase(DType t) {
                              {{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, kWide, DK::SPLIT},
                              {{1}, {3}, kWide, DK::ROWS},
                              {{1}, {3}, kWide, DK::SPLIT}};
-    const std::string gemm = "matmul_" + lowerName(t) + "_g";
+    // The CPU drivers' GEMM: lanes over items (`_i`) where the type has it, else register tiles (`_g`).
+    const std::string prefix = "matmul_" + lowerName(t);
+    const std::string gemm = Pipelines::exists(prefix + "_i") ? prefix + "_i" : prefix + "_g";
     if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::AUTO});
+    if (Pipelines::exists(gemm)) runs.push_back({{30, 25, 15}, {0, 2, 1}, 300, DK::AUTO});  // 70 items: tiles of 32 or 16
     runs.push_back({{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, 512, DK::ROWS});
     runs.push_back({{1}, {3}, 512, DK::ROWS});
     if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 512, DK::AUTO});

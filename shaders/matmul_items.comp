@@ -1,0 +1,152 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+// MATMUL `_i`: the GEMM for CPU drivers (MATMULADD and MATMULGLU too: their epilogues), lanes over
+// items. lavapipe runs 8 lanes as one vector and pays a gather (about 40 instructions) for every
+// texel load, whether the 8 addresses differ or not. The lanes-over-rows kernels load the same x
+// texel in every lane; a 4-bit weight texel holds 32 elements where an x texel holds 4, so there a
+// row's x loads cost 8x its weight loads and are shared by only the lane's few rows. Here each
+// lane owns MI_C items (first + c * MI_L + lane) and the workgroup MI_R rows: the lane loads its
+// items' x once per block of 32 and reuses it for MI_R rows; every lane loads the same weight
+// texel and decodes it once for its MI_C items. The rows loop is unrolled so the accumulators
+// keep constant indices (a dynamically indexed array becomes per-lane memory on CPU drivers).
+// Q4_0 and the IQ4 types (one nibble order) decode in place; other block types through wGroup.
+// Grid: x = ceil(items / (MI_L * MI_C)), y = ceil(N / MI_R).
+#include "common/tensor.glsl"
+#include "common/wlayout.glsl"
+#include "common/activations.glsl"
+
+#ifndef MI_C
+#define MI_C BLUE_MATMUL_ITEMS_PER_LANE
+#endif
+#ifndef MI_R
+#define MI_R BLUE_MATMUL_ITEMS_ROWS
+#endif
+#define MI_L BLUE_MATMUL_ITEMS_LANES
+layout(local_size_x = MI_L) in;
+
+void main() {
+    const TRef dst = tref(BLUE_PC_OPERANDS);
+    const TRef w = tref(BLUE_PC_OPERANDS + BLUE_TREF_WORDS);
+    const TRef x = tref(BLUE_PC_OPERANDS + 2u * BLUE_TREF_WORDS);
+    const uint K = x.n, N = dst.n, items = itemCount();
+    const uint first = gl_WorkGroupID.x * (MI_L * MI_C);
+    if (first >= items) return;
+    const uint lid = gl_LocalInvocationID.x;
+    uint xb[MI_C];  // items past the last read the last one's x and are never written
+    [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+        xb[c] = sliceOffset(x, min(first + c * MI_L + lid, items - 1u)) / 16u;
+    }
+    const uint row0 = gl_WorkGroupID.y * MI_R;
+    uint rows[MI_R];  // rows past N read row N - 1 and are never written
+    [[unroll]] for (uint r = 0u; r < MI_R; ++r) rows[r] = min(row0 + r, N - 1u);
+    const uint wbase = w.offset / 16u, bpr = (K + WL_E - 1u) / WL_E, xtn = (K + 3u) / 4u;
+    float acc[MI_R][MI_C];
+    [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+        [[unroll]] for (uint c = 0u; c < MI_C; ++c) acc[r][c] = 0.0;
+    }
+#if defined(WTYPE_Q4_0)
+    // Q4_0's masked decode: a quant word's nibbles stay in place, masked per byte, and x is
+    // pre-scaled by each nibble's place value (exact powers of two).
+    const uvec4 kNib = uvec4(0xFu, 0xF00u, 0xF0000u, 0xF000000u);
+    const vec4 kPlace = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
+#endif
+
+#if defined(WTYPE_Q4_0) || defined(WL_IQ4)
+    for (uint g = 0u; g < bpr; ++g) {
+        uvec4 head[MI_R];  // the gblock's 8 block scales, per row
+        [[unroll]] for (uint r = 0u; r < MI_R; ++r) head[r] = wTexel(wbase, bpr, rows[r], g, 0u);
+        for (uint s = 0u; s < 8u; ++s) {
+            // Block s: elements 32s..32s+31 of the gblock, x texels xt..xt+7. Byte j of its 16
+            // quant bytes holds element j (low nibble) and j + 16 (high): word j's low nibbles
+            // meet x texel j, its high nibbles x texel j + 4.
+            const uint xt = g * 64u + s * 8u;
+            if (xt >= xtn) break;
+            vec4 xl[MI_C][8];
+            float xsum[MI_C];
+            [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                vec4 tot = vec4(0.0);
+                [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                    const vec4 xv = TEXELF(2, xb[c] + xt + j);
+#ifdef WL_IQ4
+                    xl[c][j] = xv;
+#else
+                    xl[c][j] = xv * kPlace;
+#endif
+                    tot += xv;
+                }
+                xsum[c] = dot(tot, vec4(1.0));
+            }
+            [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+                const uvec4 q = wTexel(wbase, bpr, rows[r], g, 1u + s);
+                vec4 lo[4], hi[4];
+#ifdef WL_IQ4
+                const float d = iq4Scale(head[r], s);
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    lo[j] = iq4Nib4(q[j], 0u);
+                    hi[j] = iq4Nib4(q[j], 4u);
+                }
+#else
+                const float d = halfOf(head[r], s);
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    lo[j] = vec4(ivec4(uvec4(q[j]) & kNib));  // under 2^28: the signed conversion is exact
+                    hi[j] = vec4(ivec4(uvec4(q[j] >> 4u) & kNib));
+                }
+#endif
+                [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                    float p = 0.0;
+                    [[unroll]] for (uint j = 0u; j < 4u; ++j) p += dot(lo[j], xl[c][j]) + dot(hi[j], xl[c][j + 4u]);
+#ifdef WL_IQ4
+                    acc[r][c] += d * p;
+#else
+                    acc[r][c] += d * (p - 8.0 * xsum[c]);
+#endif
+                }
+            }
+        }
+    }
+#else
+    // Other block types: each row's group of 32 decoded once (wGroup: raw quants, per-half scale
+    // and offset) for the lane's MI_C items.
+    for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MI_R];
+        [[unroll]] for (uint r = 0u; r < MI_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
+        for (uint s = 0u; s < 8u; ++s) {
+            const uint xt = g * 64u + s * 8u;
+            if (xt >= xtn) break;
+            vec4 xs[MI_C][8];
+            vec2 xsum[MI_C];
+            [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                [[unroll]] for (uint j = 0u; j < 8u; ++j) xs[c][j] = TEXELF(2, xb[c] + xt + j);
+                const vec4 lo = (xs[c][0] + xs[c][1]) + (xs[c][2] + xs[c][3]);
+                const vec4 hi = (xs[c][4] + xs[c][5]) + (xs[c][6] + xs[c][7]);
+                xsum[c] = vec2(dot(lo, vec4(1.0)), dot(hi, vec4(1.0)));
+            }
+            [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+                vec4 q[8];
+                vec2 sc, mn;
+                wGroup(wbase, bpr, rows[r], g, s, head[r], q, sc, mn);
+                [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                    const float lo = dot(q[0], xs[c][0]) + dot(q[1], xs[c][1]) + dot(q[2], xs[c][2]) + dot(q[3], xs[c][3]);
+                    const float hi = dot(q[4], xs[c][4]) + dot(q[5], xs[c][5]) + dot(q[6], xs[c][6]) + dot(q[7], xs[c][7]);
+                    acc[r][c] += sc.x * lo + sc.y * hi + dot(mn, xsum[c]);
+                }
+            }
+        }
+    }
+#endif
+
+    const uint epilogue = pc.w[BLUE_PC_MM_EPILOGUE];
+    [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+        const uint item = first + c * MI_L + lid;
+        if (item >= items) break;
+        const uint out_at = sliceOffset(dst, item) / 4u;
+        [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+            const uint row = row0 + r;
+            if (row >= N) break;
+            float v = acc[r][c];
+            if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dst.page].d[out_at + row]);
+            page_f[dst.page].d[out_at + row] = v;
+        }
+    }
+}
