@@ -787,7 +787,19 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             // ELEM grids size x by the destination's elements; the paged copies' destination is a
             // whole pool, so they take one page (PGCOPY) or a store slot (KVCOPYP) of words.
             uint64_t elem_count = dst.elements();
-            if (ti.op == Op::ROPEQK) elem_count += m.tensors[ti.args[1]].elements();  // q's pairs, then k's
+            if (ti.op == Op::KVSTORE || ti.op == Op::KVSTOREP) {
+                // kvstore.comp: BLUE_KV_WORDS cache words per invocation (F16: two halves a word).
+                const uint64_t words = m.tensors[ti.args[1]].dtype == DType::F16 ? dst.elements() / 2 : dst.elements();
+                elem_count = (words + BLUE_KV_WORDS - 1) / BLUE_KV_WORDS;
+            }
+            if (ti.op == Op::ROPE || ti.op == Op::ROPEQK) {
+                // rope.comp: an invocation per frequency (head / 2) per chunk of BLUE_ROPE_HEADS
+                // heads (ROPEQK: q's, then k's), so the angle is computed once per chunk.
+                const uint64_t head = ti.args[4];
+                uint64_t heads = dst.elements() / head;
+                if (ti.op == Op::ROPEQK) heads += m.tensors[ti.args[1]].elements() / head;
+                elem_count = head / 2 * ((heads + BLUE_ROPE_HEADS - 1) / BLUE_ROPE_HEADS);
+            }
             if (const TensorDecl* pool = kvPool(m, ti)) {
                 const uint32_t row_words = uint32_t(*dtypeRowBytes(pool->dtype, pool->ne[0]) / 4);
                 base.push[BLUE_PC_KVP_PAGE] = uint32_t(pool->ne[1]);

@@ -60,6 +60,11 @@
 #define BLUE_MATMUL_ITEMS_LANES 8u
 #define BLUE_MATMUL_ITEMS_PER_LANE 4u
 #define BLUE_MATMUL_ITEMS_ROWS 16u
+// ROPE, ROPEQK: heads an invocation rotates with the one angle it computes (pow, cos, sin), so the
+// angle is computed once per 8 heads where it was once per pair; chunks keep a GPU's many lanes busy.
+#define BLUE_ROPE_HEADS 8u
+// KVSTORE, KVSTOREP: cache words an invocation writes per row (the position looked up once for them).
+#define BLUE_KV_WORDS 8u
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 #define BLUE_ATTN_SPLIT_WG 32   // ATTN `_split` (GPUs): lanes, over positions, per (head, item)
 #define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)
