@@ -144,20 +144,6 @@ std::optional<DispatchDesc> gemmDispatch(const DispatchDesc& batched, uint64_t r
     return g;
 }
 
-// The CPU drivers' lanes-over-items GEMM (`_i`, shaders/matmul_items.comp) for a batched MATMUL
-// dispatch over `rows` weight rows, when its type has one: workgroups of BLUE_MATMUL_ITEMS_ROWS
-// rows by BLUE_MATMUL_ITEMS_LANES x BLUE_MATMUL_ITEMS_PER_LANE items, from `min_items` items on.
-std::optional<DispatchDesc> itemsDispatch(const DispatchDesc& batched, uint64_t rows, uint32_t min_items) {
-    DispatchDesc g = batched;
-    g.pipeline += "_i";
-    const uint64_t groups = (rows + BLUE_MATMUL_ITEMS_ROWS - 1) / BLUE_MATMUL_ITEMS_ROWS;
-    if (groups > kMinGroupsY || !Pipelines::exists(g.pipeline)) return std::nullopt;
-    g.fixed = uint32_t(groups);
-    g.min_items = min_items;
-    g.tile = BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE;
-    return g;
-}
-
 // The worst case of loop iterations one invocation of the ATTN/ATTNX/ATTNP kernels runs (each
 // loop counted once more than its iterations, as lavapipe counts them): the lane-per-head kernel
 // walks every position of the context with two loops over the head's quads (four at a time, then
@@ -180,17 +166,20 @@ AttnLoops attnLoops(const Module& m, const TensorInstr& ti, uint32_t heads) {
     return a;
 }
 
-// The GPU GEMM (`_t`, shaders/matmul_tiled.comp) for a batched MATMUL dispatch over `rows` weight
-// rows: tiles of BLUE_MATMUL_TILED_ROWS rows by BLUE_MATMUL_TILED_ITEMS items, from `min_items`
-// items on (KernelChoice::gemm_min_items). Every weight type has one.
-std::optional<DispatchDesc> tiledDispatch(const DispatchDesc& batched, uint64_t rows, uint32_t min_items) {
+// A batched MATMUL dispatch over `rows` weight rows made a GEMM: the kernel named with `suffix`
+// added, in workgroups of `group_rows` rows by `tile` items, from `min_items` items on
+// (KernelChoice::gemm_min_items); none when the type has no such kernel or the grid would pass the
+// 65535 workgroups along y. The GPUs' `_t` (shaders/matmul_tiled.comp: 64 x 64 tiles, every type)
+// and the CPU drivers' lanes-over-items `_i` (shaders/matmul_items.comp: the block types).
+std::optional<DispatchDesc> rowGroupsGemm(const DispatchDesc& batched, uint64_t rows, uint32_t min_items,
+                                          const char* suffix, uint32_t group_rows, uint32_t tile) {
     DispatchDesc t = batched;
-    t.pipeline += "_t";
-    const uint64_t groups = (rows + BLUE_MATMUL_TILED_ROWS - 1) / BLUE_MATMUL_TILED_ROWS;
+    t.pipeline += suffix;
+    const uint64_t groups = (rows + group_rows - 1) / group_rows;
     if (groups > kMinGroupsY || !Pipelines::exists(t.pipeline)) return std::nullopt;
     t.fixed = uint32_t(groups);
     t.min_items = min_items;
-    t.tile = BLUE_MATMUL_TILED_ITEMS;
+    t.tile = tile;
     return t;
 }
 
@@ -888,17 +877,21 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     // One item (decode of one instance): the single-item kernel; more: tiles of 4;
                     // many (a prompt, a large batch): a GEMM. On a GPU (split_matmul) the single
                     // item and the 4-item tile split K and the GEMM is the shared-memory tiled
-                    // `_t`; on a CPU driver the GEMM is `_g`, where the type has one.
+                    // `_t`; on a CPU driver it is the lanes-over-items `_i` (block types) or the
+                    // register-tiled `_g` (F32, F16, BF16).
                     const uint32_t r = matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
                     DispatchDesc single = singleItemDispatch(d);
                     if (kernels.split_matmul) splitMatmul(&single, n, "s"); else narrowMatmul(&single, n, r);
                     out.push_back(single);
                     d.min_items = 2;
                     d.tile = BLUE_MATMUL_TILE;
+                    const uint32_t g = kernels.gemm_min_items;
                     std::optional<DispatchDesc> gemm =
-                        kernels.split_matmul ? tiledDispatch(d, n, kernels.gemm_min_items)
-                                            : itemsDispatch(d, n, kernels.gemm_min_items);
-                    if (!gemm && !kernels.split_matmul) gemm = gemmDispatch(d, n, kernels.gemm_min_items);
+                        kernels.split_matmul
+                            ? rowGroupsGemm(d, n, g, "_t", BLUE_MATMUL_TILED_ROWS, BLUE_MATMUL_TILED_ITEMS)
+                            : rowGroupsGemm(d, n, g, "_i", BLUE_MATMUL_ITEMS_ROWS,
+                                            BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE);
+                    if (!gemm && !kernels.split_matmul) gemm = gemmDispatch(d, n, g);
                     if (kernels.split_matmul) splitMatmul(&d, n, "_s"); else narrowMatmul(&d, n, r);
                     if (gemm) {
                         d.max_items = gemm->min_items - 1;
