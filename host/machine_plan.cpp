@@ -285,10 +285,6 @@ uint32_t matmulWidth(uint64_t rows, uint32_t r) {
     return kNarrowMatmulWg;
 }
 
-uint32_t rmsnormWidth(uint64_t group) {
-    return uint32_t(std::clamp<uint64_t>(std::bit_ceil(std::max<uint64_t>(group, 1)) / 4, 16, BLUE_ITEM_WG));
-}
-
 Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, uint32_t ndispatch,
                                   uint64_t max_binding_bytes, uint64_t expert_state_words) {
     const Layout& l = m.layout;
@@ -721,14 +717,13 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                                   std::string(info.name).c_str(), limit.c_str());
             }
             const TensorDecl& dst = m.tensors[ti.args[0]];
-            // Narrow workgroups where the device pays for idle lanes (sampleWidth, rmsnormWidth).
+            // Narrow workgroups where the device pays for idle lanes (sampleWidth); RMSNORM a lane per item.
             uint32_t width = 0;
             if (ti.op == Op::SAMPLE || ti.op == Op::SAMPLEG || ti.op == Op::SAMPLEQ) {
                 const uint32_t w = sampleWidth(kernels.loop_limit, uint32_t(dst.ne[0]));
                 if (w != 256) width = w;
             } else if (ti.op == Op::RMSNORM && base.pipeline == "rmsnorm") {
-                const uint32_t w = rmsnormWidth(ti.args[4] != 0 ? ti.args[4] : dst.ne[0]);
-                if (w != BLUE_ITEM_WG) width = w;
+                base.tile = BLUE_RMS_ITEMS;  // a lane per item (shaders/rmsnorm.comp)
             }
             if (width != 0) base.pipeline += "@" + std::to_string(width);
             base.mode = dst.cls == BLUE_TC_ROWS ? 0 : 1;

@@ -244,8 +244,6 @@ uint32_t sampleWidth(uint32_t loop_limit, uint32_t n_vocab);
 // four times).
 constexpr uint32_t kNarrowMatmulWg = 16;
 uint32_t matmulWidth(uint64_t rows, uint32_t r);
-// RMSNORM's lavapipe kernel over groups of `group` elements: a lane per four elements, 16 to 64.
-uint32_t rmsnormWidth(uint64_t group);
 
 // Why a size past the loop limit is refused, for messages: "its compiler ends every loop of a
 // shader invocation after 65535 iterations: lavapipe's LP_MAX_TGSI_LOOP_ITERATIONS".

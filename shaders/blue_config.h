@@ -65,6 +65,8 @@
 #define BLUE_ROPE_HEADS 8u
 // KVSTORE, KVSTOREP: cache words an invocation writes per row (the position looked up once for them).
 #define BLUE_KV_WORDS 8u
+// RMSNORM (CPU drivers; GPUs run `rmsnorm_w`): items a workgroup, a lane each.
+#define BLUE_RMS_ITEMS 8u
 #define BLUE_ATTN_WG 8        // ATTN: invocations (one per head) per workgroup
 #define BLUE_ATTN_SPLIT_WG 32   // ATTN `_split` (GPUs): lanes, over positions, per (head, item)
 #define BLUE_ATTN_MAX_HEAD 256  // ATTN: largest head size (attn.comp keeps one head in registers)

@@ -337,9 +337,10 @@ TEST_CASE("device limits: the kernels' needs are read from their SPIR-V") {
     CHECK(find("sequencer").local_size[0] == BLUE_SEQ_WG);
     CHECK(find("tsum").shared_bytes == BLUE_ITEM_WG * 4u);  // float partial[BLUE_ITEM_WG]
     CHECK(find("tadd").shared_bytes == 0u);
-    // Arrays sized by the width specialization constant count at the built (widest) width.
-    CHECK(find("rmsnorm").shared_bytes == BLUE_ITEM_WG * 4u);  // reduce_f[RMS_WG]
-    // The sampler: reduce_f, reduce_u, cand_count (256 words each), reduce_v (256 vec4), cand_v
+    CHECK(find("rmsnorm_w").shared_bytes == 256u * 4u);  // reduce_f[RMS_WG]
+    CHECK(find("rmsnorm").shared_bytes == 0u);           // a lane per item: no reduction
+    // Arrays sized by the width specialization constant count at the built (widest) width. The
+    // sampler (SAMPLE_WG): reduce_f, reduce_u, cand_count (256 words each), reduce_v (256 vec4), cand_v
     // (1,024 floats), radix_hist (256 words) and seven single words (the radix select's and the
     // draw's).
     CHECK(find("sample").shared_bytes == 256u * 4 * 3 + 256 * 16 + 1024 * 4 + 256 * 4 + 7 * 4);

@@ -890,12 +890,6 @@ TEST_CASE("plan: kernels run narrow on a CPU driver where wide workgroups would 
     CHECK(matmulWidth(768, 4) == 64);
     CHECK(matmulWidth(32000, 4) == 64);
     CHECK(matmulWidth(1, 4) == 16);
-    // RMSNORM: a lane per four elements, 16 to 64 lanes.
-    CHECK(rmsnormWidth(1) == 16);
-    CHECK(rmsnormWidth(64) == 16);
-    CHECK(rmsnormWidth(128) == 32);
-    CHECK(rmsnormWidth(256) == 64);
-    CHECK(rmsnormWidth(4096) == 64);
     // SAMPLE: 64 lanes for small vocabularies under a loop limit (CPU drivers) only.
     CHECK(sampleWidth(65535, 512) == 64);
     CHECK(sampleWidth(65535, kNarrowSampleVocab) == 64);
@@ -926,8 +920,9 @@ halt
     REQUIRE_MESSAGE(d.isOk(), d.message());
     std::vector<std::string> names;
     for (const DispatchDesc& desc : d.value()) names.push_back(desc.pipeline);
-    CHECK(names == std::vector<std::string>{"rmsnorm@16", "matmul_f32_b1@32", "matmul_f32@32", "matmul_f32_g@16",
+    CHECK(names == std::vector<std::string>{"rmsnorm", "matmul_f32_b1@32", "matmul_f32@32", "matmul_f32_g@16",
                                             "sample@64"});
+    CHECK(d.value()[0].tile == BLUE_RMS_ITEMS);  // RMSNORM: a lane per item
     CHECK(d.value()[1].fixed == 1);  // 64 rows / (32 lanes x 2 rows)
     KernelChoice gpu;
     gpu.split_matmul = true;

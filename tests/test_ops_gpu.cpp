@@ -359,9 +359,9 @@ void poolCase() {
 
 // RMSNORM over whole 172-wide rows, over groups of 64 and of 32 (the latter with a weight that is
 // itself a ROWS tensor, read per row), into an INSTANCE destination, over 170-wide rows (no
-// vec4 alignment) and over 96-wide rows. On a CPU driver the groups of 64 and 32 run 16 lanes
-// wide, the 96-wide rows 32 and the rest 64 (rmsnormWidth). Run once more with GPU shapes: the
-// wide `_w` kernel (vec4 reads where aligned, floats for the 170-wide rows).
+// vec4 alignment) and over 96-wide rows. On a CPU driver a lane per item (texels where aligned,
+// floats for the 170-wide rows). Run once more with GPU shapes: the wide `_w` kernel (vec4 reads
+// where aligned, floats for the 170-wide rows).
 void rmsnormCase() {
     for (auto decode : {GpuOptions::DecodeKernel::ROWS, GpuOptions::DecodeKernel::SPLIT}) {
         OpModule om(kVocab, 8, kTokens + 8, 0x4A5);
