@@ -10,7 +10,10 @@
 // items' x once per block of 32 and reuses it for MI_R rows; every lane loads the same weight
 // texel and decodes it once for its MI_C items. The rows loop is unrolled so the accumulators
 // keep constant indices (a dynamically indexed array becomes per-lane memory on CPU drivers).
-// Q4_0 and the IQ4 types (one nibble order) decode in place; other block types through wGroup.
+// Q4_0 decodes in place (the masked decode of its other kernels); the other block types through
+// wGroup. Either way a row's products are summed in the order of the single-item and 4-item
+// kernels (matmul.comp), so a token's logits do not depend on the batch it shares (Q6_K aside:
+// its single-item kernel has a decode of its own).
 // Grid: x = ceil(items / (MI_L * MI_C)), y = ceil(N / MI_R).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
@@ -52,7 +55,7 @@ void main() {
     const vec4 kPlace = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
 #endif
 
-#if defined(WTYPE_Q4_0) || defined(WL_IQ4)
+#if defined(WTYPE_Q4_0)
     for (uint g = 0u; g < bpr; ++g) {
         uvec4 head[MI_R];  // the gblock's 8 block scales, per row
         [[unroll]] for (uint r = 0u; r < MI_R; ++r) head[r] = wTexel(wbase, bpr, rows[r], g, 0u);
@@ -68,11 +71,7 @@ void main() {
                 vec4 tot = vec4(0.0);
                 [[unroll]] for (uint j = 0u; j < 8u; ++j) {
                     const vec4 xv = TEXELF(2, xb[c] + xt + j);
-#ifdef WL_IQ4
-                    xl[c][j] = xv;
-#else
                     xl[c][j] = xv * kPlace;
-#endif
                     tot += xv;
                 }
                 xsum[c] = dot(tot, vec4(1.0));
@@ -80,27 +79,15 @@ void main() {
             [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
                 const uvec4 q = wTexel(wbase, bpr, rows[r], g, 1u + s);
                 vec4 lo[4], hi[4];
-#ifdef WL_IQ4
-                const float d = iq4Scale(head[r], s);
-                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-                    lo[j] = iq4Nib4(q[j], 0u);
-                    hi[j] = iq4Nib4(q[j], 4u);
-                }
-#else
                 const float d = halfOf(head[r], s);
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     lo[j] = vec4(ivec4(uvec4(q[j]) & kNib));  // under 2^28: the signed conversion is exact
                     hi[j] = vec4(ivec4(uvec4(q[j] >> 4u) & kNib));
                 }
-#endif
                 [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
                     float p = 0.0;
                     [[unroll]] for (uint j = 0u; j < 4u; ++j) p += dot(lo[j], xl[c][j]) + dot(hi[j], xl[c][j + 4u]);
-#ifdef WL_IQ4
-                    acc[r][c] += d * p;
-#else
                     acc[r][c] += d * (p - 8.0 * xsum[c]);
-#endif
                 }
             }
         }

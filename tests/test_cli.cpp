@@ -182,7 +182,8 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
 // Batch invariance (README, How it runs): 16 sampled prompts with their log-probabilities, all
 // sharing cycles on 16 instances or one at a time on one, give the same bytes with the rows
 // kernels and with the GPU shapes kept on split-K tiles for every batch (BLUE_GEMM_MIN_ITEMS
-// 65535). Run here with GPU shapes on whatever device runs the tests.
+// 65535), and with the rows kernels on Q4_0 and IQ4_NL weights. Run here with GPU shapes on
+// whatever device runs the tests.
 TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities whatever shares a cycle") {
     TempDir dir("blue_invariance");
     const std::string prompts = dir.path + "/prompts.txt";
@@ -194,10 +195,10 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
             f << p << "\n";
         }
     }
-    auto run = [&](const std::vector<std::string>& env, const char* instances) {
+    auto run = [&](const std::vector<std::string>& env, const char* instances, std::string model = stories()) {
         std::vector<std::string> args = {"/usr/bin/env"};
         args.insert(args.end(), env.begin(), env.end());
-        args.insert(args.end(), {binary("host/bluevm"), "generate", "--model", stories(), "--prompts", prompts,
+        args.insert(args.end(), {binary("host/bluevm"), "generate", "--model", model, "--prompts", prompts,
                                  "--instances", instances, "-n", "40", "--temp", "0.9", "--seed", "7",
                                  "--grammar-words", "0", "--logprobs", "2"});
         Child c(args);
@@ -213,6 +214,16 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         CHECK(std::count(together.begin(), together.end(), '\n') == 16);
         CHECK(together.find("\"logprob\"") != std::string::npos);
         CHECK(together == alone);
+    }
+    // Quantized (stories260K's 64-wide matrices in Q4_0 and IQ4_NL), the rows kernels too: the
+    // single-item kernel, the 4-item tile and the lanes-over-items GEMM (`_i`) sum a row alike.
+    for (const std::string type : {"q4_0", "iq4_nl"}) {
+        CAPTURE(type);
+        const std::string model = dir.path + "/" + type + ".gguf";
+        Child q({binary("host/bluevm"), "quantize", stories(), model, "--type", type});
+        REQUIRE(q.wait() == 0);
+        const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16"};
+        CHECK(run(rows, "16", model) == run(rows, "1", model));
     }
     // The GPU default, a tiled GEMM from 65 items, sums a prompt's rows in another order than
     // the split-K tiles: said, not asserted (it may agree on some device).
