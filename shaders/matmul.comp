@@ -183,9 +183,9 @@ void main() {
             for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += dot(a, xa[c]) + dot(b, xq[c]);
         }
     }
-#elif (defined(WTYPE_Q6_K) && defined(MM_SINGLE)) || defined(WTYPE_Q4_0)
-    // Masked decode (Q6_K: one item only, its 4-item tile measured slower this way; Q4_0: one
-    // item or a 4-item tile): quants stay in place in their words and are masked per byte, and x
+#elif (defined(WTYPE_Q6_K) && (defined(MM_SINGLE) || !defined(MM_MOE))) || defined(WTYPE_Q4_0)
+    // Masked decode (Q6_K and Q4_0: one item and the 4-item tile; MOEMM's Q6_K tile keeps the
+    // generic decode): quants stay in place in their words and are masked per byte, and x
     // is pre-scaled by each byte's place value (exact powers of two), so no shifts per element.
     // Q6_K's groups are walked so that every texel of a block is fetched once per row.
     const uvec4 kNib = uvec4(0xFu, 0xF00u, 0xF0000u, 0xF000000u);

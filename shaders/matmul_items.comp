@@ -10,10 +10,9 @@
 // items' x once per block of 32 and reuses it for MI_R rows; every lane loads the same weight
 // texel and decodes it once for its MI_C items. The rows loop is unrolled so the accumulators
 // keep constant indices (a dynamically indexed array becomes per-lane memory on CPU drivers).
-// Q4_0 decodes in place (the masked decode of its other kernels); the other block types through
-// wGroup. Either way a row's products are summed in the order of the single-item and 4-item
-// kernels (matmul.comp), so a token's logits do not depend on the batch it shares (Q6_K aside:
-// its single-item kernel has a decode of its own).
+// Q4_0 and Q6_K decode in place (the masked decode of their other kernels), the other block types
+// through wGroup: either way a row's products are summed in the order of the single-item and
+// 4-item kernels (matmul.comp), so a token's logits do not depend on the batch it shares.
 // Grid: x = ceil(items / (MI_L * MI_C)), y = ceil(N / MI_R).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
@@ -88,6 +87,68 @@ void main() {
                     float p = 0.0;
                     [[unroll]] for (uint j = 0u; j < 4u; ++j) p += dot(lo[j], xl[c][j]) + dot(hi[j], xl[c][j + 4u]);
                     acc[r][c] += d * (p - 8.0 * xsum[c]);
+                }
+            }
+        }
+    }
+#elif defined(WTYPE_Q6_K)
+    // Q6_K: the masked decode of its single-item kernel (matmul.comp), in its order: groups s =
+    // 4hh + kb + 2kh, each quant word's 6-bit values put together in place and masked per byte
+    // against x pre-scaled by the byte's place value.
+    const uvec4 kByte = uvec4(0xFFu, 0xFF00u, 0xFF0000u, 0xFF000000u);
+    const vec4 kPlace = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
+    for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MI_R];
+        [[unroll]] for (uint r = 0u; r < MI_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
+        for (uint hh = 0u; hh < 2u; ++hh) {
+            uvec4 ha[MI_R], hb[MI_R];
+            [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+                ha[r] = wTexel(wbase, bpr, rows[r], g, 8u + 2u * hh);
+                hb[r] = wTexel(wbase, bpr, rows[r], g, 9u + 2u * hh);
+            }
+            for (uint kb = 0u; kb < 2u; ++kb) {
+                uvec4 la[MI_R], lb[MI_R];
+                [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+                    la[r] = wTexel(wbase, bpr, rows[r], g, 4u * hh + 2u * kb);
+                    lb[r] = wTexel(wbase, bpr, rows[r], g, 4u * hh + 2u * kb + 1u);
+                }
+                for (uint kh = 0u; kh < 2u; ++kh) {
+                    const uint k = kb + 2u * kh, s = 4u * hh + k;
+                    const uint xt = g * 64u + s * 8u;
+                    if (xt >= xtn) continue;
+                    const uint ls = 4u * kh, hs = 2u * k;
+                    vec4 xl[MI_C][8];
+                    vec2 xsum[MI_C];
+                    [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                        vec4 lo = vec4(0.0), hi = vec4(0.0);
+                        [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                            const vec4 xv = TEXELF(2, xb[c] + xt + j);
+                            xl[c][j] = xv * kPlace;
+                            if (j < 4u) lo += xv; else hi += xv;
+                        }
+                        xsum[c] = vec2(dot(lo, vec4(1.0)), dot(hi, vec4(1.0)));
+                    }
+                    [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+                        const float d = halfOf(head[r].t1, 0u);
+                        const uint si = 8u * hh + 2u * k;
+                        const vec2 sc = d * vec2(float(int(byteOf(head[r].t0, si) << 24) >> 24),
+                                                 float(int(byteOf(head[r].t0, si + 1u) << 24) >> 24));
+                        const uvec4 qa = ((la[r] >> ls) & 0x0F0F0F0Fu) | (((ha[r] >> hs) & 0x03030303u) << 4);
+                        const uvec4 qb = ((lb[r] >> ls) & 0x0F0F0F0Fu) | (((hb[r] >> hs) & 0x03030303u) << 4);
+                        vec4 wa[4], wb[4];  // under 2^30: the signed conversion is exact
+                        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                            wa[j] = vec4(ivec4(uvec4(qa[j]) & kByte));
+                            wb[j] = vec4(ivec4(uvec4(qb[j]) & kByte));
+                        }
+                        [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                            float p0 = 0.0, p1 = 0.0;
+                            [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                                p0 += dot(wa[j], xl[c][j]);
+                                p1 += dot(wb[j], xl[c][j + 4u]);
+                            }
+                            acc[r][c] += sc.x * (p0 - 32.0 * xsum[c].x) + sc.y * (p1 - 32.0 * xsum[c].y);
+                        }
+                    }
                 }
             }
         }

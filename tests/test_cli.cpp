@@ -182,8 +182,8 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
 // Batch invariance (README, How it runs): 16 sampled prompts with their log-probabilities, all
 // sharing cycles on 16 instances or one at a time on one, give the same bytes with the rows
 // kernels and with the GPU shapes kept on split-K tiles for every batch (BLUE_GEMM_MIN_ITEMS
-// 65535), and with the rows kernels on Q4_0 and IQ4_NL weights. Run here with GPU shapes on
-// whatever device runs the tests.
+// 65535), and with the rows kernels on Q4_0 and IQ4_NL weights and a Q4_0 mix with a Q6_K
+// output matrix. Run here with GPU shapes on whatever device runs the tests.
 TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities whatever shares a cycle") {
     TempDir dir("blue_invariance");
     const std::string prompts = dir.path + "/prompts.txt";
@@ -222,6 +222,15 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         const std::string model = dir.path + "/" + type + ".gguf";
         Child q({binary("host/bluevm"), "quantize", stories(), model, "--type", type});
         REQUIRE(q.wait() == 0);
+        const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16"};
+        CHECK(run(rows, "16", model) == run(rows, "1", model));
+    }
+    // llama.cpp's Q4_0 mix (blue-synth: the output matrix in Q6_K, which has a decode of its own).
+    {
+        const std::string model = dir.path + "/mix.gguf";
+        Child synth({binary("tools/synth/blue-synth"), "--preset", "stories15M", "--layers", "2", "--dim", "256",
+                     "--heads", "4", "--vocab", "300", "-t", "q4_0", "-o", model});
+        REQUIRE_MESSAGE(synth.wait() == 0, synth.err_text);
         const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16"};
         CHECK(run(rows, "16", model) == run(rows, "1", model));
     }
