@@ -211,10 +211,8 @@ void main() {
                     uint k = kb + 2u * kh, s = 4u * hh + k;
                     uint xt = g * 64u + s * 8u;
                     if (xt >= g_xt) continue;
-                    // Each quant word's four 6-bit values are put together in place (the nibbles
-                    // of ql at ls, the crumbs of qh at hs moved above them) with scalar integer
-                    // ops, so one masked dot per 4 elements serves both parts.
-                    uint ls = 4u * kh, hs = 2u * k;
+                    // Each quant word's four 6-bit values are put together in place (q6Bytes)
+                    // with scalar integer ops, so one masked dot per 4 elements serves both parts.
                     vec4 xl[MM_BT][8];
                     vec2 xsum[MM_BT];
                     for (uint c = 0u; c < MM_BT; ++c) {
@@ -227,12 +225,8 @@ void main() {
                         xsum[c] = vec2(dot(lo, vec4(1.0)), dot(hi, vec4(1.0)));
                     }
                     for (uint r = 0u; r < MM_R; ++r) {
-                        float d = halfOf(head[r].t1, 0u);
-                        uint si = 8u * hh + 2u * k;
-                        vec2 sc = d * vec2(float(int(byteOf(head[r].t0, si) << 24) >> 24),
-                                           float(int(byteOf(head[r].t0, si + 1u) << 24) >> 24));
-                        uvec4 qa = ((la[r] >> ls) & 0x0F0F0F0Fu) | (((ha[r] >> hs) & 0x03030303u) << 4);
-                        uvec4 qb = ((lb[r] >> ls) & 0x0F0F0F0Fu) | (((hb[r] >> hs) & 0x03030303u) << 4);
+                        vec2 sc = q6Scales(head[r], hh, k);
+                        uvec4 qa = q6Bytes(la[r], ha[r], k), qb = q6Bytes(lb[r], hb[r], k);
                         for (uint c = 0u; c < MM_BT; ++c) {
                             float p0 = 0.0, p1 = 0.0;
                             for (uint j = 0u; j < 4u; ++j) {

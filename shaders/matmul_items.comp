@@ -116,7 +116,6 @@ void main() {
                     const uint k = kb + 2u * kh, s = 4u * hh + k;
                     const uint xt = g * 64u + s * 8u;
                     if (xt >= xtn) continue;
-                    const uint ls = 4u * kh, hs = 2u * k;
                     vec4 xl[MI_C][8];
                     vec2 xsum[MI_C];
                     [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
@@ -129,12 +128,8 @@ void main() {
                         xsum[c] = vec2(dot(lo, vec4(1.0)), dot(hi, vec4(1.0)));
                     }
                     [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
-                        const float d = halfOf(head[r].t1, 0u);
-                        const uint si = 8u * hh + 2u * k;
-                        const vec2 sc = d * vec2(float(int(byteOf(head[r].t0, si) << 24) >> 24),
-                                                 float(int(byteOf(head[r].t0, si + 1u) << 24) >> 24));
-                        const uvec4 qa = ((la[r] >> ls) & 0x0F0F0F0Fu) | (((ha[r] >> hs) & 0x03030303u) << 4);
-                        const uvec4 qb = ((lb[r] >> ls) & 0x0F0F0F0Fu) | (((hb[r] >> hs) & 0x03030303u) << 4);
+                        const vec2 sc = q6Scales(head[r], hh, k);
+                        const uvec4 qa = q6Bytes(la[r], ha[r], k), qb = q6Bytes(lb[r], hb[r], k);
                         vec4 wa[4], wb[4];  // under 2^30: the signed conversion is exact
                         [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                             wa[j] = vec4(ivec4(uvec4(qa[j]) & kByte));

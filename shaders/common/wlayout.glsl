@@ -206,6 +206,19 @@ uvec2 kScaleMin(uvec4 t0, uint s) {
     return uvec2((b8 & 15u) | ((bm4 >> 6) << 4), (b8 >> 4) | ((byteOf(t0, 4u + s) >> 6) << 4));
 }
 
+#ifdef WTYPE_Q6_K
+// Q6_K: the scales of the two 16-element halves of group 4hh + k (k 0..3): d times their int8s.
+vec2 q6Scales(WHead h, uint hh, uint k) {
+    uint si = 8u * hh + 2u * k;
+    return halfOf(h.t1, 0u) * vec2(float(int(byteOf(h.t0, si) << 24) >> 24), float(int(byteOf(h.t0, si + 1u) << 24) >> 24));
+}
+// Q6_K's masked form of group k (0..3): each byte's 6-bit value put together in place, the nibbles
+// of ql texel l (at shift 4 * (k >> 1)) with the crumbs of qh texel h (at 2k) moved above them.
+uvec4 q6Bytes(uvec4 l, uvec4 h, uint k) {
+    return ((l >> (4u * (k >> 1))) & 0x0F0F0F0Fu) | (((h >> (2u * k)) & 0x03030303u) << 4);
+}
+#endif
+
 void wGroup(uint base, uint bpr, uint row, uint g, uint s, WHead h, out vec4 q[8], out vec2 sc, out vec2 mn) {
 #if defined(WTYPE_Q8_0)
     float d = halfOf(h.t0, s);
@@ -320,9 +333,7 @@ void wGroup(uint base, uint bpr, uint row, uint g, uint s, WHead h, out vec4 q[8
         q[j] = nib4(la[j], lshift) + 16.0 * crumb4(ha[j], hshift);
         q[j + 4u] = nib4(lb[j], lshift) + 16.0 * crumb4(hb[j], hshift);
     }
-    float d = halfOf(h.t1, 0u);  // byte 208 = texel 13, half 0
-    uint si = 8u * hh + 2u * k;
-    vec2 scale = d * vec2(float(int(byteOf(h.t0, si) << 24) >> 24), float(int(byteOf(h.t0, si + 1u) << 24) >> 24));
+    vec2 scale = q6Scales(h, hh, k);  // d: byte 208 = texel 13, half 0
     sc = scale;
     mn = -32.0 * scale;
 #elif defined(WTYPE_Q2_K)
