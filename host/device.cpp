@@ -197,10 +197,20 @@ DeviceInfo readDevice(VkPhysicalDevice pd, uint32_t index) {
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, &driver};
     VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
                                            &m3};
+    // Integer dot products: the extension's structures are chained only where it is offered.
+    const bool has_int_dot = hasDeviceExtension(pd, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    VkPhysicalDeviceShaderIntegerDotProductProperties idp{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES};
+    if (has_int_dot) {
+        idp.pNext = driver.pNext;
+        driver.pNext = &idp;
+    }
     VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &sub};
     vkGetPhysicalDeviceProperties2(pd, &p2);
+    VkPhysicalDeviceShaderIntegerDotProductFeatures idf{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
     VkPhysicalDeviceConditionalRenderingFeaturesEXT cond{
-        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_CONDITIONAL_RENDERING_FEATURES_EXT};
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_CONDITIONAL_RENDERING_FEATURES_EXT, has_int_dot ? &idf : nullptr};
     VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, &cond};
     VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f12};
     vkGetPhysicalDeviceFeatures2(pd, &f2);
@@ -230,6 +240,8 @@ DeviceInfo readDevice(VkPhysicalDevice pd, uint32_t index) {
     info.float16 = f12.shaderFloat16 != 0;
     info.int8 = f12.shaderInt8 != 0;
     info.storage8 = f12.storageBuffer8BitAccess != 0;
+    info.int_dot = has_int_dot && idf.shaderIntegerDotProduct != 0;
+    info.int_dot_accelerated = info.int_dot && idp.integerDotProduct4x8BitPackedSignedAccelerated != 0;
     info.conditional_rendering = hasDeviceExtension(pd, VK_EXT_CONDITIONAL_RENDERING_EXTENSION_NAME) &&
                                  cond.conditionalRendering != 0;
     // Used by default on GPUs; on CPU drivers (lavapipe) skipping idle blocks measured slower
@@ -436,8 +448,19 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     VkPhysicalDeviceConditionalRenderingFeaturesEXT cond{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_CONDITIONAL_RENDERING_FEATURES_EXT};
     cond.conditionalRendering = info.conditional_rendering;
-    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES,
-                                         info.conditional_rendering ? &cond : nullptr};
+    VkPhysicalDeviceShaderIntegerDotProductFeatures idf{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+    idf.shaderIntegerDotProduct = VK_TRUE;
+    void* chain = nullptr;  // only the structures of the extensions enabled below
+    if (info.int_dot) {
+        idf.pNext = chain;
+        chain = &idf;
+    }
+    if (info.conditional_rendering) {
+        cond.pNext = chain;
+        chain = &cond;
+    }
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, chain};
     f12.timelineSemaphore = info.timeline;
     f12.shaderFloat16 = info.float16;
     f12.storageBuffer8BitAccess = info.storage8;
@@ -451,11 +474,11 @@ Result<std::unique_ptr<Device>> Device::create(const DeviceOptions& options) {
     f2.features.robustBufferAccess = gpu_av ? VK_FALSE : have.robustBufferAccess;
 
     VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f2};
-    const char* cond_ext = VK_EXT_CONDITIONAL_RENDERING_EXTENSION_NAME;
-    if (info.conditional_rendering) {
-        di.enabledExtensionCount = 1;
-        di.ppEnabledExtensionNames = &cond_ext;
-    }
+    std::vector<const char*> extensions;
+    if (info.conditional_rendering) extensions.push_back(VK_EXT_CONDITIONAL_RENDERING_EXTENSION_NAME);
+    if (info.int_dot) extensions.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    di.enabledExtensionCount = uint32_t(extensions.size());
+    di.ppEnabledExtensionNames = extensions.data();
     di.queueCreateInfoCount = 1;
     di.pQueueCreateInfos = &qi;
     BLUE_VK_TRY(vkCreateDevice(dev->physical_, &di, nullptr, &dev->device_));

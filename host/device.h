@@ -79,6 +79,11 @@ struct DeviceInfo {
     bool float16 = false;              // shaderFloat16
     bool int8 = false;                 // shaderInt8
     bool storage8 = false;             // storageBuffer8BitAccess
+    // VK_KHR_shader_integer_dot_product: shaderIntegerDotProduct, and whether the device says the
+    // packed 4 x 8-bit signed dot product is fast (integerDotProduct4x8BitPackedSignedAccelerated);
+    // the int8 GEMM (`_tq`) runs by default only where it is (KernelChoice::int8_matmul).
+    bool int_dot = false;
+    bool int_dot_accelerated = false;
     bool conditional_rendering = false;  // VK_EXT_conditional_rendering (conditionalRendering)
     std::string profile;               // the emulated profile (empty: the real device)
     std::vector<std::string>

@@ -26,6 +26,8 @@ const CapabilityFeature kCapabilityFeatures[] = {
     {SpvCap::kFloat16, "shaderFloat16", &DeviceInfo::float16},
     {SpvCap::kInt8, "shaderInt8", &DeviceInfo::int8},
     {SpvCap::kStorageBuffer8BitAccess, "storageBuffer8BitAccess", &DeviceInfo::storage8},
+    {SpvCap::kDotProduct, "shaderIntegerDotProduct", &DeviceInfo::int_dot},
+    {SpvCap::kDotProductInput4x8BitPacked, "shaderIntegerDotProduct", &DeviceInfo::int_dot},
 };
 
 constexpr uint32_t kFreeCapabilities[] = {1 /* Shader */, 47 /* ImageBuffer */,
@@ -161,6 +163,12 @@ std::vector<DeviceFeature> describeFeatures(const DeviceInfo& info) {
         {"shader int8", info.int8, capabilityUse(info, SpvCap::kInt8, "Int8")},
         {"8-bit storage", info.storage8,
          capabilityUse(info, SpvCap::kStorageBuffer8BitAccess, "StorageBuffer8BitAccess")},
+        {"integer dot product", info.int_dot,
+         info.int_dot_accelerated
+             ? std::string("4 x 8-bit packed signed accelerated: the int8 GEMM (`_tq`) runs prompts and "
+                           "large batches of block-type matrices (BLUE_MATMUL_INT8=0 turns it off)")
+             : info.int_dot ? std::string("not accelerated: the int8 GEMM (`_tq`) runs only with BLUE_MATMUL_INT8=1")
+                            : std::string("without it the int8 GEMM (`_tq`) cannot run")},
         {"conditional rendering", info.conditional_rendering,
          "skips an idle block's dispatches in a cycle (without it every block's dispatches run, "
          "with zero workgroups when no instance asked; off by default on CPU drivers, where it "

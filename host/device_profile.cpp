@@ -80,6 +80,8 @@ const FeatureKey kFeatures[] = {
     {"shaderFloat16", &DeviceInfo::float16},
     {"shaderInt8", &DeviceInfo::int8},
     {"storageBuffer8BitAccess", &DeviceInfo::storage8},
+    {"shaderIntegerDotProduct", &DeviceInfo::int_dot},
+    {"integerDotProduct4x8BitPackedSignedAccelerated", &DeviceInfo::int_dot_accelerated},
     {"conditionalRendering", &DeviceInfo::conditional_rendering},
 };
 

@@ -28,6 +28,8 @@ enum class SpvCap : uint32_t {
     kGroupNonUniformShuffle = 65,
     kStorageBuffer16BitAccess = 4433,
     kStorageBuffer8BitAccess = 4448,
+    kDotProductInput4x8BitPacked = 6018,
+    kDotProduct = 6019,
 };
 
 struct KernelInfo {

@@ -368,6 +368,19 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
     // lavapipe (llvmpipe's gallivm) stops every loop of an invocation once 65535 iterations have
     // run in it, silently: the plan keeps each kernel's worst case under that.
     k.loop_limit = deviceLoopLimit(info.cpu);
+    using IM = GpuOptions::Int8Matmul;
+    if (options.int8_matmul == IM::AUTO) {
+        Result<bool> int8 = envChoice("BLUE_MATMUL_INT8", "0", "1", info.int_dot_accelerated);
+        if (!int8) return int8.status();
+        k.int8_matmul = int8.value();
+    } else {
+        k.int8_matmul = options.int8_matmul == IM::ON;
+    }
+    if (k.int8_matmul && !info.int_dot) {
+        return BLUE_ERROR("the int8 GEMM (BLUE_MATMUL_INT8=1) needs integer dot products "
+                          "(VK_KHR_shader_integer_dot_product, shaderIntegerDotProduct), which device %s does not offer",
+                          info.name.c_str());
+    }
     k.gemm_min_items = defaultGemmMinItems(k.split_matmul);
     if (const char* env = std::getenv("BLUE_GEMM_MIN_ITEMS"); env && *env) {
         char* end = nullptr;
@@ -391,6 +404,10 @@ Result<std::string> describeKernelShapes(const GpuOptions& options, const Device
                             : strFormat("lanes over rows for 1-%u items, lanes over items (block types) or register "
                                         "tiles (F32, F16, BF16) for %u+, 16-64 lanes a workgroup by the "
                                         "matrix's rows (CPU-driver shapes)", g - 1, g)) +
+           (k->int8_matmul ? std::string("; block types' GEMM: int8 (x quantized per 32 elements, packed integer dot "
+                                         "products") +
+                                 (info.int_dot_accelerated ? "" : ", not accelerated on this device") + ")"
+                           : std::string("")) +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head") +
            (k->loop_limit != 0 ? strFormat("; sampling: 64 lanes up to %u tokens, else 256", kNarrowSampleVocab) : "");
 }

@@ -74,6 +74,13 @@ struct GpuOptions {
     // SPLIT on GPUs and LANES on CPU drivers.
     enum class AttnKernel { AUTO, LANES, SPLIT };
     AttnKernel attn_kernel = AttnKernel::AUTO;
+    // The int8 GEMM (`_tq`, shaders/matmul_tiled.comp): batches that reach the GEMM, over block-type
+    // matrices, take x quantized to int8 per 32 elements and packed 4 x 8-bit integer dot products
+    // (VK_KHR_shader_integer_dot_product) instead of the float GEMM. ON needs the device feature
+    // (refused at load without it); AUTO: the BLUE_MATMUL_INT8 environment variable (0 or 1) if
+    // set, else on where the device says the packed signed dot product is accelerated.
+    enum class Int8Matmul { AUTO, OFF, ON };
+    Int8Matmul int8_matmul = Int8Matmul::AUTO;
     // Keep clock(): one point per drained chain (one-shot runs; a server would grow it forever).
     bool record_clock = false;
 };

@@ -873,7 +873,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     // many (a prompt, a large batch): a GEMM. On a GPU (split_matmul) the single
                     // item and the 4-item tile split K and the GEMM is the shared-memory tiled
                     // `_t`; on a CPU driver it is the lanes-over-items `_i` (block types) or the
-                    // register-tiled `_g` (F32, F16, BF16).
+                    // register-tiled `_g` (F32, F16, BF16). With int8_matmul, block types take
+                    // the int8 tiled `_tq` in either shape.
                     const uint32_t r = matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
                     DispatchDesc single = singleItemDispatch(d);
                     if (kernels.split_matmul) splitMatmul(&single, n, "s"); else narrowMatmul(&single, n, r);
@@ -881,7 +882,11 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.min_items = 2;
                     d.tile = BLUE_MATMUL_TILE;
                     const uint32_t g = kernels.gemm_min_items;
-                    std::optional<DispatchDesc> gemm =
+                    std::optional<DispatchDesc> gemm;
+                    if (kernels.int8_matmul) {
+                        gemm = rowGroupsGemm(d, n, g, "_tq", BLUE_MATMUL_TILED_ROWS, BLUE_MATMUL_TILED_ITEMS);
+                    }
+                    if (!gemm) gemm =
                         kernels.split_matmul
                             ? rowGroupsGemm(d, n, g, "_t", BLUE_MATMUL_TILED_ROWS, BLUE_MATMUL_TILED_ITEMS)
                             : rowGroupsGemm(d, n, g, "_i", BLUE_MATMUL_ITEMS_ROWS,

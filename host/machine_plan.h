@@ -207,6 +207,8 @@ struct KernelChoice {
     // Items from which a batched MATMUL runs the GEMM (`_t` or `_g`) rather than the 4-item
     // tiles (GpuMachine: BLUE_GEMM_MIN_ITEMS in the environment, else defaultGemmMinItems).
     uint32_t gemm_min_items = BLUE_MATMUL_GEMM_TILE;
+    // The GEMM of block-type matrices is the int8 `_tq` (GpuOptions::int8_matmul), in either shape.
+    bool int8_matmul = false;
 };
 
 // The item count from which a batched MATMUL runs the GEMM unless BLUE_GEMM_MIN_ITEMS says

@@ -12,6 +12,25 @@
 // 722-token prompt on the tinyllama shape.) 16 KiB of shared memory, Vulkan's minimum, so every
 // device that runs BlueVM can run it.
 // Grid: x = ceil(items / BLUE_MATMUL_TILED_ITEMS), y = ceil(N / BLUE_MATMUL_TILED_ROWS).
+//
+// Built again with MT_INT8 as `_tq` for the block types, where the device has integer dot
+// products (VK_KHR_shader_integer_dot_product; KernelChoice::int8_matmul): the quants of a unit
+// stay integers (every type's wGroup levels are integers in -128..127) and the items' x is
+// quantized to int8 per 32 elements of K (scale max |x| / 127, rounded to nearest even) as it is
+// loaded, so a lane's 4 rows x 4 items take 8 packed 4 x 8-bit dot products each per unit (OpSDot)
+// and one float multiply-add per half unit: x * w = dx * (sc * sum qx qw + mn * sum qx). The
+// offsets (mn) multiply the quantized x too, so the products are those of the real weights with
+// the rounded x: each x is off by at most dx / 2, and a row's sum by at most sum over units
+// (max |x| / 254) * sum |w| (tests/test_ops_gpu.cpp states the bound it checks). (With exact sums
+// of x instead, the error is that of the levels d * q, not of w = d * q + m: twice as large for
+// Q4_0 in the op tests.)
+#ifdef MT_INT8
+#extension GL_EXT_spirv_intrinsics : require
+// OpSDot (SPV_KHR_integer_dot_product) on two words of four signed bytes; the literal 0 is
+// PackedVectorFormat4x8Bit. Capabilities DotProduct (6019), DotProductInput4x8BitPacked (6018).
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4x8(uint a, uint b, spirv_literal int packed_format);
+#endif
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
 #include "common/activations.glsl"
@@ -29,9 +48,25 @@
 #define XSTEP (LANES / 64u)          // lanes per item when loading x
 layout(local_size_x = LANES) in;
 
+#ifdef MT_INT8
+// Per unit of 32 elements (a lane's tile: MT_TR = MT_TC = 4, the defaults): s_wq[j][r] word j (elements 4j..4j+3) of rows 4r..4r+3 as packed
+// int8, s_wsc/s_wmn[h][r] their half units' scales and offsets (wGroup's sc, mn); s_xq[j][c] and
+// s_xd[c] items 4c..4c+3's int8 x and scales, s_xs[h][c] their half units' sums of rounded x (dx * sum qx).
+shared uvec4 s_wq[8][T_M / 4u];
+shared vec4 s_wsc[2][T_M / 4u], s_wmn[2][T_M / 4u];
+shared uvec4 s_xq[8][T_N / 4u];
+shared vec4 s_xd[T_N / 4u], s_xs[2][T_N / 4u];
+
+// Four integer-valued floats in -128..127 as four signed bytes.
+uint packInt8(vec4 v) {
+    const uvec4 b = uvec4(ivec4(v)) & 0xFFu;
+    return b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+}
+#else
 // s_w[k][r] holds rows 4r..4r+3 at element k of the step, s_x[k][c] items 4c..4c+3.
 shared vec4 s_w[T_K][T_M / 4u];
 shared vec4 s_x[T_K][T_N / 4u];
+#endif
 
 void main() {
     const TRef dst = tref(BLUE_PC_OPERANDS);
@@ -57,6 +92,61 @@ void main() {
         for (uint v = 0u; v < MT_TR / 4u; ++v) acc[c][v] = vec4(0.0);
     }
 
+#ifdef MT_INT8
+    for (uint u = 0u; u * 32u < K; ++u) {
+        if (lq == 0u) {
+            // Lanes 0-63: row li's unit u, its levels packed as int8.
+            WHead head;
+            wHead(wbase, bpr, wrow, u >> 3u, head);
+            vec4 q[8];
+            vec2 sc, mn;
+            wGroup(wbase, bpr, wrow, u >> 3u, u & 7u, head, q, sc, mn);
+            for (uint j = 0u; j < 8u; ++j) s_wq[j][li >> 2u][li & 3u] = packInt8(q[j]);
+            for (uint h = 0u; h < 2u; ++h) {
+                s_wsc[h][li >> 2u][li & 3u] = sc[h];
+                s_wmn[h][li >> 2u][li & 3u] = mn[h];
+            }
+        } else if (lq == 1u) {
+            // Lanes 64-127: item li's 32 elements of x, quantized to int8 with one scale.
+            vec4 xv[8];
+            vec4 amax = vec4(0.0);
+            for (uint t = 0u; t < 8u; ++t) {
+                const uint xt = u * 8u + t;
+                xv[t] = xt < xtn ? TEXELF(2, xbase + xt) : vec4(0.0);
+                amax = max(amax, abs(xv[t]));
+            }
+            const float m = max(max(amax.x, amax.y), max(amax.z, amax.w));
+            const float inv = m > 0.0 ? 127.0 / m : 0.0;
+            vec4 qsum[2] = vec4[2](vec4(0.0), vec4(0.0));
+            for (uint t = 0u; t < 8u; ++t) {
+                const vec4 qx = clamp(roundEven(xv[t] * inv), -127.0, 127.0);
+                s_xq[t][li >> 2u][li & 3u] = packInt8(qx);
+                qsum[t >> 2u] += qx;
+            }
+            const float dx = m / 127.0;
+            s_xd[li >> 2u][li & 3u] = dx;
+            s_xs[0][li >> 2u][li & 3u] = dx * dot(qsum[0], vec4(1.0));
+            s_xs[1][li >> 2u][li & 3u] = dx * dot(qsum[1], vec4(1.0));
+        }
+        barrier();
+        ivec4 lo[MT_TC], hi[MT_TC];  // lo[c][r]: sum of qx qw over the half unit, item c, row r
+        for (uint c = 0u; c < MT_TC; ++c) lo[c] = hi[c] = ivec4(0);
+        [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+            const uvec4 wq = s_wq[j][tr], xq = s_xq[j][tc];
+            for (uint c = 0u; c < MT_TC; ++c) {
+                const ivec4 d = ivec4(sdot4x8(wq.x, xq[c], 0), sdot4x8(wq.y, xq[c], 0), sdot4x8(wq.z, xq[c], 0),
+                                      sdot4x8(wq.w, xq[c], 0));
+                if (j < 4u) lo[c] += d; else hi[c] += d;
+            }
+        }
+        const vec4 sc0 = s_wsc[0][tr], sc1 = s_wsc[1][tr], mn0 = s_wmn[0][tr], mn1 = s_wmn[1][tr];
+        const vec4 xd = s_xd[tc], xs0 = s_xs[0][tc], xs1 = s_xs[1][tc];
+        for (uint c = 0u; c < MT_TC; ++c) {
+            acc[c][0] += xd[c] * (sc0 * vec4(lo[c]) + sc1 * vec4(hi[c])) + (mn0 * xs0[c] + mn1 * xs1[c]);
+        }
+        barrier();
+    }
+#else
     for (uint k0 = 0u; k0 < K; k0 += T_K) {
         // x: 8 texels per item per step, 8 / XSTEP per lane (texels lq, lq + XSTEP, ...).
         for (uint t = lq; t < 8u; t += XSTEP) {
@@ -107,6 +197,7 @@ void main() {
         }
         barrier();
     }
+#endif
 
     const uint epilogue = pc.w[BLUE_PC_MM_EPILOGUE];
     for (uint c = 0u; c < MT_TC; ++c) {

@@ -153,8 +153,9 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
         CHECK(native == "kernel shapes: matmul: lanes over rows for 1-15 items, lanes over items (block types) or register tiles (F32, F16, BF16) for 16+, 16-64 lanes a "
                         "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head; sampling: 64 "
                         "lanes up to 4096 tokens, else 256");
-    } else {  // a GPU
-        CHECK(native == "kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); attention: a workgroup per head");
+    } else {  // a GPU (with the int8 GEMM named between them where its integer dot products are fast)
+        CHECK(native.rfind("kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); ", 0) == 0);
+        CHECK(native.find("attention: a workgroup per head") != std::string::npos);
     }
     CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_ATTN_KERNEL=split"})
               .rfind("kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); attention: a "
@@ -173,6 +174,12 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
                      0) == 0);
     CHECK(shapes({"BLUE_DECODE_KERNEL=fast"}).find("BLUE_DECODE_KERNEL is 'fast': it takes 'rows' or 'split'") !=
           std::string::npos);
+    // The int8 GEMM: named when on (forced here; a device with accelerated integer dot products
+    // has it by default), refused with the values it takes.
+    CHECK(shapes({"BLUE_MATMUL_INT8=1"}).find("; block types' GEMM: int8 (x quantized per 32 elements, packed integer dot products") !=
+          std::string::npos);
+    CHECK(shapes({"BLUE_MATMUL_INT8=0"}).find("int8") == std::string::npos);
+    CHECK(shapes({"BLUE_MATMUL_INT8=yes"}).find("BLUE_MATMUL_INT8 is 'yes': it takes '0' or '1'") != std::string::npos);
     Child refused({"/usr/bin/env", "BLUE_ATTN_KERNEL=wide", binary("host/bluevm"), "generate", "--model", stories(),
                    "-n", "1"});
     CHECK(refused.wait() == 1);
@@ -207,8 +214,8 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         return c.out_text;
     };
     for (const auto& env : std::vector<std::vector<std::string>>{
-             {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16"},
-             {"BLUE_DECODE_KERNEL=split", "BLUE_GEMM_MIN_ITEMS=65535"}}) {
+             {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=0"},
+             {"BLUE_DECODE_KERNEL=split", "BLUE_GEMM_MIN_ITEMS=65535", "BLUE_MATMUL_INT8=0"}}) {
         CAPTURE(env[0]);
         const std::string together = run(env, "16"), alone = run(env, "1");
         CHECK(std::count(together.begin(), together.end(), '\n') == 16);
@@ -222,7 +229,7 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         const std::string model = dir.path + "/" + type + ".gguf";
         Child q({binary("host/bluevm"), "quantize", stories(), model, "--type", type});
         REQUIRE(q.wait() == 0);
-        const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16"};
+        const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=0"};
         CHECK(run(rows, "16", model) == run(rows, "1", model));
     }
     // llama.cpp's Q4_0 mix (blue-synth: the output matrix in Q6_K, which has a decode of its own).
@@ -231,7 +238,7 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         Child synth({binary("tools/synth/blue-synth"), "--preset", "stories15M", "--layers", "2", "--dim", "256",
                      "--heads", "4", "--vocab", "300", "-t", "q4_0", "-o", model});
         REQUIRE_MESSAGE(synth.wait() == 0, synth.err_text);
-        const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16"};
+        const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=0"};
         CHECK(run(rows, "16", model) == run(rows, "1", model));
     }
     // The GPU default, a tiled GEMM from 65 items, sums a prompt's rows in another order than
@@ -240,6 +247,71 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
     const std::string split = run({"BLUE_DECODE_KERNEL=split", "BLUE_GEMM_MIN_ITEMS=65535"}, "16");
     const std::string verdict = tiled == split ? "equal" : "differ from";
     MESSAGE("GPU shapes with the tiled GEMM from 16 items: log-probabilities " << verdict << " the split-K tiles'");
+}
+
+// The int8 GEMM (BLUE_MATMUL_INT8=1): 16 greedy prompts on 16 instances, so every cycle (the
+// prompts' 16+ rows, then 16 decode rows) runs `_tq` (the profile says so), against the float
+// GEMM: stories260K in Q8_0 and Q4_0. Rounding x to int8 moves a logit by a few 1e-3 of the
+// largest (the op test's bound), so the greedy tokens agree until a near-tie and their
+// log-probabilities stay close: measured on lavapipe, at most 0.065 (Q8_0) and 0.12 nats (Q4_0)
+// over 24 tokens, where Q8_0 and Q4_0 weights themselves move them 0.11 and 0.49 from F32's.
+// A wrong scale or offset moves them by whole nats from the first token on. A device without
+// integer dot products refuses the variable instead.
+TEST_CASE("cli: the int8 GEMM gives the float GEMM's greedy tokens with close log-probabilities") {
+    TempDir dir("blue_int8");
+    const std::string prompts = dir.path + "/prompts.txt";
+    {
+        std::ofstream f(prompts);
+        for (const char* p : {"Once upon a time", "The dog", "Lily went", "One day", "Tom", "A cat", "The sun",
+                              "Mom said", "The bird", "Ben and", "It was", "She saw", "They ran", "The big",
+                              "A little", "He was"}) {
+            f << p << "\n";
+        }
+    }
+    for (const std::string type : {"q8_0", "q4_0"}) {
+        CAPTURE(type);
+        const std::string model = dir.path + "/" + type + ".gguf";
+        Child q({binary("host/bluevm"), "quantize", stories(), model, "--type", type});
+        REQUIRE(q.wait() == 0);
+        std::string err[2];
+        std::vector<nlohmann::json> out[2];
+        for (int int8 = 0; int8 < 2; ++int8) {
+            Child c({"/usr/bin/env", "BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16",
+                     int8 ? "BLUE_MATMUL_INT8=1" : "BLUE_MATMUL_INT8=0", binary("host/bluevm"), "generate", "--model",
+                     model, "--prompts", prompts, "--instances", "16", "-n", "24", "--temp", "0", "--logprobs", "0",
+                     "--grammar-words", "0", "--profile"});
+            const int rc = c.wait();
+            err[int8] = c.err_text;
+            if (int8 && rc != 0) {
+                CHECK(c.err_text.find("the int8 GEMM (BLUE_MATMUL_INT8=1) needs integer dot products") != std::string::npos);
+                MESSAGE("this device has no integer dot products: the int8 GEMM is refused");
+                return;
+            }
+            INFO(c.err_text);
+            REQUIRE(rc == 0);
+            std::istringstream lines(c.out_text);
+            for (std::string line; std::getline(lines, line);) out[int8].push_back(nlohmann::json::parse(line));
+            REQUIRE(out[int8].size() == 16);
+        }
+        const std::string tq = "matmul_" + type + "_tq";
+        CHECK(err[1].find(tq) != std::string::npos);
+        CHECK(err[0].find(tq) == std::string::npos);
+        size_t first_agree = 0, compared = 0;
+        double max_diff = 0;
+        for (size_t i = 0; i < 16; ++i) {
+            const nlohmann::json &a = out[0][i]["logprobs"], &b = out[1][i]["logprobs"];
+            REQUIRE((!a.empty() && !b.empty()));
+            first_agree += a[0]["id"] == b[0]["id"];
+            for (size_t t = 0; t < std::min(a.size(), b.size()) && a[t]["id"] == b[t]["id"]; ++t, ++compared) {
+                max_diff = std::max(max_diff, std::abs(a[t]["logprob"].get<double>() - b[t]["logprob"].get<double>()));
+            }
+        }
+        MESSAGE(type << ": first tokens agree on " << first_agree << " of 16 prompts; " << compared
+                     << " tokens before the first difference, log-probabilities within " << max_diff);
+        CHECK(first_agree >= 14);
+        CHECK(compared >= 200);
+        CHECK(max_diff <= 0.25);
+    }
 }
 
 TEST_CASE("cli: bluevm generate --prompts runs many prompts on many instances and writes JSONL") {

@@ -170,12 +170,16 @@ void elementwiseCase(Op op, double bound) {
 // `_g` at N = 300), so each lanes-over-rows kernel runs once more at its built 64 lanes, N = 512.
 // The CPU GEMM and the 4-item tile run once more over K = 600 (block types: three 256-element
 // groups of blocks, the last partial; the kernels walk them with their scales reloaded per group).
+// Block types run the int8 GEMM `_tq` (where the device has integer dot products) twice: 70 items
+// with GPU shapes (a full 64-item tile and a partial one), and 21 items over K = 600 with CPU
+// shapes, where it replaces `_i`; every other run turns it off, whatever the device prefers.
 void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
         uint32_t n;
         GpuOptions::DecodeKernel decode;  // one item's and the 4-item tile's kernels: `_b1`/tile (ROWS), `_b1s`/`_s` (SPLIT)
         uint32_t k = kWide;               // rounded up to the type's block
+        bool int8 = false;                // the int8 GEMM (`_tq`) for the GEMM's items
     };
     using DK = GpuOptions::DecodeKernel;
     std::vector<Run> runs = {{{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, kWide, DK::ROWS},
@@ -196,6 +200,10 @@ void matmulCase(DType t) {
     if (Pipelines::exists(gemm)) runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 512, DK::AUTO});
     runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::SPLIT});  // 21 items: split-K tiles on GPUs
     runs.push_back({{30, 25, 15}, {0, 2, 1}, 300, DK::SPLIT});  // 70 items: a full GEMM tile and a partial one
+    if (Pipelines::exists(prefix + "_tq") && gpu().device->info().int_dot) {
+        runs.push_back({{30, 25, 15}, {0, 2, 1}, 300, DK::SPLIT, kWide, true});
+        runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::ROWS, 600, true});
+    }
     for (const Run& run : runs) {
         const uint32_t k = roundUp(run.k, dtypeInfo(t)->block_elems), n = run.n;
         const uint32_t total = std::accumulate(run.rows.begin(), run.rows.end(), 0u);
@@ -221,7 +229,10 @@ void matmulCase(DType t) {
         std::vector<InstancePlan> plans = raggedPlans(om, run.rows, run.starts);
         Module m = om.build(plans);
         auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0,
-                              [&](GpuOptions& o) { o.decode_kernel = run.decode; });
+                              [&](GpuOptions& o) {
+                                  o.decode_kernel = run.decode;
+                                  o.int8_matmul = run.int8 ? GpuOptions::Int8Matmul::ON : GpuOptions::Int8Matmul::OFF;
+                              });
         if (!both) return;
         const uint32_t items = totalRows(plans);
         const bool split = run.decode == DK::SPLIT;
@@ -229,22 +240,40 @@ void matmulCase(DType t) {
         const std::string kernel = kernelName(m, uint32_t(Op::MATMUL), {y, w, x});
         if (single) kernelsRun().insert(kernel + (split ? "_b1s" : "_b1"));
         if (!single && !tiled) kernelsRun().insert(split ? kernel + "_s" : kernel);
-        if (tiled) kernelsRun().insert(split ? kernel + "_t" : gemm);
+        if (tiled) kernelsRun().insert(run.int8 ? kernel + "_tq" : split ? kernel + "_t" : gemm);
         // The GPU accumulates K products in float, the reference in double. Recursive summation
         // errs by at most K * 2^-24 * sum |w x| (~1.1e-5 * 48 for K = 192, |w|, |x| <= 1),
         // against max |ref| of about 10: 1e-4 holds in any summation order. Weights dequantize
         // exactly (d * q has at most 19 significant bits) on both machines. The worst case grows
         // with K: the K = 600 runs get it scaled.
         const double bound = 1e-4 * std::max(1.0, k / 192.0);
-        const std::string name =
-            "MATMUL " + lowerName(t) + (single ? " single item" : tiled ? " GEMM tile" : "") + (split ? " GPU shape" : "");
-        expectClose(*both, y, items, bound, name + " rows");
-        expectClose(*both, yi, 0, bound, name + " instance");
-        expectClose(*both, acc, items, 2 * bound, name + " accumulated (MATMULADD)");
+        const std::string name = "MATMUL " + lowerName(t) + (single ? " single item" : tiled ? " GEMM tile" : "") +
+                                 (split ? " GPU shape" : "") + (run.int8 ? " int8" : "");
+        // The int8 GEMM rounds each x to its unit's step dx = max |x| / 127 <= 1/127: an error
+        // uniform in +-dx/2 (variance <= dx^2 / 12), independent across elements, times a weight
+        // of mean square 1/3 (uniform in [-1, 1]). A row's sum then errs with a standard deviation
+        // of at most sqrt(K / 36) / 127 (0.018 for K = 192, 0.032 for K = 600); the test allows
+        // six of them on top of the float bound (a chance below 1e-8 per value of failing a
+        // correct kernel), against max |ref| of about 10: a wrong scale, half or sign is off by
+        // whole units.
+        const double int8_abs = run.int8 ? 6.0 * std::sqrt(k / 36.0) / 127.0 : 0.0;
+        auto check = [&](uint32_t tensor, uint32_t rows, double factor, const std::string& what) {
+            if (!run.int8) return expectClose(*both, tensor, rows, factor * bound, what);
+            ErrorStat e = compareTensor(*both, tensor, rows);
+            const double allowed = factor * (int8_abs / (e.max_ref + 1e-30) + bound);
+            INFO(what << ": max error " << e.max_err << ", max |ref| " << e.max_ref << " over " << e.compared
+                      << " values (normalised bound " << allowed << ")");
+            CHECK(e.compared > 0);
+            CHECK(e.normalised() <= allowed);
+            opMeasures().push_back({what, e.normalised(), allowed});
+        };
+        check(y, items, 1, name + " rows");
+        check(yi, 0, 1, name + " instance");
+        check(acc, items, 2, name + " accumulated (MATMULADD)");
         // The product's error (1e-4 of max |W x|, about 10) through the activation (slope <= 1.1)
         // times the gated value (up to 5), and the gated value's own: a few 1e-4 of max |ref|.
-        expectClose(*both, silu, items, 10 * bound, name + " gating (MATMULGLU silu)");
-        expectClose(*both, gelu, items, 10 * bound, name + " gating (MATMULGLU gelu)");
+        check(silu, items, 10, name + " gating (MATMULGLU silu)");
+        check(gelu, items, 10, name + " gating (MATMULGLU gelu)");
     }
 }
 
@@ -588,6 +617,7 @@ TEST_CASE("ops gpu: every tensor op of the table matches the reference, in every
         // Control kernels, run by every GPU test (sequencer_noballot: test_device_limits.cpp).
         if (name == "sequencer" || name == "sequencer_noballot" || name == "plan") continue;
         if (name.rfind("peak_", 0) == 0) continue;  // device ceilings: tests/test_peak.cpp
+        if (!kernelChosen(name, gpu().device->info())) continue;  // e.g. `_tq` without integer dot products
         CHECK_MESSAGE(kernelsRun().count(name) == 1,
                       "kernel " << name << " is built but no case in test_ops_gpu.cpp runs it");
     }
