@@ -659,6 +659,11 @@ Status checkDeviceFit(const PagePlan& pages, const ControlLayout& layout, uint32
     return Status::ok();
 }
 
+uint32_t moeRowsPerInvocation(DType type) {
+    const uint32_t r = matmulRowsPerInvocation(type);
+    return r == BLUE_MM_R_PLAIN ? r : BLUE_MM_R_MOE;
+}
+
 uint32_t matmulRowsPerInvocation(DType type) {
     switch (type) {
         case DType::F32:
@@ -846,7 +851,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                         break;
                     case Grid::MOE: {
                         const TensorDecl& w = m.tensors[ti.args[1]];
-                        uint32_t rows = BLUE_MATMUL_WG * matmulRowsPerInvocation(w.dtype);
+                        uint32_t rows = BLUE_MATMUL_WG * moeRowsPerInvocation(w.dtype);
                         d.fixed = uint32_t((w.ne[1] + rows - 1) / rows);
                         d.axis = 1;
                         d.push[BLUE_PC_MOE_SHAPE] = uint32_t(w.ne[0]);

@@ -182,6 +182,8 @@ StreamPlan planStreams(const PagePlan& pages, std::vector<DispatchDesc>* dispatc
 
 // Rows of a weight matrix one MATMUL invocation computes, by weight type.
 uint32_t matmulRowsPerInvocation(DType type);
+// MOEMM's rows per invocation (shaders/matmul.comp with MM_MOE): BLUE_MM_R_MOE for block types.
+uint32_t moeRowsPerInvocation(DType type);
 
 // One dispatch per tensor instruction, block by block (MATMUL: a single-item variant, a batched
 // one and, for plain weight types, Q4_0 and the IQ4 types with at least BLUE_MATMUL_WG *

@@ -25,6 +25,8 @@ bool g_cached;
 #if defined(MM_R)  // set by the build (the GEMM variant)
 #elif defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
 #define MM_R BLUE_MM_R_PLAIN
+#elif defined(MM_MOE)
+#define MM_R BLUE_MM_R_MOE
 #elif defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1) || defined(WTYPE_IQ4_NL) || defined(WTYPE_MXFP4)
 #define MM_R BLUE_MM_R_SMALLQ
 #else
