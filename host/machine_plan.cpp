@@ -671,6 +671,7 @@ uint32_t matmulRowsPerInvocation(DType type) {
         case DType::BF16:
             return BLUE_MM_R_PLAIN;
         case DType::Q8_0:
+            return BLUE_MM_R_Q8;
         case DType::Q4_0:
         case DType::Q4_1:
         case DType::Q5_0:

@@ -38,11 +38,12 @@
 #define BLUE_MM_R_GEMM 4
 // MATMUL: weight rows per invocation, by weight type (a workgroup covers WG * R rows along y).
 // Each x texel a lane loads (the same in every lane: a gather of ~40 instructions on lavapipe)
-// serves R rows. 8 for the block types: one-item generation 1.1-1.2x of 4 on lavapipe
-// (README, Measured: "Eight rows a lane"), 16 slower than 8. MOEMM keeps 4 (BLUE_MM_R_MOE):
-// an expert's few rows would fill fewer workgroups.
+// serves R rows. 8 for the block types but Q8_0 (README, Measured: "Eight rows a lane"): 16
+// was slower than 8, and Q8_0, whose rows take two weight texels a block, slower at 8 than at 4.
+// MOEMM keeps 4 (BLUE_MM_R_MOE): an expert's few rows would fill fewer workgroups.
 #define BLUE_MM_R_PLAIN 2     // F32, F16, BF16
-#define BLUE_MM_R_SMALLQ 8    // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4
+#define BLUE_MM_R_Q8 4        // Q8_0
+#define BLUE_MM_R_SMALLQ 8    // Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4
 #define BLUE_MM_R_KQ 8        // Q2_K .. Q6_K, IQ4_XS, TQ1_0, TQ2_0
 #define BLUE_MM_R_MOE 4       // MOEMM, block types
 // MATMUL variants for GPUs (split K; `_b1s` for one item, `_s` for the 4-item tile): a

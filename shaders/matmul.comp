@@ -27,7 +27,9 @@ bool g_cached;
 #define MM_R BLUE_MM_R_PLAIN
 #elif defined(MM_MOE)
 #define MM_R BLUE_MM_R_MOE
-#elif defined(WTYPE_Q8_0) || defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1) || defined(WTYPE_IQ4_NL) || defined(WTYPE_MXFP4)
+#elif defined(WTYPE_Q8_0)
+#define MM_R BLUE_MM_R_Q8
+#elif defined(WTYPE_Q4_0) || defined(WTYPE_Q4_1) || defined(WTYPE_Q5_0) || defined(WTYPE_Q5_1) || defined(WTYPE_IQ4_NL) || defined(WTYPE_MXFP4)
 #define MM_R BLUE_MM_R_SMALLQ
 #else
 #define MM_R BLUE_MM_R_KQ
