@@ -186,6 +186,18 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
     CHECK(refused.err_text.find("BLUE_ATTN_KERNEL is 'wide': it takes 'lanes' or 'split'") != std::string::npos);
 }
 
+// Sixteen short story openings, one a line, written into `dir`; the file's path.
+std::string sixteenPrompts(const std::string& dir) {
+    const std::string path = dir + "/prompts.txt";
+    std::ofstream f(path);
+    for (const char* p : {"Once upon a time", "The dog", "Lily went", "One day", "Tom", "A cat", "The sun",
+                          "Mom said", "The bird", "Ben and", "It was", "She saw", "They ran", "The big", "A little",
+                          "He was"}) {
+        f << p << "\n";
+    }
+    return path;
+}
+
 // Batch invariance (README, How it runs): 16 sampled prompts with their log-probabilities, all
 // sharing cycles on 16 instances or one at a time on one, give the same bytes with the rows
 // kernels and with the GPU shapes kept on split-K tiles for every batch (BLUE_GEMM_MIN_ITEMS
@@ -193,15 +205,7 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
 // output matrix. Run here with GPU shapes on whatever device runs the tests.
 TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities whatever shares a cycle") {
     TempDir dir("blue_invariance");
-    const std::string prompts = dir.path + "/prompts.txt";
-    {
-        std::ofstream f(prompts);
-        for (const char* p : {"Once upon a time", "The dog", "Lily went", "One day", "Tom", "A cat", "The sun",
-                              "Mom said", "The bird", "Ben and", "It was", "She saw", "They ran", "The big",
-                              "A little", "He was"}) {
-            f << p << "\n";
-        }
-    }
+    const std::string prompts = sixteenPrompts(dir.path);
     auto run = [&](const std::vector<std::string>& env, const char* instances, std::string model = stories()) {
         std::vector<std::string> args = {"/usr/bin/env"};
         args.insert(args.end(), env.begin(), env.end());
@@ -259,15 +263,7 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
 // integer dot products refuses the variable instead.
 TEST_CASE("cli: the int8 GEMM gives the float GEMM's greedy tokens with close log-probabilities") {
     TempDir dir("blue_int8");
-    const std::string prompts = dir.path + "/prompts.txt";
-    {
-        std::ofstream f(prompts);
-        for (const char* p : {"Once upon a time", "The dog", "Lily went", "One day", "Tom", "A cat", "The sun",
-                              "Mom said", "The bird", "Ben and", "It was", "She saw", "They ran", "The big",
-                              "A little", "He was"}) {
-            f << p << "\n";
-        }
-    }
+    const std::string prompts = sixteenPrompts(dir.path);
     for (const std::string type : {"q8_0", "q4_0"}) {
         CAPTURE(type);
         const std::string model = dir.path + "/" + type + ".gguf";
