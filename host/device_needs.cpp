@@ -164,7 +164,7 @@ std::vector<DeviceFeature> describeFeatures(const DeviceInfo& info) {
         {"8-bit storage", info.storage8,
          capabilityUse(info, SpvCap::kStorageBuffer8BitAccess, "StorageBuffer8BitAccess")},
         {"integer dot product", info.int_dot,
-         info.int_dot_accelerated
+         info.int_dot && info.int_dot_accelerated
              ? std::string("4 x 8-bit packed signed accelerated: the int8 GEMM (`_tq`) runs prompts and "
                            "large batches of block-type matrices (BLUE_MATMUL_INT8=0 turns it off)")
              : info.int_dot ? std::string("not accelerated: the int8 GEMM (`_tq`) runs only with BLUE_MATMUL_INT8=1")

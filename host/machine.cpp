@@ -370,7 +370,8 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
     k.loop_limit = deviceLoopLimit(info.cpu);
     using IM = GpuOptions::Int8Matmul;
     if (options.int8_matmul == IM::AUTO) {
-        Result<bool> int8 = envChoice("BLUE_MATMUL_INT8", "0", "1", info.int_dot_accelerated);
+        // (A profile may turn the feature off and leave the property: both must hold.)
+        Result<bool> int8 = envChoice("BLUE_MATMUL_INT8", "0", "1", info.int_dot && info.int_dot_accelerated);
         if (!int8) return int8.status();
         k.int8_matmul = int8.value();
     } else {

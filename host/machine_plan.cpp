@@ -660,8 +660,8 @@ Status checkDeviceFit(const PagePlan& pages, const ControlLayout& layout, uint32
 }
 
 uint32_t moeRowsPerInvocation(DType type) {
-    const uint32_t r = matmulRowsPerInvocation(type);
-    return r == BLUE_MM_R_PLAIN ? r : BLUE_MM_R_MOE;
+    const bool plain = type == DType::F32 || type == DType::F16 || type == DType::BF16;
+    return plain ? BLUE_MM_R_PLAIN : BLUE_MM_R_MOE;
 }
 
 uint32_t matmulRowsPerInvocation(DType type) {

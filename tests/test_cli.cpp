@@ -264,6 +264,27 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
 TEST_CASE("cli: the int8 GEMM gives the float GEMM's greedy tokens with close log-probabilities") {
     TempDir dir("blue_int8");
     const std::string prompts = sixteenPrompts(dir.path);
+    // A device without the feature (a profile turns it off) runs without the int8 GEMM and
+    // refuses it when asked, naming the device.
+    const std::string no_dot = dir.path + "/no-dot.json";
+    std::ofstream(no_dot) << R"({"name": "no-dot", "device": "lavapipe without integer dot products",
+        "source": "tests/test_cli.cpp", "apiVersion": "1.2", "limits": {},
+        "features": {"shaderIntegerDotProduct": false}})";
+    {
+        Child plain({"/usr/bin/env", "BLUE_DEVICE_LIMITS=" + no_dot, binary("host/bluevm"), "generate", "--model",
+                     stories(), "-p", "Once upon a time", "-n", "4", "--temp", "0"});
+        INFO(plain.err_text);
+        CHECK(plain.wait() == 0);
+        Child forced({"/usr/bin/env", "BLUE_DEVICE_LIMITS=" + no_dot, "BLUE_MATMUL_INT8=1", binary("host/bluevm"),
+                      "generate", "--model", stories(), "-p", "Once upon a time", "-n", "4", "--temp", "0"});
+        CHECK(forced.wait() == 1);
+        CHECK(forced.err_text.find("the int8 GEMM (BLUE_MATMUL_INT8=1) needs integer dot products "
+                                   "(VK_KHR_shader_integer_dot_product, shaderIntegerDotProduct), which device") !=
+              std::string::npos);
+        Child devices({"/usr/bin/env", "BLUE_DEVICE_LIMITS=" + no_dot, binary("host/bluevm"), "devices"});
+        REQUIRE(devices.wait() == 0);
+        CHECK(devices.out_text.find("without it the int8 GEMM (`_tq`) cannot run") != std::string::npos);
+    }
     for (const std::string type : {"q8_0", "q4_0"}) {
         CAPTURE(type);
         const std::string model = dir.path + "/" + type + ".gguf";
