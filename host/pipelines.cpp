@@ -66,7 +66,7 @@ std::string kernelVariantReason(const std::string& kernel, const DeviceInfo& inf
 bool kernelChosen(const std::string& embedded, const DeviceInfo& info) {
     // The int8 GEMMs (matmul_*_tq) declare the integer dot product capabilities: a device
     // without them never runs one (KernelChoice::int8_matmul).
-    if (embedded.size() > 3 && embedded.compare(embedded.size() - 3, 3, "_tq") == 0) return info.int_dot;
+    if (embedded.ends_with("_tq")) return info.int_dot;
     for (const DeviceVariant& v : kVariants) {
         if (embedded == v.variant) return v.wanted(info);
         if (embedded == v.kernel) return !v.wanted(info);

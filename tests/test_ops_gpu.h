@@ -17,9 +17,10 @@ struct OpMeasure {
 std::vector<OpMeasure>& opMeasures();
 
 // Checks that `tensor` (ROWS: the first `rows` rows of the last block run) matches within
-// `bound`, and logs the measurement.
+// `bound` of max |ref|, plus `abs_bound` (an absolute error, for bounds that do not scale with
+// the values), and logs the measurement.
 void expectClose(const BothMachines& b, uint32_t tensor, uint32_t rows, double bound,
-                 const std::string& what);
+                 const std::string& what, double abs_bound = 0);
 
 // One plan per instance with rows[i] rows at position pos[i]; every row gets a different random
 // token of the module's vocabulary.
