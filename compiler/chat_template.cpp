@@ -58,6 +58,9 @@ bool isUser(const ChatMessage& m) {
 // take a system message only in first position.
 Status checkRoles(ChatTemplate t, const std::vector<ChatMessage>& messages) {
     const bool any_role = t == ChatTemplate::ChatMl || t == ChatTemplate::Llama3;
+    // Mistral's tool-aware templates: tool results and the tools' description have markers.
+    const bool mistral_tools = t == ChatTemplate::MistralV3 || t == ChatTemplate::MistralV3Tekken ||
+                               t == ChatTemplate::MistralV7;
     const bool leading_system_only = t == ChatTemplate::Llama2 || t == ChatTemplate::MistralV1 ||
                                      t == ChatTemplate::MistralV3 ||
                                      t == ChatTemplate::MistralV3Tekken || t == ChatTemplate::Gemma;
@@ -73,11 +76,12 @@ Status checkRoles(ChatTemplate t, const std::vector<ChatMessage>& messages) {
                 "chat template %s: message %zu has role '%s': roles are letters, "
                 "digits, '_' and '-'",
                 name, i, ggufPrintable(role).c_str());
+        if (mistral_tools && (role == "tool" || role == "available_tools")) continue;
         if (!any_role && role != "system" && role != "user" && role != "assistant")
             return BLUE_ERROR(
                 "chat template %s: message %zu has role '%s' (expected system, user "
-                "or assistant)",
-                name, i, role.c_str());
+                "or assistant%s)",
+                name, i, role.c_str(), mistral_tools ? ", or tool and available_tools" : "");
         if (leading_system_only && role == "system" && i != 0)
             return BLUE_ERROR(
                 "chat template %s: message %zu is a system message; this template "
@@ -126,6 +130,25 @@ std::string formatLlama2(const std::vector<ChatMessage>& msgs, const ChatTokenTe
     return out;
 }
 
+// Mistral's tool markers (v3, tekken and v7; checkRoles admits the roles): role `tool` is a
+// result inside [TOOL_RESULTS], role `available_tools` the tools' description inside
+// [AVAILABLE_TOOLS] (the caller puts it before the last user message, as Mistral's templates
+// do), and an assistant message that starts with [TOOL_CALLS] is calls, written as they are.
+// v3 puts a space after the opening markers, tekken and v7 none. Returns false for other roles.
+bool mistralToolTurn(bool spaced, const ChatMessage& m, const ChatTokenTexts& tok, std::string& out) {
+    const char* gap = spaced ? " " : "";
+    if (m.role == "tool") {
+        out += "[TOOL_RESULTS]" + std::string(gap) + m.content + "[/TOOL_RESULTS]";
+    } else if (m.role == "available_tools") {
+        out += "[AVAILABLE_TOOLS]" + std::string(gap) + m.content + "[/AVAILABLE_TOOLS]";
+    } else if (m.role == "assistant" && m.content.starts_with("[TOOL_CALLS]")) {
+        out += m.content + tok.eos;
+    } else {
+        return false;
+    }
+    return true;
+}
+
 // Mistral's v1/v3/tekken formats differ in spacing and in which user message carries the system
 // prompt (v1: the first, v3 and tekken: the last).
 Result<std::string> formatMistral(ChatTemplate t, const std::vector<ChatMessage>& msgs,
@@ -143,6 +166,7 @@ Result<std::string> formatMistral(ChatTemplate t, const std::vector<ChatMessage>
     std::string out;
     for (size_t i = has_system ? 1 : 0; i < msgs.size(); ++i) {
         const ChatMessage& m = msgs[i];
+        if (!v1 && mistralToolTurn(!tekken, m, tok, out)) continue;
         if (isUser(m)) {
             std::string content = (has_system && i == carrier ? system + "\n\n" : "") + m.content;
             out += v1 ? " [INST] " + content + " [/INST]"
@@ -159,6 +183,7 @@ Result<std::string> formatMistral(ChatTemplate t, const std::vector<ChatMessage>
 std::string formatMistralV7(const std::vector<ChatMessage>& msgs, const ChatTokenTexts& tok) {
     std::string out;
     for (const ChatMessage& m : msgs) {
+        if (mistralToolTurn(false, m, tok, out)) continue;
         if (isSystem(m)) {
             out += "[SYSTEM_PROMPT] " + m.content + "[/SYSTEM_PROMPT]";
         } else if (isUser(m)) {

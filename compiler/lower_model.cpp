@@ -315,8 +315,7 @@ std::vector<uint32_t> tokenBytesTable(const Tokenizer& tok, uint32_t vocab) {
             info[t] = BLUE_TB_END << 8;
             continue;
         }
-        if (tok.isControl(int32_t(t))) continue;
-        std::string_view p = tok.piece(int32_t(t));
+        std::string_view p = tok.piece(int32_t(t));  // empty for hidden control tokens
         if (p.empty() || p.size() > 255 || bytes.size() + p.size() >= (1u << 22)) continue;
         info[t] = uint32_t(bytes.size()) << 10 | BLUE_TB_TEXT << 8 | uint32_t(p.size());
         bytes += p;

@@ -119,8 +119,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special,
 bool Tokenizer::appendPiece(int32_t id, bool render_special, bool& strip_space,
                             std::string& out) const {
     if (!isValid(id)) return false;
-    TokenType type = s_->types[size_t(id)];
-    if (!render_special && (type == TokenType::Control || type == TokenType::Unknown)) return false;
+    if (!render_special && hidden(id)) return false;
     std::string_view p = s_->pieces[size_t(id)];
     if (strip_space && !p.empty() && p[0] == ' ') p.remove_prefix(1);
     strip_space = false;
@@ -138,8 +137,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool render_special)
 
 std::string_view Tokenizer::piece(int32_t id, bool render_special) const {
     if (!isValid(id)) return {};
-    TokenType type = s_->types[size_t(id)];
-    if (!render_special && (type == TokenType::Control || type == TokenType::Unknown)) return {};
+    if (!render_special && hidden(id)) return {};
     return s_->pieces[size_t(id)];
 }
 
@@ -182,6 +180,11 @@ bool Tokenizer::addSpacePrefix() const {
 
 bool Tokenizer::isEog(int32_t id) const {
     return isValid(id) && s_->eog[size_t(id)];
+}
+
+bool Tokenizer::hidden(int32_t id) const {
+    const TokenType type = s_->types[size_t(id)];
+    return (type == TokenType::Control && id != s_->shown_control) || type == TokenType::Unknown;
 }
 
 bool Tokenizer::isControl(int32_t id) const {

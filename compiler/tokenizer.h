@@ -75,13 +75,14 @@ class Tokenizer {
     // Token ids to text, the exact bytes of the pieces concatenated. With add_space_prefix
     // (SentencePiece), one leading space of the first text-producing token is dropped, as the
     // SentencePiece decoder does; BOS and other hidden control tokens before it do not count.
-    // render_special: include the text of control and unknown tokens. Ids outside the vocabulary
+    // render_special: include the text of control and unknown tokens (Mistral's [TOOL_CALLS] is
+    // always included: see hidden()). Ids outside the vocabulary
     // produce nothing. No clean-up of tokenization spaces is applied, so decoding is lossless and
     // equals streaming decoding.
     std::string decode(std::span<const int32_t> ids, bool render_special = false) const;
 
     // The text a token contributes when decoded (spaces restored, bytes unmapped); empty for ids
-    // outside the vocabulary and for control/unknown tokens unless render_special.
+    // outside the vocabulary and for hidden control/unknown tokens unless render_special.
     std::string_view piece(int32_t id, bool render_special = false) const;
 
     TokenizerModel model() const;
@@ -118,6 +119,9 @@ class Tokenizer {
     // tokens (returns false, leaving strip_space as is); otherwise drops one leading space when
     // strip_space is set, then clears it.
     bool appendPiece(int32_t id, bool render_special, bool& strip_space, std::string& out) const;
+    // Whether decoding leaves `id` out unless render_special: control and unknown tokens, except
+    // Mistral's [TOOL_CALLS], which answers show so they read back as tool calls. `id` is valid.
+    bool hidden(int32_t id) const;
 
     std::shared_ptr<const TokenizerState> s_;
 };

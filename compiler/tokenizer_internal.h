@@ -53,6 +53,10 @@ struct TokenizerState {
     // Control, user-defined and unknown tokens, longest text first: matched in raw text.
     std::vector<int32_t> special_by_length;
 
+    // A control token decoded as text: Mistral's tool-call marker, [TOOL_CALLS], so an answer
+    // shows (and structured output can require) where its calls start.
+    int32_t shown_control = kNoToken;
+
     int32_t bos = kNoToken, eos = kNoToken, eot = kNoToken, eom = kNoToken;
     int32_t unk = kNoToken, pad = kNoToken, sep = kNoToken;
     bool add_bos = false, add_eos = false, add_space_prefix = false;

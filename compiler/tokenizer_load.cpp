@@ -30,6 +30,7 @@ constexpr const char* kEotTexts[] = {
     "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",  // DeepSeek
 };
 constexpr const char* kEomText = "<|eom_id|>";
+constexpr const char* kToolCallsText = "[TOOL_CALLS]";  // TokenizerState::shown_control
 
 Status readTokens(const GgufFile& f, TokenizerState& s) {
     auto tokens = f.getStringArray(kKeyTokens);
@@ -257,6 +258,10 @@ void findEndTokens(TokenizerState& s) {
     }
     for (int32_t id : {s.eos, s.eot, s.eom})
         if (id != kNoToken) s.eog[size_t(id)] = 1;
+    const int32_t calls = s.find(kToolCallsText);
+    if (calls != kNoToken && s.types[size_t(calls)] == TokenType::Control && !s.eog[size_t(calls)]) {
+        s.shown_control = calls;
+    }
 }
 
 void buildSpecialOrder(TokenizerState& s) {

@@ -140,6 +140,44 @@ TEST_CASE("chat template: roles a family cannot express are refused") {
           std::string::npos);
 }
 
+// Mistral's tool turns (host/server/tools.cpp writes them): the tools before the last user
+// message, calls after [TOOL_CALLS], results inside [TOOL_RESULTS]; v3 spaced, tekken and v7 not;
+// v1 has no such markers and refuses the roles.
+TEST_CASE("chat template: Mistral's tool markers in v3, tekken and v7") {
+    const std::vector<ChatMessage> turns = {
+        {"system", "Be brief."},
+        {"user", "Weather?"},
+        {"assistant", R"([TOOL_CALLS] [{"name":"w","arguments":{}}])"},
+        {"tool", R"({"content":"sunny"})"},
+        {"available_tools", R"([{"type":"function"}])"},
+        {"user", "And now?"},
+    };
+    ChatTokenTexts tok;
+    tok.eos = "</s>";
+    auto text = [&](ChatTemplate t) {
+        Result<std::string> r = formatChat(t, turns, true, tok);
+        REQUIRE_MESSAGE(r.isOk(), r.message());
+        return *r;
+    };
+    CHECK(text(ChatTemplate::MistralV3) ==
+          R"([INST] Weather?[/INST][TOOL_CALLS] [{"name":"w","arguments":{}}]</s>[TOOL_RESULTS] {"content":"sunny"}[/TOOL_RESULTS])"
+          R"([AVAILABLE_TOOLS] [{"type":"function"}][/AVAILABLE_TOOLS][INST] Be brief.)" "\n\n" "And now?[/INST]");
+    CHECK(text(ChatTemplate::MistralV3Tekken) ==
+          R"([INST]Weather?[/INST][TOOL_CALLS] [{"name":"w","arguments":{}}]</s>[TOOL_RESULTS]{"content":"sunny"}[/TOOL_RESULTS])"
+          R"([AVAILABLE_TOOLS][{"type":"function"}][/AVAILABLE_TOOLS][INST]Be brief.)" "\n\n" "And now?[/INST]");
+    CHECK(text(ChatTemplate::MistralV7) ==
+          R"([SYSTEM_PROMPT] Be brief.[/SYSTEM_PROMPT][INST] Weather?[/INST][TOOL_CALLS] [{"name":"w","arguments":{}}]</s>)"
+          R"([TOOL_RESULTS]{"content":"sunny"}[/TOOL_RESULTS][AVAILABLE_TOOLS][{"type":"function"}][/AVAILABLE_TOOLS])"
+          R"([INST] And now?[/INST])");
+    Result<std::string> v1 = formatChat(ChatTemplate::MistralV1, turns, true, tok);
+    REQUIRE_FALSE(v1.isOk());
+    CHECK(v1.message() == "chat template mistral-v1: message 3 has role 'tool' (expected system, user or assistant)");
+    Result<std::string> odd = formatChat(ChatTemplate::MistralV3, {{"user", "a"}, {"ipython", "b"}}, true, tok);
+    REQUIRE_FALSE(odd.isOk());
+    CHECK(odd.message() == "chat template mistral-v3: message 1 has role 'ipython' (expected system, user or "
+                           "assistant, or tool and available_tools)");
+}
+
 TEST_CASE("chat template: families detected from published template sources") {
     struct Source {
         const char* jinja;

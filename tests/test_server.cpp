@@ -28,6 +28,7 @@
 #include "tests/schema_check.h"
 #include "tests/server_fixture.h"
 #include "tests/scoped_env.h"
+#include "tests/temp_dir.h"
 #include "tests/test_paths.h"
 #include "tools/synth/synth.h"
 
@@ -1052,6 +1053,118 @@ TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid 
         CHECK(e["error"]["message"].get<std::string>().find(b.message) != std::string::npos);
         CHECK(e["error"]["param"] == b.param);
     }
+}
+
+// Mistral's format on a model with Mistral v3's control tokens (blue-synth's mistral-tiny, whose
+// template is inferred as mistral-v3): the GPU's automaton lets the [TOOL_CALLS] control token
+// through (it has the marker's bytes in the grammar's table), the answer starts with that token
+// and reads back as calls; a history with calls and results is taken; a ChatML model refuses the
+// format by name.
+TEST_CASE("server: Mistral's tool format: calls after the [TOOL_CALLS] control token") {
+    TempDir dir("blue_mistral_tools");
+    TestModel tm;
+    tm.path = dir.path + "/mistral-tiny.gguf";
+    Status written = synthWrite(*synthPreset("mistral-tiny"), SynthOptions{}, tm.path);
+    REQUIRE_MESSAGE(written, written.message());
+    TestServer s(2, 1024, 0, {}, tm);
+    auto models = s.client().Get("/v1/models");
+    REQUIRE(models);
+    const json meta = json::parse(models->body)["data"][0]["meta"];
+    CHECK(meta["chat_template"] == "mistral-v3");
+    CHECK(meta["tool_format"] == "mistral");
+    const json add = {{"type", "function"},
+                      {"function", {{"name", "add"},
+                                    {"parameters", {{"type", "object"},
+                                                    {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}},
+                                                                    {"b", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}},
+                                                    {"required", {"a", "b"}}}}}}};
+    const json city = {{"type", "function"},
+                       {"function", {{"name", "get_weather"},
+                                     {"parameters", {{"type", "object"},
+                                                     {"properties", {{"city", {{"type", "string"}, {"maxLength", 10}}}}},
+                                                     {"required", {"city"}}}}}}};
+    const json messages = {{{"role", "system"}, {"content", "Use the tools."}},
+                           {{"role", "user"}, {"content", "What is 2 + 3?"}}};
+    size_t most_calls = 0;
+    int control_token_first = 0;
+    for (const json& choice : {json("required"), json({{"type", "function"}, {"function", {{"name", "add"}}}})}) {
+        for (int seed = 0; seed < 3; ++seed) {
+            CAPTURE(choice.dump());
+            CAPTURE(seed);
+            auto res = post(s, "/v1/chat/completions",
+                            {{"messages", messages}, {"tools", {add, city}}, {"tool_choice", choice}, {"max_tokens", 300},
+                             {"temperature", 0.8}, {"seed", seed}, {"logprobs", true}});
+            REQUIRE(res);
+            REQUIRE(res->status == 200);
+            const json c = json::parse(res->body)["choices"][0];
+            CHECK(c["finish_reason"] == "tool_calls");
+            CHECK(c["message"]["content"].is_null());
+            // The marker: the control token itself, or spelled in pieces (random weights may
+            // prefer those); the token must have been let through at least once (below).
+            REQUIRE(c["logprobs"]["content"].size() > 2);
+            const std::string first = c["logprobs"]["content"][0]["token"];
+            CHECK((first == "[TOOL_CALLS]" || first == "["));
+            control_token_first += first == "[TOOL_CALLS]";
+            const json calls = c["message"]["tool_calls"];
+            REQUIRE(calls.is_array());
+            REQUIRE(calls.size() >= 1);
+            REQUIRE(calls.size() <= server::kMaxParallelCalls);
+            most_calls = std::max(most_calls, calls.size());
+            for (const json& call : calls) {
+                const std::string name = call["function"]["name"];
+                const json args = json::parse(call["function"]["arguments"].get<std::string>());
+                if (choice.is_object()) CHECK(name == "add");
+                if (name == "add") {
+                    CHECK(args["a"].get<int>() >= 0);
+                    CHECK(args["b"].get<int>() <= 99);
+                } else {
+                    REQUIRE(name == "get_weather");
+                    const std::string text = args["city"];  // maxLength counts characters
+                    CHECK(std::count_if(text.begin(), text.end(), [](char ch) { return (ch & 0xC0) != 0x80; }) <= 10);
+                }
+            }
+        }
+    }
+    CHECK(most_calls > 1);  // parallel calls: several in one array
+    CHECK(control_token_first >= 3);
+    // Streamed: the calls come as one tool_calls delta at the end.
+    auto streamed = post(s, "/v1/chat/completions",
+                         {{"messages", messages}, {"tools", {add}}, {"tool_choice", "required"}, {"max_tokens", 300},
+                          {"temperature", 0.8}, {"seed", 1}, {"stream", true}});
+    REQUIRE(streamed);
+    REQUIRE(streamed->status == 200);
+    CHECK(streamed->body.find("\"tool_calls\":[{") != std::string::npos);
+    CHECK(streamed->body.find("\"finish_reason\":\"tool_calls\"") != std::string::npos);
+    // A conversation that carries calls (with ids) and results: "auto" calls or answers in text
+    // that cannot start the way calls do.
+    const json history = {
+        {{"role", "user"}, {"content", "Add 2 and 3."}},
+        {{"role", "assistant"}, {"content", nullptr},
+         {"tool_calls", {{{"id", "a1b2c3d4e"}, {"type", "function"},
+                          {"function", {{"name", "add"}, {"arguments", "{\"a\": 2, \"b\": 3}"}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "a1b2c3d4e"}, {"content", "5"}},
+        {{"role", "user"}, {"content", "And 4 and 4?"}}};
+    for (int seed = 0; seed < 4; ++seed) {
+        auto res = post(s, "/v1/chat/completions",
+                        {{"messages", history}, {"tools", {add}}, {"max_tokens", 60}, {"temperature", 1.0}, {"seed", seed}});
+        REQUIRE(res);
+        REQUIRE(res->status == 200);
+        const json c = json::parse(res->body)["choices"][0];
+        if (c["finish_reason"] == "tool_calls") {
+            CHECK(c["message"]["tool_calls"][0]["function"]["name"] == "add");
+        } else {
+            const std::string text = c["message"]["content"];
+            CHECK((text.empty() || text[0] != '['));
+        }
+    }
+    // The format needs a Mistral template: stories260K's is ChatML.
+    Child refused(std::vector<std::string>{std::string(BLUE_BINARY_DIR) + "/host/bluevm", "serve", "-m",
+                                           sharedDir() + "/models/stories260K/stories260K.gguf", "--tool-format",
+                                           "mistral", "--port", "0"});
+    CHECK(refused.wait() != 0);
+    CHECK(refused.err_text.find("tool format 'mistral' needs a Mistral chat template (mistral-v3, mistral-v3-tekken "
+                                "or mistral-v7: its turns have the tool markers); this model's is 'chatml'") !=
+          std::string::npos);
 }
 
 // With tool_choice "auto", an answer whose first byte shows it is text streams as it comes,

@@ -4,13 +4,18 @@
 // vocabularies are well-formed.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
+#include "compiler/chat_template.h"
 #include "compiler/gguf.h"
+#include "compiler/lower_model.h"
 #include "compiler/model_config.h"
 #include "compiler/quantize.h"
+#include "compiler/tokenizer.h"
 #include "tools/synth/synth.h"
+#include "vm/llm_abi.h"
 #include "vm/quant.h"
 
 namespace blue {
@@ -236,6 +241,53 @@ TEST_CASE("synth: a quantized model holds the f32 model's weights, in the quanti
         CAPTURE(name);
         CHECK(std::sqrt(err / norm) < 0.1);  // Q4_K on Gaussian rows: ~0.08 at most
     }
+}
+
+// Mistral v3's control tokens (the mistral-tiny preset): the chat template is inferred as
+// mistral-v3; [TOOL_CALLS] is the one control token decoding shows (tool calls are read back
+// from it) and the one with bytes in the grammar's token table; [INST] stays hidden.
+TEST_CASE("synth: Mistral's control tokens, and the tool-call marker decoding shows") {
+    GgufWriter w;
+    w.setString("general.architecture", "llama");
+    synthAddLlamaVocab(&w, 300, true);
+    Result<GgufFile> f = ggufParse(w.writeToMemory().value(), "mistral-vocab");
+    REQUIRE(f);
+    std::vector<std::string_view> tokens = f->getStringArray("tokenizer.ggml.tokens").value();
+    REQUIRE(tokens.size() == 300);
+    CHECK(tokens[3] == "[INST]");
+    CHECK(tokens[5] == "[TOOL_CALLS]");
+    CHECK(tokens[9] == "[/TOOL_RESULTS]");
+    CHECK(tokens[10] == "<0x00>");
+    Result<ChatTemplate> t = chatTemplateOf(*f);
+    REQUIRE(t);
+    CHECK(*t == ChatTemplate::MistralV3);
+    Result<Tokenizer> tok = Tokenizer::fromGguf(*f);
+    REQUIRE_MESSAGE(tok, tok.message());
+    const std::vector<int32_t> ids = tok->encode("[INST] hi[/INST][TOOL_CALLS] [", false, true);
+    REQUIRE(ids.size() >= 4);
+    CHECK(ids[0] == 3);
+    CHECK(std::count(ids.begin(), ids.end(), 5) == 1);
+    // Decoding leaves out [INST] and [/INST] and shows [TOOL_CALLS]: the text is the rendered
+    // one without the hidden tokens' texts (and, as SentencePiece decodes, without the first
+    // text token's leading space, which [INST] no longer precedes).
+    std::string rendered = tok->decode(ids, true);
+    REQUIRE(rendered.find("[INST] ") == 0);
+    rendered.erase(0, 7);
+    REQUIRE(rendered.find("[/INST]") != std::string::npos);
+    rendered.erase(rendered.find("[/INST]"), 7);
+    CHECK(tok->decode(ids) == rendered);
+    CHECK(rendered.find("[TOOL_CALLS]") != std::string::npos);
+    // Without parse_special the marker is text, spelled by ordinary pieces.
+    const std::vector<int32_t> plain = tok->encode("[TOOL_CALLS]", false, false);
+    CHECK(std::count(plain.begin(), plain.end(), 5) == 0);
+    const std::vector<uint32_t> table = tokenBytesTable(*tok, 300);
+    CHECK(((table[5] >> 8) & 3u) == BLUE_TB_TEXT);
+    CHECK((table[5] & 0xFFu) == 12u);
+    const uint32_t at = table[5] >> 10;
+    std::string bytes(reinterpret_cast<const char*>(table.data() + 300) + at, 12);
+    CHECK(bytes == "[TOOL_CALLS]");
+    for (int32_t hidden : {1, 3, 4, 6, 9}) CHECK(((table[size_t(hidden)] >> 8) & 3u) == BLUE_TB_NONE);
+    CHECK(((table[2] >> 8) & 3u) == BLUE_TB_END);
 }
 
 TEST_CASE("synth: the llama vocabulary") {

@@ -71,10 +71,18 @@ const std::string kLlamaAdd = R"({"name": "add", "parameters": {"a": 2, "b": 3}}
 TEST_CASE("tools: formats by chat template family, and by name") {
     CHECK(server::toolFormatForTemplate("chatml") == ToolFormat::Hermes);
     CHECK(server::toolFormatForTemplate("llama3") == ToolFormat::Llama3);
-    for (const char* other : {"llama2", "mistral-v7", "gemma", "phi3", "zephyr", "deepseek3", ""}) {
+    for (const char* other : {"llama2", "mistral-v1", "gemma", "phi3", "zephyr", "deepseek3", ""}) {
         CHECK(server::toolFormatForTemplate(other) == ToolFormat::Json);
     }
-    for (ToolFormat f : {ToolFormat::Json, ToolFormat::Hermes, ToolFormat::Llama3}) {
+    for (const char* mistral : {"mistral-v3", "mistral-v3-tekken", "mistral-v7"}) {
+        CHECK(server::toolFormatForTemplate(mistral) == ToolFormat::Mistral);
+        CHECK(server::toolFormatFits(ToolFormat::Mistral, mistral));
+    }
+    // Mistral's turns exist only in its templates; the other formats go with any.
+    CHECK_FALSE(server::toolFormatFits(ToolFormat::Mistral, "chatml"));
+    CHECK_FALSE(server::toolFormatFits(ToolFormat::Mistral, "mistral-v1"));
+    CHECK(server::toolFormatFits(ToolFormat::Hermes, "mistral-v3"));
+    for (ToolFormat f : {ToolFormat::Json, ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Mistral}) {
         CHECK(server::toolFormatFromName(server::toolFormatName(f)) == f);
     }
     CHECK_FALSE(server::toolFormatFromName("xml").has_value());
@@ -87,6 +95,9 @@ TEST_CASE("tools: formats by chat template family, and by name") {
     CHECK(server::answerIsText(ToolFormat::Json, "<tool_call>"));
     CHECK(server::answerIsText(ToolFormat::Llama3, "["));
     CHECK_FALSE(server::answerIsText(ToolFormat::Llama3, "{"));
+    CHECK_FALSE(server::answerIsText(ToolFormat::Mistral, "[TOOL_"));
+    CHECK(server::answerIsText(ToolFormat::Mistral, " Paris"));
+    CHECK(server::answerIsText(ToolFormat::Mistral, "{"));
 }
 
 TEST_CASE("tools: Hermes format: <tools> signatures, <tool_call> blocks, <tool_response> results") {
@@ -180,6 +191,75 @@ TEST_CASE("tools: Llama 3 format: {name, parameters}, one call, results from ipy
     REQUIRE(msgs.size() == 4);
     CHECK(msgs[2].second == R"({"name":"add","parameters":{"a":2,"b":3}})");
     CHECK(msgs[3] == std::pair<std::string, std::string>("ipython", "5"));
+}
+
+TEST_CASE("tools: Mistral format: [AVAILABLE_TOOLS] before the last user turn, [TOOL_CALLS] arrays, [TOOL_RESULTS]") {
+    ApiRequest r = request(R"(, "tool_choice": "required")");
+    r.messages.insert(r.messages.begin(), {"system", "Be brief.", {}});
+    auto msgs = server::withTools(r, ToolFormat::Mistral);
+    // The signatures as one array in their own turn, right before the (last) user message; the
+    // system message stays as it was.
+    REQUIRE(msgs.size() == 3);
+    CHECK(msgs[0] == std::pair<std::string, std::string>("system", "Be brief."));
+    CHECK(msgs[1].first == "available_tools");
+    json tools = json::parse(msgs[1].second);
+    REQUIRE(tools.size() == 2);
+    CHECK(tools[0]["type"] == "function");
+    CHECK(tools[0]["function"]["name"] == "get_weather");
+    CHECK(tools[1]["function"]["parameters"]["required"] == json{"a", "b"});
+    CHECK(msgs[2].first == "user");
+
+    // Calls: the marker, then one array; several with parallel calls, at most kMaxParallelCalls.
+    ByteDfa d = constraintDfa(r, ToolFormat::Mistral);
+    CHECK(dfaAccepts(d, "[TOOL_CALLS] [" + kWeather + "]"));
+    CHECK(dfaAccepts(d, "[TOOL_CALLS][" + kWeather + ", " + kAdd + "]"));
+    std::string most = "[TOOL_CALLS][" + kAdd;
+    for (uint32_t k = 1; k < server::kMaxParallelCalls; ++k) most += "," + kAdd;
+    CHECK(dfaAccepts(d, most + "]"));
+    CHECK_FALSE(dfaAccepts(d, most + "," + kAdd + "]"));
+    CHECK_FALSE(dfaAccepts(d, "[" + kWeather + "]"));  // no marker
+    CHECK_FALSE(dfaAccepts(d, "[TOOL_CALLS] " + kWeather));  // not an array
+    CHECK_FALSE(dfaAccepts(d, "[TOOL_CALLS] []"));
+    CHECK_FALSE(dfaAccepts(d, "It is sunny."));
+    ByteDfa single = constraintDfa(request(R"(, "tool_choice": "required", "parallel_tool_calls": false)"), ToolFormat::Mistral);
+    CHECK(dfaAccepts(single, "[TOOL_CALLS] [" + kAdd + "]"));
+    CHECK_FALSE(dfaAccepts(single, "[TOOL_CALLS] [" + kAdd + ", " + kAdd + "]"));
+    ByteDfa aut = constraintDfa(request(), ToolFormat::Mistral);
+    CHECK(dfaAccepts(aut, "[TOOL_CALLS] [" + kAdd + "]"));
+    CHECK(dfaAccepts(aut, "Five."));
+    CHECK_FALSE(dfaAccepts(aut, "[5]"));  // text cannot start the way calls do
+
+    // Read back, with or without the marker (a decoder that hid it), spaces around it.
+    json calls = server::toolCallsOf(r.tools, ToolFormat::Mistral, "[TOOL_CALLS] [" + kWeather + ", " + kAdd + "]", "call_2");
+    REQUIRE(calls.size() == 2);
+    CHECK(calls[0]["id"] == "call_2_0");
+    CHECK(calls[0]["function"]["name"] == "get_weather");
+    CHECK(json::parse(calls[1]["function"]["arguments"].get<std::string>()) == json{{"a", 2}, {"b", 3}});
+    CHECK(server::toolCallsOf(r.tools, ToolFormat::Mistral, " [" + kAdd + "]", "c").size() == 1);
+    CHECK(server::toolCallsOf(r.tools, ToolFormat::Mistral, "It is sunny.", "c").is_null());
+    CHECK(server::toolCallsOf(r.tools, ToolFormat::Mistral, "[TOOL_CALLS] [" + kAdd, "c").is_null());  // unclosed
+    CHECK(server::toolCallsOf(r.tools, ToolFormat::Mistral, R"([TOOL_CALLS] [{"name": "mul", "arguments": {}}])", "c").is_null());
+
+    // History: an assistant turn's calls (with their ids) as the array after the marker, each
+    // result as {"content", "call_id"} (JSON results stay JSON, text becomes a string), the tools
+    // before the last user message.
+    ApiRequest h = request();
+    nlohmann::ordered_json weather = nlohmann::ordered_json::parse(kWeather);
+    weather["id"] = "a1b2c3d4e";
+    h.messages.push_back({"assistant", "", {weather, nlohmann::ordered_json::parse(kAdd)}});
+    h.messages.push_back({"tool", "sunny", {}, "a1b2c3d4e"});
+    h.messages.push_back({"tool", R"({"sum": 5})", {}});
+    h.messages.push_back({"user", "Thanks", {}});
+    msgs = server::withTools(h, ToolFormat::Mistral);
+    REQUIRE(msgs.size() == 6);
+    CHECK(msgs[0].first == "user");
+    CHECK(msgs[1].first == "assistant");
+    CHECK(msgs[1].second == R"([TOOL_CALLS] [{"name":"get_weather","arguments":{"city":"Paris"},"id":"a1b2c3d4e"},)"
+                            R"({"name":"add","arguments":{"a":2,"b":3}}])");
+    CHECK(msgs[2] == std::pair<std::string, std::string>("tool", R"({"content":"sunny","call_id":"a1b2c3d4e"})"));
+    CHECK(msgs[3] == std::pair<std::string, std::string>("tool", R"({"content":{"sum":5}})"));
+    CHECK(msgs[4].first == "available_tools");
+    CHECK(msgs[5] == std::pair<std::string, std::string>("user", "Thanks"));
 }
 
 TEST_CASE("tools: generic JSON format: an object, or an array of calls when parallel") {

@@ -258,8 +258,9 @@ Command addServeCommand(CLI::App& app) {
     sub->add_option("--api-key-file", a->api_key_file, "file of accepted API keys, one a line");
     sub->add_option("--tool-format", a->tool_format,
                     "how tools are described to the model and its calls read: auto (its chat template's "
-                    "family: hermes for ChatML, llama3 for Llama 3, json otherwise), json, hermes, llama3")
-        ->check(CLI::IsMember({"auto", "json", "hermes", "llama3"}));
+                    "family: hermes for ChatML, llama3 for Llama 3, mistral for Mistral v3/tekken/v7, json "
+                    "otherwise), json, hermes, llama3, mistral (Mistral templates only)")
+        ->check(CLI::IsMember({"auto", "json", "hermes", "llama3", "mistral"}));
     sub->add_option("--cors-origin", a->cors_origins,
                     "answer CORS preflights and allow this browser origin, or * for any (repeatable; default: no CORS)");
     sub->add_option("--header-timeout", a->header_timeout,

@@ -1029,9 +1029,14 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(bluevm_model* model, blue
     if (options.tool_format.empty() || options.tool_format == "auto") {
         impl->tool_format = toolFormatForTemplate(impl->info.chat_template);
     } else if (std::optional<ToolFormat> f = toolFormatFromName(options.tool_format)) {
+        if (!toolFormatFits(*f, impl->info.chat_template)) {
+            return BLUE_ERROR("tool format '%s' needs a Mistral chat template (mistral-v3, mistral-v3-tekken or "
+                              "mistral-v7: its turns have the tool markers); this model's is '%s'",
+                              options.tool_format.c_str(), impl->info.chat_template);
+        }
         impl->tool_format = *f;
     } else {
-        return BLUE_ERROR("tool format '%s' is not one of auto, json, hermes, llama3", options.tool_format.c_str());
+        return BLUE_ERROR("tool format '%s' is not one of auto, json, hermes, llama3, mistral", options.tool_format.c_str());
     }
     return finishCreate(std::move(impl));
 }

@@ -219,6 +219,7 @@ std::optional<ApiError> parseBody(Endpoint endpoint, const json& j, uint32_t max
                 if (auto e = messageCalls(m["tool_calls"], k, &msg.calls)) return e;  // the calls it made
             }
             if (auto e = contentText(m.contains("content") ? m["content"] : json(), k, &msg.content)) return e;
+            if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) msg.tool_call_id = id->get<std::string>();
             r->messages.push_back(std::move(msg));
         }
     }

@@ -25,7 +25,8 @@ struct ApiRequest {
     // {"name": ..., "arguments": {...}}, written back in the model's tool format (tools.h).
     struct Message {
         std::string role, content;
-        std::vector<nlohmann::ordered_json> calls;
+        std::vector<nlohmann::ordered_json> calls;  // {"name", "arguments"[, "id"]}
+        std::string tool_call_id;                    // a tool message's, when given
     };
     std::vector<Message> messages;
     bool stream = false;

@@ -108,6 +108,7 @@ std::string_view callFirstBytes(ToolFormat f) {
         case ToolFormat::Hermes: return "<";  // <tool_call>
         case ToolFormat::Json: return "{[";   // a call, or an array of them
         case ToolFormat::Llama3: return "{";
+        case ToolFormat::Mistral: return "[";  // [TOOL_CALLS]
     }
     return "{";
 }
@@ -135,6 +136,15 @@ std::string callsText(ToolFormat f, const std::vector<ordered>& calls) {
         case ToolFormat::Llama3:
             for (const ordered& c : calls) out += (out.empty() ? "" : "\n") + callObject(f, c).dump();
             return out;
+        case ToolFormat::Mistral: {
+            ordered a = ordered::array();
+            for (const ordered& c : calls) {
+                ordered o = callObject(f, c);
+                if (c.contains("id")) o["id"] = c["id"];
+                a.push_back(std::move(o));
+            }
+            return "[TOOL_CALLS] " + a.dump();
+        }
     }
     return out;
 }
@@ -167,6 +177,9 @@ std::string toolsText(const ApiRequest& r, ToolFormat f) {
             text += r.parallel_tool_calls ? "\nTo call several functions, write one such block for each."
                                           : "\nCall at most one function in an answer.";
             return text;
+        case ToolFormat::Mistral:  // the signatures alone: the turn's markers say what they are
+            for (const ApiRequest::Tool& t : r.tools) text += (text.empty() ? "[" : ", ") + signature(t);
+            return text + "]";
         case ToolFormat::Llama3:
             text = "Environment: ipython\n\nYou can call functions. To call one, answer with nothing but a JSON "
                    "object {\"name\": the function's name, \"parameters\": an object of its arguments' names "
@@ -215,12 +228,13 @@ std::string_view toolFormatName(ToolFormat f) {
         case ToolFormat::Json: return "json";
         case ToolFormat::Hermes: return "hermes";
         case ToolFormat::Llama3: return "llama3";
+        case ToolFormat::Mistral: return "mistral";
     }
     return "json";
 }
 
 std::optional<ToolFormat> toolFormatFromName(std::string_view name) {
-    for (ToolFormat f : {ToolFormat::Json, ToolFormat::Hermes, ToolFormat::Llama3}) {
+    for (ToolFormat f : {ToolFormat::Json, ToolFormat::Hermes, ToolFormat::Llama3, ToolFormat::Mistral}) {
         if (toolFormatName(f) == name) return f;
     }
     return std::nullopt;
@@ -229,7 +243,13 @@ std::optional<ToolFormat> toolFormatFromName(std::string_view name) {
 ToolFormat toolFormatForTemplate(std::string_view chat_template) {
     if (chat_template == "chatml") return ToolFormat::Hermes;
     if (chat_template == "llama3") return ToolFormat::Llama3;
+    if (toolFormatFits(ToolFormat::Mistral, chat_template)) return ToolFormat::Mistral;
     return ToolFormat::Json;
+}
+
+bool toolFormatFits(ToolFormat f, std::string_view chat_template) {
+    if (f != ToolFormat::Mistral) return true;
+    return chat_template == "mistral-v3" || chat_template == "mistral-v3-tekken" || chat_template == "mistral-v7";
 }
 
 bool answerIsText(ToolFormat f, std::string_view text) {
@@ -326,7 +346,9 @@ std::optional<ApiError> messageCalls(const json& calls, size_t index, std::vecto
         } else if (f.contains("arguments") && f["arguments"].is_object()) {
             args = ordered::parse(f["arguments"].dump());
         }
-        out->push_back(ordered{{"name", f["name"]}, {"arguments", args}});
+        ordered call{{"name", f["name"]}, {"arguments", args}};
+        if (c.contains("id") && c["id"].is_string()) call["id"] = c["id"];
+        out->push_back(std::move(call));
     }
     return std::nullopt;
 }
@@ -337,6 +359,18 @@ std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r, 
         const ApiRequest::Message& m = r.messages[i];
         std::string content = m.content;
         if (!m.calls.empty()) content += (content.empty() ? "" : "\n") + callsText(f, m.calls);
+        if (f == ToolFormat::Mistral && !m.calls.empty()) {
+            out.emplace_back(m.role, callsText(f, m.calls));  // the calls alone, as Mistral's templates write them
+            continue;
+        }
+        if (m.role == "tool" && f == ToolFormat::Mistral) {
+            // {"content": the result (as JSON where it is JSON text), "call_id": its call's id}.
+            ordered result = ordered::parse(content, nullptr, false);
+            ordered turn{{"content", result.is_discarded() ? ordered(content) : result}};
+            if (!m.tool_call_id.empty()) turn["call_id"] = m.tool_call_id;
+            out.emplace_back("tool", turn.dump());
+            continue;
+        }
         if (m.role == "tool" && f == ToolFormat::Hermes) {
             // Results go back in a user turn, one <tool_response> block each; results that follow
             // one another share the turn.
@@ -352,6 +386,12 @@ std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r, 
     }
     if (!toolsOffered(r)) return out;
     const std::string text = toolsText(r, f);
+    if (f == ToolFormat::Mistral) {  // before the last user message
+        size_t at = out.size();
+        while (at > 0 && out[at - 1].first != "user") --at;
+        out.insert(out.begin() + std::ptrdiff_t(at > 0 ? at - 1 : 0), {"available_tools", text});
+        return out;
+    }
     if (!out.empty() && out[0].first == "system") {
         out[0].second += "\n\n" + text;
     } else {
@@ -377,7 +417,7 @@ std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::s
         }
     }
     const bool required = r.tool_choice != "auto";
-    if (required && f != ToolFormat::Hermes) {
+    if (required && f != ToolFormat::Hermes && f != ToolFormat::Mistral) {
         *kind = "json_schema";
         *text = schema.dump();
         return std::nullopt;
@@ -389,6 +429,11 @@ std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::s
         calls = "tool-calls ::= tool-block";
         if (several) calls += strFormat(" ( \"\\n\" tool-block ){0,%u}", kMaxParallelCalls - 1);
         calls += "\ntool-block ::= \"<tool_call>\\n\" tool-call \"\\n</tool_call>\"\n";
+    } else if (f == ToolFormat::Mistral) {
+        // The control token's text (it has bytes for the automaton: tokenBytesTable), then an array.
+        calls = "tool-calls ::= \"[TOOL_CALLS]\" \" \"? \"[\" tool-call";
+        if (several) calls += strFormat(" ( \",\" \" \"? tool-call ){0,%u}", kMaxParallelCalls - 1);
+        calls += " \"]\"\n";
     } else {
         calls = "tool-calls ::= tool-call\n";
     }
@@ -421,6 +466,11 @@ json toolCallsOf(const std::vector<ApiRequest::Tool>& offered, ToolFormat f, con
             while (at < text.size() && isSpace(text[at])) ++at;
         }
     } else {
+        if (f == ToolFormat::Mistral) {  // [TOOL_CALLS] (when the decoder shows it), then an array
+            static const std::string marker = "[TOOL_CALLS]";
+            if (text.compare(at, marker.size(), marker) == 0) at += marker.size();
+            while (at < text.size() && isSpace(text[at])) ++at;
+        }
         if (at == text.size() || callFirstBytes(f).find(text[at]) == std::string_view::npos) return nullptr;
         ordered v = ordered::parse(text.substr(at), nullptr, false);
         if (v.is_discarded()) return nullptr;

@@ -38,28 +38,39 @@ enum class ToolFormat {
     // Llama 3.1+ JSON tool calls: {"name", "parameters"}, one call per answer; results in the
     // "ipython" role.
     Llama3,
+    // Mistral (v3, tekken and v7 templates): the tools' signatures inside [AVAILABLE_TOOLS]
+    // before the last user message, the calls as one JSON array after the [TOOL_CALLS] control
+    // token (which answers show: Tokenizer::hidden), results inside [TOOL_RESULTS] as
+    // {"content", "call_id"}.
+    Mistral,
 };
 
-// "json", "hermes", "llama3".
+// "json", "hermes", "llama3", "mistral".
 std::string_view toolFormatName(ToolFormat f);
 std::optional<ToolFormat> toolFormatFromName(std::string_view name);
 // The format a chat template family (chatTemplateName: "chatml", "llama3", ...) was trained on:
-// ChatML -> Hermes, Llama 3 -> Llama3, every other family -> Json.
+// ChatML -> Hermes, Llama 3 -> Llama3, Mistral v3 / v3-tekken / v7 -> Mistral, every other
+// family -> Json.
 ToolFormat toolFormatForTemplate(std::string_view chat_template);
+// Whether a model whose chat template is `chat_template` can take format `f`: Mistral's needs a
+// Mistral template with tool markers (the roles it writes exist only there); the others go
+// with any template.
+bool toolFormatFits(ToolFormat f, std::string_view chat_template);
 
 // Reads `tools`, `tool_choice` and `parallel_tool_calls` of a chat request (their shape: names,
 // parameters objects, a named choice that exists). `ordered` is the same body parsed keeping key
 // order (the parameters' properties are generated in the order the client wrote them).
 std::optional<ApiError> parseTools(const nlohmann::json& body, const nlohmann::ordered_json& ordered, ApiRequest* r);
 
-// An assistant message's `tool_calls` (messages[index]) as calls {"name", "arguments"}, every
-// one of them, in order.
+// An assistant message's `tool_calls` (messages[index]) as calls {"name", "arguments"} (and
+// "id" where the call has a string id), every one of them, in order.
 std::optional<ApiError> messageCalls(const nlohmann::json& calls, size_t index,
                                      std::vector<nlohmann::ordered_json>* out);
 
 // The conversation as roles and texts for the chat template, in format `f`: the tools described
-// in the system message (added first when there is none) when they are offered, the calls of
-// earlier assistant turns written as the format writes them, tool results in the format's role.
+// in the system message (added first when there is none; Mistral: an `available_tools` turn
+// before the last user message) when they are offered, the calls of earlier assistant turns
+// written as the format writes them, tool results in the format's role.
 std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r, ToolFormat f);
 
 // The most calls one answer may hold with parallel_tool_calls: the bound ends a model's run of

@@ -116,6 +116,14 @@ std::vector<SynthConfig> presets() {
     qwen_yarn.orig_ctx = 512;
     qwen_yarn.yarn_factor = 4.0f;
     p.push_back(qwen_yarn);
+    // Mistral 7B v0.3's vocabulary layout scaled down: its control tokens after </s> ([INST],
+    // [/INST], [TOOL_CALLS], [AVAILABLE_TOOLS], ...), so the chat template is inferred as
+    // mistral-v3 and tool calls take Mistral's format.
+    SynthConfig mistral = llama("mistral-tiny", 256, 2, 4, 2, 512, 4096, false);
+    mistral.n_vocab = 512;
+    mistral.rope_base = 1000000.0f;
+    mistral.mistral_tokens = true;
+    p.push_back(mistral);
     return p;
 }
 
@@ -312,7 +320,7 @@ void setMetadata(const SynthConfig& c, const SynthOptions& o, GgufWriter* w) {
     if (c.arch == "qwen2" || isQwenMoe(c)) {
         synthAddGpt2Vocab(w, c.n_vocab);
     } else {
-        synthAddLlamaVocab(w, c.n_vocab);
+        synthAddLlamaVocab(w, c.n_vocab, c.mistral_tokens);
     }
 }
 
@@ -354,8 +362,9 @@ Status synthValidate(const SynthConfig& c) {
     }
     if (c.n_head % c.n_head_kv != 0)
         return BLUE_ERROR("kv-heads %u must divide heads %u", c.n_head_kv, c.n_head);
-    if (c.n_vocab < kMinVocab)
-        return BLUE_ERROR("vocab %u is too small for the tokenizer (>= %u)", c.n_vocab, kMinVocab);
+    const uint32_t min_vocab = kMinVocab + (c.mistral_tokens ? 7 : 0);
+    if (c.n_vocab < min_vocab)
+        return BLUE_ERROR("vocab %u is too small for the tokenizer (>= %u)", c.n_vocab, min_vocab);
     if (c.n_expert > 0 && c.arch != "llama" && !isQwenMoe(c)) {
         return BLUE_ERROR(
             "experts need the llama (Mixtral-style), qwen2moe or qwen3moe "

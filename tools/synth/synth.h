@@ -51,6 +51,7 @@ struct SynthConfig {
     float yarn_factor = 0.0f;     // rope.scaling.type yarn with this factor from orig_ctx; 0: none
 
     uint32_t head_dim = 0;        // attention.key_length/value_length; 0: dim / n_head (no keys written)
+    bool mistral_tokens = false;  // llama vocabulary: Mistral v3's control tokens ([INST], [TOOL_CALLS], ...)
 
     uint32_t headDim() const { return head_dim ? head_dim : n_head ? dim / n_head : 0; }
     bool qkNorm() const { return arch == "qwen3moe" || arch == "gemma3"; }  // attn_{q,k}_norm.weight [head_dim]
@@ -59,7 +60,7 @@ struct SynthConfig {
 
 // The presets: stories15M, stories110M, tinyllama-1.1b, qwen2-0.5b, peer-dim256, peer-moe,
 // peer-dim1024, mixtral-tiny, qwen2moe-tiny, qwen3moe-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny,
-// qwen2-yarn-tiny. nullopt for other names.
+// qwen2-yarn-tiny, mistral-tiny. nullopt for other names.
 std::optional<SynthConfig> synthPreset(std::string_view name);
 std::vector<std::string_view> synthPresetNames();
 
@@ -94,8 +95,10 @@ Status synthWrite(const SynthConfig& config, const SynthOptions& options, const 
 // Tokenizer metadata (tokenizer.ggml.*) with exactly n_vocab tokens (>= 260).
 // Llama (SentencePiece-style): <unk> <s> </s>, the byte tokens <0x00>..<0xFF>, then pieces
 // ("▁", letters, digits, punctuation, then letter strings with and without "▁") with descending
-// scores; bos 1, eos 2, unk 0.
-void synthAddLlamaVocab(GgufWriter* writer, uint32_t n_vocab);
+// scores; bos 1, eos 2, unk 0. mistral_tokens: Mistral v3's seven control tokens ([INST],
+// [/INST], [TOOL_CALLS], [AVAILABLE_TOOLS], [/AVAILABLE_TOOLS], [TOOL_RESULTS], [/TOOL_RESULTS])
+// follow </s> (n_vocab >= 267).
+void synthAddLlamaVocab(GgufWriter* writer, uint32_t n_vocab, bool mistral_tokens = false);
 // gpt2 (byte-level BPE, pre-tokenizer "qwen2"): the 256 byte symbols in GPT-2's order, one token
 // per merge (letter strings with and without the space symbol "Ġ"), then <|endoftext|>
 // <|im_start|> <|im_end|> (ids 151643.. in the full-size vocabulary), then [PADn] tokens up to

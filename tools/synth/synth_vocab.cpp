@@ -72,10 +72,17 @@ std::vector<std::pair<uint8_t, std::string>> gpt2ByteSymbols() {
 
 }  // namespace
 
-void synthAddLlamaVocab(GgufWriter* writer, uint32_t n_vocab) {
-    assert(n_vocab >= 260);
+void synthAddLlamaVocab(GgufWriter* writer, uint32_t n_vocab, bool mistral_tokens) {
+    assert(n_vocab >= 260 + (mistral_tokens ? 7 : 0));
     std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
     std::vector<int32_t> types = {kUnknown, kControl, kControl};
+    if (mistral_tokens) {
+        for (const char* t : {"[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                              "[TOOL_RESULTS]", "[/TOOL_RESULTS]"}) {
+            tokens.push_back(t);
+            types.push_back(kControl);
+        }
+    }
     for (int b = 0; b < 256; ++b) {
         tokens.push_back(strFormat("<0x%02X>", b));
         types.push_back(kByte);
