@@ -78,7 +78,7 @@ TEST_CASE("synth: parameter counts of the presets") {
     CHECK(millions("peer-dim1024") == 200.8);
     CHECK(millions("stories15M") == 15.2);
     CHECK(millions("stories110M") == 109.5);
-    CHECK(synthPresetNames().size() == 14);
+    CHECK(synthPresetNames().size() == 15);
     CHECK_FALSE(synthPreset("llama-70b").has_value());
 }
 
@@ -97,7 +97,8 @@ TEST_CASE("synth: a tiny model of each architecture loads") {
                    Case{"qwen3moe-tiny", ModelArch::Qwen3Moe, 16, false, false},
                    Case{"gemma2-tiny", ModelArch::Gemma2, 0, true, false},
                    Case{"gemma3-tiny", ModelArch::Gemma3, 0, true, false},
-                   Case{"phi3-tiny", ModelArch::Phi3, 0, false, false}}) {
+                   Case{"phi3-tiny", ModelArch::Phi3, 0, false, false},
+                   Case{"mistral-tiny", ModelArch::Llama, 0, false, false}}) {
         for (DType type : {DType::F32, DType::Q8_0, DType::Q4_K}) {
             CAPTURE(k.preset);
             CAPTURE(dtypeName(type));
