@@ -407,7 +407,8 @@ Result<std::string> describeKernelShapes(const GpuOptions& options, const Device
                                         "matrix's rows (CPU-driver shapes)", g - 1, g)) +
            (k->int8_matmul ? std::string("; block types' GEMM: int8 (x quantized per 32 elements, packed integer dot "
                                          "products") +
-                                 (info.int_dot_accelerated ? "" : ", not accelerated on this device") + ")"
+                                 (info.int_dot_accelerated ? "" : ", not accelerated on this device") +
+                                 (k->split_matmul ? "" : "; Q4_0: integer SWAR, lanes over items") + ")"
                            : std::string("")) +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head") +
            (k->loop_limit != 0 ? strFormat("; sampling: 64 lanes up to %u tokens, else 256", kNarrowSampleVocab) : "");

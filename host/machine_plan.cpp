@@ -880,7 +880,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     // item and the 4-item tile split K and the GEMM is the shared-memory tiled
                     // `_t`; on a CPU driver it is the lanes-over-items `_i` (block types) or the
                     // register-tiled `_g` (F32, F16, BF16). With int8_matmul, block types take
-                    // the int8 tiled `_tq` in either shape.
+                    // the int8 tiled `_tq` in either shape, but Q4_0 on a CPU driver the int8
+                    // lanes over items `_iq` (integer SWAR: lavapipe has no fast dot product).
                     const uint32_t r = matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
                     DispatchDesc single = singleItemDispatch(d);
                     if (kernels.split_matmul) splitMatmul(&single, n, "s"); else narrowMatmul(&single, n, r);
@@ -889,7 +890,11 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.tile = BLUE_MATMUL_TILE;
                     const uint32_t g = kernels.gemm_min_items;
                     std::optional<DispatchDesc> gemm;
-                    if (kernels.int8_matmul) {
+                    if (kernels.int8_matmul && !kernels.split_matmul) {
+                        gemm = rowGroupsGemm(d, n, g, "_iq", BLUE_MATMUL_ITEMS_ROWS,
+                                             BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE);
+                    }
+                    if (kernels.int8_matmul && !gemm) {
                         gemm = rowGroupsGemm(d, n, g, "_tq", BLUE_MATMUL_TILED_ROWS, BLUE_MATMUL_TILED_ITEMS);
                     }
                     if (!gemm) gemm =

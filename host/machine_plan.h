@@ -209,7 +209,8 @@ struct KernelChoice {
     // Items from which a batched MATMUL runs the GEMM (`_t` or `_g`) rather than the 4-item
     // tiles (GpuMachine: BLUE_GEMM_MIN_ITEMS in the environment, else defaultGemmMinItems).
     uint32_t gemm_min_items = BLUE_MATMUL_GEMM_TILE;
-    // The GEMM of block-type matrices is the int8 `_tq` (GpuOptions::int8_matmul), in either shape.
+    // The GEMM of block-type matrices is the int8 `_tq` (GpuOptions::int8_matmul), in either shape
+    // (Q4_0 with CPU-driver shapes: `_iq`).
     bool int8_matmul = false;
 };
 

@@ -13,6 +13,8 @@
 // Q4_0 and Q6_K decode in place (the masked decode of their other kernels), the other block types
 // through wGroup: either way a row's products are summed in the order of the single-item and
 // 4-item kernels (matmul.comp), so a token's logits do not depend on the batch it shares.
+// Built once more for Q4_0 with MI_INT8 (`_iq`): the int8 GEMM on CPU drivers, x rounded to int8
+// (below; like `_tq`, not batch-invariant).
 // Grid: x = ceil(items / (MI_L * MI_C)), y = ceil(N / MI_R).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
@@ -54,7 +56,59 @@ void main() {
     const vec4 kPlace = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
 #endif
 
-#if defined(WTYPE_Q4_0)
+#if defined(WTYPE_Q4_0) && defined(MI_INT8)
+    // `_iq`: the int8 GEMM for CPU drivers (BLUE_MATMUL_INT8=1). Each lane rounds its items' x
+    // to int8 per block of 32 as `_tq` does (max |x| / 127, round to nearest even) and multiplies
+    // by integer SWAR: word i of a quant texel holds elements 4i..4i+3 (low nibbles) and
+    // 4i+16..4i+19 (high); (w >> k) & 0x000F000F puts two of them in the halves of a word, and a
+    // word holding their x values crosswise (x_b + x_a << 16) times it gains w_a x_a + w_b x_b in
+    // its high half. Eight such products per accumulator keep both halves within 16 bits
+    // (|w x| <= 15 * 127), so the high half is exact once rounded; the block's integer sum,
+    // less 8 times the sum of its x, times d and dx is its product.
+    for (uint g = 0u; g < bpr; ++g) {
+        uvec4 head[MI_R];
+        [[unroll]] for (uint r = 0u; r < MI_R; ++r) head[r] = wTexel(wbase, bpr, rows[r], g, 0u);
+        for (uint s = 0u; s < 8u; ++s) {
+            const uint xt = g * 64u + s * 8u;
+            if (xt >= xtn) break;
+            ivec4 xp[MI_C][4];
+            float dx[MI_C];
+            int sx[MI_C];
+            [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                vec4 xv[8];
+                vec4 m4 = vec4(0.0);
+                [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                    xv[j] = TEXELF(2, xb[c] + xt + j);
+                    m4 = max(m4, abs(xv[j]));
+                }
+                const float m = max(max(m4.x, m4.y), max(m4.z, m4.w));
+                const float inv = m > 0.0 ? 127.0 / m : 0.0;
+                dx[c] = m / 127.0;
+                ivec4 q[8];
+                ivec4 t = ivec4(0);
+                [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+                    q[j] = ivec4(roundEven(xv[j] * inv));
+                    t += q[j];
+                }
+                sx[c] = (t.x + t.y) + (t.z + t.w);
+                [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+                    xp[c][i] = ivec4(q[i].zw, q[i + 4u].zw) + (ivec4(q[i].xy, q[i + 4u].xy) << 16);
+                }
+            }
+            [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+                const uvec4 qw = wTexel(wbase, bpr, rows[r], g, 1u + s);
+                const float d = halfOf(head[r], s);
+                ivec4 wv[4];
+                [[unroll]] for (uint i = 0u; i < 4u; ++i) wv[i] = ivec4((uvec4(qw[i]) >> uvec4(0u, 8u, 4u, 12u)) & 0x000F000Fu);
+                [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                    ivec4 a = wv[0] * xp[c][0] + wv[1] * xp[c][1] + wv[2] * xp[c][2] + wv[3] * xp[c][3];
+                    ivec2 h = ((a.xz + a.yw) + 32768) >> 16;
+                    acc[r][c] += (d * dx[c]) * float(h.x + h.y - 8 * sx[c]);
+                }
+            }
+        }
+    }
+#elif defined(WTYPE_Q4_0)
     for (uint g = 0u; g < bpr; ++g) {
         uvec4 head[MI_R];  // the gblock's 8 block scales, per row
         [[unroll]] for (uint r = 0u; r < MI_R; ++r) head[r] = wTexel(wbase, bpr, rows[r], g, 0u);

@@ -254,8 +254,9 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
 }
 
 // The int8 GEMM (BLUE_MATMUL_INT8=1): 16 greedy prompts on 16 instances, so every cycle (the
-// prompts' 16+ rows, then 16 decode rows) runs `_tq` (the profile says so), against the float
-// GEMM: stories260K in Q8_0 and Q4_0. Rounding x to int8 moves a logit by a few 1e-3 of the
+// prompts' 16+ rows, then 16 decode rows) runs the int8 GEMM (the profile says so: `_tq` for
+// Q8_0, and Q4_0's integer-SWAR `_iq`, these being CPU-driver shapes), against the float GEMM:
+// stories260K in Q8_0 and Q4_0. Rounding x to int8 moves a logit by a few 1e-3 of the
 // largest (the op test's bound), so the greedy tokens agree until a near-tie and their
 // log-probabilities stay close: measured on lavapipe, at most 0.065 (Q8_0) and 0.12 nats (Q4_0)
 // over 24 tokens, where Q8_0 and Q4_0 weights themselves move them 0.11 and 0.49 from F32's.
@@ -310,7 +311,7 @@ TEST_CASE("cli: the int8 GEMM gives the float GEMM's greedy tokens with close lo
             for (std::string line; std::getline(lines, line);) out[int8].push_back(nlohmann::json::parse(line));
             REQUIRE(out[int8].size() == 16);
         }
-        const std::string tq = "matmul_" + type + "_tq";
+        const std::string tq = "matmul_" + type + (type == "q4_0" ? "_iq" : "_tq");
         CHECK(err[1].find(tq) != std::string::npos);
         CHECK(err[0].find(tq) == std::string::npos);
         size_t first_agree = 0, compared = 0;

@@ -173,7 +173,8 @@ void elementwiseCase(Op op, double bound) {
 // groups of blocks, the last partial; the kernels walk them with their scales reloaded per group).
 // Block types run the int8 GEMM `_tq` (where the device has integer dot products) twice: 70 items
 // with GPU shapes (a full 64-item tile and a partial one), and 21 items over K = 600 with CPU
-// shapes, where it replaces `_i`; every other run turns it off, whatever the device prefers.
+// shapes, where it replaces `_i` (Q4_0 there runs its SWAR `_iq`, with the same rounding and
+// bound); every other run turns it off, whatever the device prefers.
 void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
@@ -241,7 +242,8 @@ void matmulCase(DType t) {
         const std::string kernel = kernelName(m, uint32_t(Op::MATMUL), {y, w, x});
         if (single) kernelsRun().insert(kernel + (split ? "_b1s" : "_b1"));
         if (!single && !tiled) kernelsRun().insert(split ? kernel + "_s" : kernel);
-        if (tiled) kernelsRun().insert(run.int8 ? kernel + "_tq" : split ? kernel + "_t" : gemm);
+        const bool swar = run.int8 && !split && Pipelines::exists(kernel + "_iq");  // Q4_0's CPU int8 GEMM
+        if (tiled) kernelsRun().insert(run.int8 ? kernel + (swar ? "_iq" : "_tq") : split ? kernel + "_t" : gemm);
         // The GPU accumulates K products in float, the reference in double. Recursive summation
         // errs by at most K * 2^-24 * sum |w x| (~1.1e-5 * 48 for K = 192, |w|, |x| <= 1),
         // against max |ref| of about 10: 1e-4 holds in any summation order. Weights dequantize
