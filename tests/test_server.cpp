@@ -909,6 +909,30 @@ TEST_CASE("server: response_format and grammar constrain the text on the GPU; a 
     CHECK(ok->status == 200);
 }
 
+// A tool adding two integers in 0..99.
+json addTool() {
+    return {{"type", "function"},
+            {"function", {{"name", "add"},
+                          {"parameters", {{"type", "object"},
+                                          {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}},
+                                                          {"b", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}},
+                                          {"required", {"a", "b"}}}}}}};
+}
+
+// An answer to a history that offered `add` with tool_choice "auto": a call of it, or text whose
+// first byte is none of `call_starts` (it cannot be taken for the start of a call in the format).
+void checkAddOrText(const httplib::Result& res, const std::string& call_starts) {
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    const json c = json::parse(res->body)["choices"][0];
+    if (c["finish_reason"] == "tool_calls") {
+        CHECK(c["message"]["tool_calls"][0]["function"]["name"] == "add");
+    } else {
+        const std::string text = c["message"]["content"];
+        CHECK((text.empty() || call_starts.find(text[0]) == std::string::npos));
+    }
+}
+
 TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid against the tool's parameters") {
     // Each tool format: stories260K's template is ChatML, so "auto" is Hermes.
     std::string format;
@@ -925,12 +949,7 @@ TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid 
                                                         {"properties", {{"city", {{"type", "string"}, {"maxLength", 12}}},
                                                                         {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}}}},
                                                         {"required", {"city", "days"}}}}}}};
-    const json add = {{"type", "function"},
-                      {"function", {{"name", "add"},
-                                    {"parameters", {{"type", "object"},
-                                                    {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}},
-                                                                    {"b", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}},
-                                                    {"required", {"a", "b"}}}}}}};
+    const json add = addTool();
     const json messages = {{{"role", "user"}, {"content", "What is the weather in Paris?"}}};
     size_t most_calls = 0;
     for (const json& choice : {json("required"), json({{"type", "function"}, {"function", {{"name", "add"}}}})}) {
@@ -1012,17 +1031,7 @@ TEST_CASE("server: tools answer tool_calls in the OpenAI shape, arguments valid 
                                       {"function", {{"name", "add"}, {"arguments", "{\"a\": 2, \"b\": 3}"}}}}}}},
                     {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "5"}}};
     auto res = post(s, "/v1/chat/completions", {{"messages", history}, {"tools", {add}}, {"max_tokens", 40}, {"temperature", 0}});
-    REQUIRE(res);
-    REQUIRE(res->status == 200);
-    const json c = json::parse(res->body)["choices"][0];
-    if (c["finish_reason"] == "tool_calls") {
-        CHECK(c["message"]["tool_calls"][0]["function"]["name"] == "add");
-    } else {
-        const std::string text = c["message"]["content"];
-        // Text that cannot be taken for the start of a call in this format.
-        const std::string starts = format == "auto" ? "<" : format == "json" ? "{[" : "{";
-        CHECK((text.empty() || starts.find(text[0]) == std::string::npos));
-    }
+    checkAddOrText(res, format == "auto" ? "<" : format == "json" ? "{[" : "{");
     // "none": plain text.
     res = post(s, "/v1/chat/completions", {{"messages", messages}, {"tools", {add}}, {"tool_choice", "none"}, {"max_tokens", 8}, {"temperature", 0}});
     REQUIRE(res);
@@ -1072,12 +1081,7 @@ TEST_CASE("server: Mistral's tool format: calls after the [TOOL_CALLS] control t
     const json meta = json::parse(models->body)["data"][0]["meta"];
     CHECK(meta["chat_template"] == "mistral-v3");
     CHECK(meta["tool_format"] == "mistral");
-    const json add = {{"type", "function"},
-                      {"function", {{"name", "add"},
-                                    {"parameters", {{"type", "object"},
-                                                    {"properties", {{"a", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}},
-                                                                    {"b", {{"type", "integer"}, {"minimum", 0}, {"maximum", 99}}}}},
-                                                    {"required", {"a", "b"}}}}}}};
+    const json add = addTool();
     const json city = {{"type", "function"},
                        {"function", {{"name", "get_weather"},
                                      {"parameters", {{"type", "object"},
@@ -1145,17 +1149,9 @@ TEST_CASE("server: Mistral's tool format: calls after the [TOOL_CALLS] control t
         {{"role", "tool"}, {"tool_call_id", "a1b2c3d4e"}, {"content", "5"}},
         {{"role", "user"}, {"content", "And 4 and 4?"}}};
     for (int seed = 0; seed < 4; ++seed) {
-        auto res = post(s, "/v1/chat/completions",
-                        {{"messages", history}, {"tools", {add}}, {"max_tokens", 60}, {"temperature", 1.0}, {"seed", seed}});
-        REQUIRE(res);
-        REQUIRE(res->status == 200);
-        const json c = json::parse(res->body)["choices"][0];
-        if (c["finish_reason"] == "tool_calls") {
-            CHECK(c["message"]["tool_calls"][0]["function"]["name"] == "add");
-        } else {
-            const std::string text = c["message"]["content"];
-            CHECK((text.empty() || text[0] != '['));
-        }
+        checkAddOrText(post(s, "/v1/chat/completions",
+                            {{"messages", history}, {"tools", {add}}, {"max_tokens", 60}, {"temperature", 1.0}, {"seed", seed}}),
+                       "[");
     }
     // The format needs a Mistral template: stories260K's is ChatML.
     Child refused(std::vector<std::string>{std::string(BLUE_BINARY_DIR) + "/host/bluevm", "serve", "-m",
