@@ -144,13 +144,14 @@ bluevm_status bluevm_tokenize(const bluevm_model* model, const char* text, size_
                               int add_bos, uint32_t* ids, size_t capacity, size_t* count);
 
 /* API 6: the text of token ids, as generation streams it (SentencePiece drops one leading space
- * of the first piece; control tokens give no text). Writes at most `capacity` bytes (no NUL) and
+ * of the first piece; control tokens give no text, but for Mistral's [TOOL_CALLS], which shows where
+ * tool calls start). Writes at most `capacity` bytes (no NUL) and
  * sets *len to the bytes the text has (call again with more room when it is larger). An id
  * outside the vocabulary fails with BLUEVM_ERR_INVALID_ARGUMENT naming it. */
 bluevm_status bluevm_detokenize(const bluevm_model* model, const uint32_t* ids, size_t n_ids,
                                 char* text, size_t capacity, size_t* len);
-/* API 6: the text one token contributes (spaces restored; empty for control tokens and ids
- * outside the vocabulary); *text stays valid while the model is open (not NUL-terminated). */
+/* API 6: the text one token contributes (spaces restored; empty for control tokens but
+ * [TOOL_CALLS], and for ids outside the vocabulary); *text stays valid while the model is open (not NUL-terminated). */
 bluevm_status bluevm_token_piece(const bluevm_model* model, uint32_t id, const char** text, size_t* len);
 
 /* A chat conversation formatted with the model's chat template, ending with the opening of an
