@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define BLUEVM_API_VERSION 15
+#define BLUEVM_API_VERSION 16
 #define BLUEVM_GRAMMAR_WORDS_AUTO 0xFFFFFFFFu
 
 typedef enum bluevm_status {
@@ -142,6 +142,11 @@ bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info
  * is larger). */
 bluevm_status bluevm_tokenize(const bluevm_model* model, const char* text, size_t text_len,
                               int add_bos, uint32_t* ids, size_t capacity, size_t* count);
+/* API 16: bluevm_tokenize, and with parse_special nonzero the text of control and user-defined
+ * tokens ("<|im_start|>", "[INST]", ...) becomes those tokens, as chat prompts are tokenized;
+ * with 0 it is text, as bluevm_tokenize takes it. */
+bluevm_status bluevm_tokenize_special(const bluevm_model* model, const char* text, size_t text_len, int add_bos,
+                                      int parse_special, uint32_t* ids, size_t capacity, size_t* count);
 
 /* API 6: the text of token ids, as generation streams it (SentencePiece drops one leading space
  * of the first piece; control tokens give no text, but for Mistral's [TOOL_CALLS], which shows where
@@ -153,6 +158,10 @@ bluevm_status bluevm_detokenize(const bluevm_model* model, const uint32_t* ids, 
 /* API 6: the text one token contributes (spaces restored; empty for control tokens but
  * [TOOL_CALLS], and for ids outside the vocabulary); *text stays valid while the model is open (not NUL-terminated). */
 bluevm_status bluevm_token_piece(const bluevm_model* model, uint32_t id, const char** text, size_t* len);
+/* API 16: bluevm_token_piece, and with render_special nonzero control and unknown tokens give
+ * their text too ("<|im_start|>", "[INST]", "</s>"), as /tokenize's pieces show them. */
+bluevm_status bluevm_token_piece_special(const bluevm_model* model, uint32_t id, int render_special, const char** text,
+                                         size_t* len);
 
 /* A chat conversation formatted with the model's chat template, ending with the opening of an
  * assistant turn, as a NUL-terminated string the caller frees with bluevm_free. */

@@ -170,12 +170,17 @@ bluevm_status bluevm_model_get_info(const bluevm_model* model, bluevm_model_info
 
 bluevm_status bluevm_tokenize(const bluevm_model* model, const char* text, size_t text_len,
                               int add_bos, uint32_t* ids, size_t capacity, size_t* count) {
+    return bluevm_tokenize_special(model, text, text_len, add_bos, 0, ids, capacity, count);
+}
+
+bluevm_status bluevm_tokenize_special(const bluevm_model* model, const char* text, size_t text_len, int add_bos,
+                                      int parse_special, uint32_t* ids, size_t capacity, size_t* count) {
     return guarded([&] {
         if (!model || (!text && text_len) || !count || (!ids && capacity)) {
             return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model, text, ids and count must not be NULL");
         }
-        std::vector<int32_t> tok =
-            model->engine->tokenizer().encode(std::string_view(text ? text : "", text_len), add_bos != 0, false);
+        std::vector<int32_t> tok = model->engine->tokenizer().encode(std::string_view(text ? text : "", text_len),
+                                                                     add_bos != 0, parse_special != 0);
         *count = tok.size();
         for (size_t i = 0; i < tok.size() && i < capacity; ++i) ids[i] = uint32_t(tok[i]);
         return ok();
@@ -206,9 +211,15 @@ bluevm_status bluevm_detokenize(const bluevm_model* model, const uint32_t* ids, 
 }
 
 bluevm_status bluevm_token_piece(const bluevm_model* model, uint32_t id, const char** text, size_t* len) {
+    return bluevm_token_piece_special(model, id, 0, text, len);
+}
+
+bluevm_status bluevm_token_piece_special(const bluevm_model* model, uint32_t id, int render_special, const char** text,
+                                         size_t* len) {
     return guarded([&] {
         if (!model || !text || !len) return failWith(BLUEVM_ERR_INVALID_ARGUMENT, "model, text and len must not be NULL");
-        std::string_view p = id > INT32_MAX ? std::string_view() : model->engine->tokenizer().piece(int32_t(id));
+        std::string_view p =
+            id > INT32_MAX ? std::string_view() : model->engine->tokenizer().piece(int32_t(id), render_special != 0);
         *text = p.data();
         *len = p.size();
         return ok();

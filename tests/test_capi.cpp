@@ -364,6 +364,19 @@ TEST_CASE("capi: misuse gets a status and a message") {
     REQUIRE(bluevm_tokenize(o.model, "Once upon a time", 16, 1, ids, 4, &count) == BLUEVM_OK);
     CHECK(count > 1);
     CHECK(ids[0] == 1);  // BOS
+    // Control-token text: a token with parse_special, text without; its piece only when rendered.
+    REQUIRE(bluevm_tokenize_special(o.model, "</s>", 4, 0, 1, ids, 4, &count) == BLUEVM_OK);
+    CHECK(count == 1);
+    CHECK(ids[0] == 2);
+    REQUIRE(bluevm_tokenize_special(o.model, "</s>", 4, 0, 0, ids, 4, &count) == BLUEVM_OK);
+    CHECK(count > 1);
+    const char* piece = nullptr;
+    size_t piece_len = 0;
+    REQUIRE(bluevm_token_piece_special(o.model, 2, 1, &piece, &piece_len) == BLUEVM_OK);
+    CHECK(std::string(piece, piece_len) == "</s>");
+    REQUIRE(bluevm_token_piece_special(o.model, 2, 0, &piece, &piece_len) == BLUEVM_OK);
+    CHECK(piece_len == 0);
+    CHECK(bluevm_token_piece_special(o.model, 2, 1, nullptr, &piece_len) == BLUEVM_ERR_INVALID_ARGUMENT);
     CHECK(std::string(bluevm_status_name(BLUEVM_ERR_QUEUE_FULL)) == "queue full");
     CHECK(bluevm_api_version() == BLUEVM_API_VERSION);
     checkNoValidationErrors(o.model);

@@ -472,11 +472,53 @@ TEST_CASE("server: /tokenize answers the model's token ids and names a bad field
     res = post(s, "/tokenize", {{"content", ""}});
     REQUIRE(res);
     CHECK(res->status == 200);
+    // parse_special: control-token text becomes the token (as chat prompts are tokenized);
+    // without it the text is text.
+    res = post(s, "/tokenize", {{"content", "a</s>"}, {"parse_special", true}});
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    const json parsed = json::parse(res->body)["tokens"];
+    REQUIRE(!parsed.empty());
+    CHECK(parsed.back() == 2);  // stories260K's </s>
+    res = post(s, "/tokenize", {{"content", "a</s>"}});
+    REQUIRE(res);
+    const json spelled = json::parse(res->body)["tokens"];
+    CHECK(std::find(spelled.begin(), spelled.end(), json(2)) == spelled.end());
+    CHECK(spelled.size() > parsed.size());
+    // with_pieces: each id with its text (control tokens' own), in llama.cpp server's shape.
+    res = post(s, "/tokenize", {{"content", "Once upon a</s>"}, {"parse_special", true}, {"with_pieces", true}});
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    const json pieces = json::parse(res->body)["tokens"];
+    REQUIRE(pieces.size() >= 3);
+    std::string joined;
+    for (const json& p : pieces) {
+        REQUIRE(p["id"].is_number_unsigned());
+        REQUIRE(p["piece"].is_string());
+        joined += p["piece"].get<std::string>();
+    }
+    CHECK(joined == " Once upon a</s>");  // SentencePiece's leading space stays on the first piece
+    CHECK(pieces.back() == json({{"id", 2}, {"piece", "</s>"}}));
+    // Byte tokens that are not whole UTF-8 (an emoji stories260K spells in bytes) come as their
+    // byte values.
+    res = post(s, "/tokenize", {{"content", "\xF0\x9F\x98\x80"}, {"with_pieces", true}});
+    REQUIRE(res);
+    REQUIRE(res->status == 200);
+    std::vector<unsigned> bytes;
+    const json emoji = json::parse(res->body)["tokens"];
+    for (const json& p : emoji) {
+        if (p["piece"].is_array()) {
+            for (const json& b : p["piece"]) bytes.push_back(b.get<unsigned>());
+        }
+    }
+    CHECK(bytes == std::vector<unsigned>{0xF0, 0x9F, 0x98, 0x80});
     struct Case {
         std::string body, param;
     };
     for (const Case& k : {Case{"{}", "content"}, Case{R"({"content": 3})", "content"},
                           Case{R"({"content": "a", "add_special": "yes"})", "add_special"},
+                          Case{R"({"content": "a", "parse_special": 1})", "parse_special"},
+                          Case{R"({"content": "a", "with_pieces": "no"})", "with_pieces"},
                           Case{"[1,2]", ""}, Case{"{\"content\": ", ""}}) {
         auto r = c.Post("/tokenize", k.body, "application/json");
         REQUIRE(r);

@@ -717,7 +717,9 @@ void HttpServer::Impl::embeddings(const httplib::Request& req, httplib::Response
                     "application/json");
 }
 
-// POST /tokenize {"content": string, "add_special": bool} -> {"tokens": [...]}.
+// POST /tokenize {"content": string, "add_special": bool, "parse_special": bool, "with_pieces":
+// bool} -> {"tokens": [ids]}, or with pieces [{"id", "piece"}] (llama.cpp server's shapes: a
+// piece that is not whole UTF-8, a byte token's say, is its list of byte values).
 void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& res) {
     if (cascade) {
         return sendError(res, apiError(400, "/tokenize is not served for a cascade: its stages may use different tokenizers"));
@@ -727,27 +729,46 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
     if (!j.contains("content") || !j["content"].is_string()) {
         return sendError(res, apiError(400, "'content' must be a string", "invalid_request_error", "content"));
     }
-    bool add_special = false;
-    if (j.contains("add_special")) {
-        if (!j["add_special"].is_boolean()) {
-            return sendError(res, apiError(400, "'add_special' must be a boolean", "invalid_request_error", "add_special"));
+    bool flags[3] = {false, false, false};  // add_special, parse_special, with_pieces
+    const char* names[3] = {"add_special", "parse_special", "with_pieces"};
+    for (int f = 0; f < 3; ++f) {
+        if (!j.contains(names[f])) continue;
+        if (!j[names[f]].is_boolean()) {
+            return sendError(res, apiError(400, std::string("'") + names[f] + "' must be a boolean", "invalid_request_error", names[f]));
         }
-        add_special = j["add_special"].get<bool>();
-    }
-    if (j.contains("with_pieces") && !(j["with_pieces"].is_boolean() && !j["with_pieces"].get<bool>())) {
-        return sendError(res, apiError(400, "'with_pieces' is not supported yet", "invalid_request_error", "with_pieces"));
+        flags[f] = j[names[f]].get<bool>();
     }
     const std::string text = j["content"].get<std::string>();
     std::vector<uint32_t> ids(text.size() + 8);
     size_t count = 0;
-    bluevm_status st = bluevm_tokenize(model, text.data(), text.size(), add_special, ids.data(), ids.size(), &count);
+    auto run = [&] {
+        return bluevm_tokenize_special(model, text.data(), text.size(), flags[0], flags[1], ids.data(), ids.size(), &count);
+    };
+    bluevm_status st = run();
     if (st == BLUEVM_OK && count > ids.size()) {
         ids.resize(count);
-        st = bluevm_tokenize(model, text.data(), text.size(), add_special, ids.data(), ids.size(), &count);
+        st = run();
     }
     if (st != BLUEVM_OK) return sendError(res, apiError(400, bluevm_last_error(), "invalid_request_error", "content"));
     ids.resize(count);
-    res.set_content(nlohmann::json{{"tokens", ids}}.dump(), "application/json");
+    if (!flags[2]) return res.set_content(nlohmann::json{{"tokens", ids}}.dump(), "application/json");
+    nlohmann::json tokens = nlohmann::json::array();
+    for (uint32_t id : ids) {
+        // The piece as the model's tokenizer shows it, control tokens included (their text).
+        const char* piece = nullptr;
+        size_t len = 0;
+        std::string p;
+        if (bluevm_token_piece_special(model, id, 1, &piece, &len) == BLUEVM_OK && piece) p.assign(piece, len);
+        nlohmann::json entry = {{"id", id}, {"piece", p}};
+        try {
+            (void)entry.dump();  // json's own UTF-8 check
+        } catch (const nlohmann::json::type_error&) {
+            entry["piece"] = std::vector<unsigned>(reinterpret_cast<const unsigned char*>(p.data()),
+                                                   reinterpret_cast<const unsigned char*>(p.data()) + p.size());
+        }
+        tokens.push_back(std::move(entry));
+    }
+    res.set_content(nlohmann::json{{"tokens", tokens}}.dump(), "application/json");
 }
 
 // POST /detokenize {"tokens": [ids]} -> {"content": text} (llama.cpp server's shape).
