@@ -376,6 +376,14 @@ TEST_CASE("device limits: the sequencer variant follows subgroup ballot") {
     CHECK_FALSE(kernelChosen("sequencer", d));
     CHECK(kernelVariant("tadd", d) == "tadd");
     CHECK(unmetNeeds(d).empty());  // without ballot the variant is used: nothing is missing
+    // The int8 GEMMs run only where integer dot products are offered (KernelChoice::int8_matmul).
+    d.int_dot = true;
+    CHECK(kernelChosen("matmul_q8_0_tq", d));
+    CHECK(kernelChosen("matmul_q4_0_iq", d));
+    d.int_dot = false;
+    CHECK_FALSE(kernelChosen("matmul_q8_0_tq", d));
+    CHECK_FALSE(kernelChosen("matmul_q4_0_iq", d));
+    CHECK(kernelChosen("matmul_q4_0_i", d));
 }
 
 TEST_CASE("device limits: a device that misses a need is refused at start, naming each need") {
