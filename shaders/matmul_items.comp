@@ -49,13 +49,6 @@ void main() {
     [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
         [[unroll]] for (uint c = 0u; c < MI_C; ++c) acc[r][c] = 0.0;
     }
-#if defined(WTYPE_Q4_0)
-    // Q4_0's masked decode: a quant word's nibbles stay in place, masked per byte, and x is
-    // pre-scaled by each nibble's place value (exact powers of two).
-    const uvec4 kNib = uvec4(0xFu, 0xF00u, 0xF0000u, 0xF000000u);
-    const vec4 kPlace = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
-#endif
-
 #if defined(WTYPE_Q4_0) && defined(MI_INT8)
     // `_iq`: the int8 GEMM for CPU drivers (BLUE_MATMUL_INT8=1). Each lane rounds its items' x
     // to int8 per block of 32 as `_tq` does (max |x| / 127, round to nearest even) and multiplies
@@ -65,13 +58,25 @@ void main() {
     // its high half. Eight such products per accumulator keep both halves within 16 bits
     // (|w x| <= 15 * 127), so the high half is exact once rounded; the block's integer sum,
     // less 8 times the sum of its x, times d and dx is its product.
+#elif defined(WTYPE_Q4_0)
+    // Q4_0's masked decode: a quant word's nibbles stay in place, masked per byte, and x is
+    // pre-scaled by each nibble's place value (exact powers of two).
+    const uvec4 kNib = uvec4(0xFu, 0xF00u, 0xF0000u, 0xF000000u);
+    const vec4 kPlace = vec4(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
+#endif
+
+#if defined(WTYPE_Q4_0)
     for (uint g = 0u; g < bpr; ++g) {
-        uvec4 head[MI_R];
+        uvec4 head[MI_R];  // the gblock's 8 block scales, per row
         [[unroll]] for (uint r = 0u; r < MI_R; ++r) head[r] = wTexel(wbase, bpr, rows[r], g, 0u);
         for (uint s = 0u; s < 8u; ++s) {
+            // Block s: elements 32s..32s+31 of the gblock, x texels xt..xt+7. Byte j of its 16
+            // quant bytes holds element j (low nibble) and j + 16 (high): word j's low nibbles
+            // meet x texel j, its high nibbles x texel j + 4.
             const uint xt = g * 64u + s * 8u;
             if (xt >= xtn) break;
-            ivec4 xp[MI_C][4];
+#ifdef MI_INT8
+            ivec4 xp[MI_C][4];  // x's int8 values in crosswise pairs, per quant word
             float dx[MI_C];
             int sx[MI_C];
             [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
@@ -95,29 +100,7 @@ void main() {
                     xp[c][i] = ivec4(q[i].zw, q[i + 4u].zw) + (ivec4(q[i].xy, q[i + 4u].xy) << 16);
                 }
             }
-            [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
-                const uvec4 qw = wTexel(wbase, bpr, rows[r], g, 1u + s);
-                const float d = halfOf(head[r], s);
-                ivec4 wv[4];
-                [[unroll]] for (uint i = 0u; i < 4u; ++i) wv[i] = ivec4((uvec4(qw[i]) >> uvec4(0u, 8u, 4u, 12u)) & 0x000F000Fu);
-                [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                    ivec4 a = wv[0] * xp[c][0] + wv[1] * xp[c][1] + wv[2] * xp[c][2] + wv[3] * xp[c][3];
-                    ivec2 h = ((a.xz + a.yw) + 32768) >> 16;
-                    acc[r][c] += (d * dx[c]) * float(h.x + h.y - 8 * sx[c]);
-                }
-            }
-        }
-    }
-#elif defined(WTYPE_Q4_0)
-    for (uint g = 0u; g < bpr; ++g) {
-        uvec4 head[MI_R];  // the gblock's 8 block scales, per row
-        [[unroll]] for (uint r = 0u; r < MI_R; ++r) head[r] = wTexel(wbase, bpr, rows[r], g, 0u);
-        for (uint s = 0u; s < 8u; ++s) {
-            // Block s: elements 32s..32s+31 of the gblock, x texels xt..xt+7. Byte j of its 16
-            // quant bytes holds element j (low nibble) and j + 16 (high): word j's low nibbles
-            // meet x texel j, its high nibbles x texel j + 4.
-            const uint xt = g * 64u + s * 8u;
-            if (xt >= xtn) break;
+#else
             vec4 xl[MI_C][8];
             float xsum[MI_C];
             [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
@@ -129,10 +112,20 @@ void main() {
                 }
                 xsum[c] = dot(tot, vec4(1.0));
             }
+#endif
             [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
                 const uvec4 q = wTexel(wbase, bpr, rows[r], g, 1u + s);
-                vec4 lo[4], hi[4];
                 const float d = halfOf(head[r], s);
+#ifdef MI_INT8
+                ivec4 wv[4];
+                [[unroll]] for (uint i = 0u; i < 4u; ++i) wv[i] = ivec4((uvec4(q[i]) >> uvec4(0u, 8u, 4u, 12u)) & 0x000F000Fu);
+                [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                    ivec4 a = wv[0] * xp[c][0] + wv[1] * xp[c][1] + wv[2] * xp[c][2] + wv[3] * xp[c][3];
+                    ivec2 h = ((a.xz + a.yw) + 32768) >> 16;
+                    acc[r][c] += (d * dx[c]) * float(h.x + h.y - 8 * sx[c]);
+                }
+#else
+                vec4 lo[4], hi[4];
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
                     lo[j] = vec4(ivec4(uvec4(q[j]) & kNib));  // under 2^28: the signed conversion is exact
                     hi[j] = vec4(ivec4(uvec4(q[j] >> 4u) & kNib));
@@ -142,6 +135,7 @@ void main() {
                     [[unroll]] for (uint j = 0u; j < 4u; ++j) p += dot(lo[j], xl[c][j]) + dot(hi[j], xl[c][j + 4u]);
                     acc[r][c] += d * (p - 8.0 * xsum[c]);
                 }
+#endif
             }
         }
     }

@@ -763,8 +763,7 @@ void HttpServer::Impl::tokenize(const httplib::Request& req, httplib::Response& 
         try {
             (void)entry.dump();  // json's own UTF-8 check
         } catch (const nlohmann::json::type_error&) {
-            entry["piece"] = std::vector<unsigned>(reinterpret_cast<const unsigned char*>(p.data()),
-                                                   reinterpret_cast<const unsigned char*>(p.data()) + p.size());
+            entry["piece"] = bytesJson(p);
         }
         tokens.push_back(std::move(entry));
     }

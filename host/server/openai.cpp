@@ -344,13 +344,13 @@ json finishJson(const std::string& reason) {
     return reason.empty() ? json() : json(reason);
 }
 
-json bytesJson(const std::string& s) {
+}  // namespace
+
+json bytesJson(std::string_view s) {
     json b = json::array();
     for (unsigned char c : s) b.push_back(int(c));
     return b;
 }
-
-}  // namespace
 
 json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& tokens, size_t text_offset) {
     if (endpoint == Endpoint::Chat) {

@@ -98,6 +98,9 @@ inline constexpr uint32_t kMaxTopLogprobs = 20;  // vm/llm_abi.h BLUE_MAX_TOP_LO
 // A choice's "logprobs" object for these tokens: completions {tokens, token_logprobs,
 // top_logprobs, text_offset} (offsets from `text_offset`, the bytes before the first token);
 // chat {content: [{token, logprob, bytes, top_logprobs}]}.
+// A text's bytes as a JSON array of their values (logprobs' "bytes", /tokenize's pieces that
+// are not whole UTF-8).
+nlohmann::json bytesJson(std::string_view s);
 nlohmann::json logprobsJson(Endpoint endpoint, const std::vector<TokenLogprob>& tokens, size_t text_offset);
 
 // The complete (non-streamed) response.

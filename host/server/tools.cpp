@@ -14,6 +14,9 @@ using ordered = nlohmann::ordered_json;
 
 namespace {
 
+// Mistral's marker before its calls: a control token whose text decoding shows (Tokenizer::hidden).
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+
 ApiError badTool(const std::string& param, const std::string& message) {
     ApiError e;
     e.message = message;
@@ -143,7 +146,7 @@ std::string callsText(ToolFormat f, const std::vector<ordered>& calls) {
                 if (c.contains("id")) o["id"] = c["id"];
                 a.push_back(std::move(o));
             }
-            return "[TOOL_CALLS] " + a.dump();
+            return std::string(kMistralCalls) + " " + a.dump();
         }
     }
     return out;
@@ -357,12 +360,12 @@ std::vector<std::pair<std::string, std::string>> withTools(const ApiRequest& r, 
     std::vector<std::pair<std::string, std::string>> out;
     for (size_t i = 0; i < r.messages.size(); ++i) {
         const ApiRequest::Message& m = r.messages[i];
-        std::string content = m.content;
-        if (!m.calls.empty()) content += (content.empty() ? "" : "\n") + callsText(f, m.calls);
         if (f == ToolFormat::Mistral && !m.calls.empty()) {
             out.emplace_back(m.role, callsText(f, m.calls));  // the calls alone, as Mistral's templates write them
             continue;
         }
+        std::string content = m.content;
+        if (!m.calls.empty()) content += (content.empty() ? "" : "\n") + callsText(f, m.calls);
         if (m.role == "tool" && f == ToolFormat::Mistral) {
             // {"content": the result (as JSON where it is JSON text), "call_id": its call's id}.
             ordered result = ordered::parse(content, nullptr, false);
@@ -431,7 +434,7 @@ std::optional<ApiError> toolConstraint(const ApiRequest& r, ToolFormat f, std::s
         calls += "\ntool-block ::= \"<tool_call>\\n\" tool-call \"\\n</tool_call>\"\n";
     } else if (f == ToolFormat::Mistral) {
         // The control token's text (it has bytes for the automaton: tokenBytesTable), then an array.
-        calls = "tool-calls ::= \"[TOOL_CALLS]\" \" \"? \"[\" tool-call";
+        calls = strFormat("tool-calls ::= \"%s\" \" \"? \"[\" tool-call", std::string(kMistralCalls).c_str());
         if (several) calls += strFormat(" ( \",\" \" \"? tool-call ){0,%u}", kMaxParallelCalls - 1);
         calls += " \"]\"\n";
     } else {
@@ -467,8 +470,7 @@ json toolCallsOf(const std::vector<ApiRequest::Tool>& offered, ToolFormat f, con
         }
     } else {
         if (f == ToolFormat::Mistral) {  // [TOOL_CALLS] (when the decoder shows it), then an array
-            static const std::string marker = "[TOOL_CALLS]";
-            if (text.compare(at, marker.size(), marker) == 0) at += marker.size();
+            if (std::string_view(text).substr(at).starts_with(kMistralCalls)) at += kMistralCalls.size();
             while (at < text.size() && isSpace(text[at])) ++at;
         }
         if (at == text.size() || callFirstBytes(f).find(text[at]) == std::string_view::npos) return nullptr;
