@@ -431,12 +431,15 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     if (dev.lost()) return Status::error("the device was lost earlier (" + dev.lostReason() + ")");
     auto impl = std::make_unique<Impl>(dev, pipelines, m, options);
     const uint64_t page_limit = dev.maxPlanPageBytes();
-    Result<PagePlan> pages = planPages(m, options.instances, page_limit);
-    if (!pages) return pages.status();
-    impl->pages = std::move(pages.value());
     const Result<KernelChoice> chosen = chooseKernels(options, dev.info());
     if (!chosen) return chosen.status();
     const KernelChoice kernels = chosen.value();
+    // Q4_0's int8 GEMM on CPU drivers reads x packed once per matmul input (planPackedX).
+    const bool packed_x = kernels.int8_matmul && !kernels.split_matmul;
+    Result<PagePlan> pages = planPages(m, options.instances, page_limit);
+    if (!pages) return pages.status();
+    if (packed_x) BLUE_TRY(planPackedX(m, options.instances, page_limit, &pages.value()));
+    impl->pages = std::move(pages.value());
     auto dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], kernels);
     if (!dispatches) return dispatches.status();
     impl->dispatches = std::move(dispatches.value());
@@ -446,11 +449,14 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     if (options.vram_budget > 0) {
         // The control buffer is device-local too; the dispatches (and so its size) do not
         // depend on which tier a weight is in.
-        const uint64_t control = impl->layout.control_words * 4;
+        // So is the int8 GEMM's packed x (planPackedX), which the budget's plan below leaves out.
+        const PackedX& px = impl->pages.packed_x;
+        const uint64_t control = impl->layout.control_words * 4 + (px.item_bytes ? px.items * px.item_bytes + 256 : 0);
         if (control >= options.vram_budget) {
-            return BLUE_ERROR("the control buffer for %u instances needs %.1f MiB of device memory, "
+            return BLUE_ERROR("the control buffer%s for %u instances needs %.1f MiB of device memory, "
                               "more than the VRAM budget of %.1f MiB",
-                              options.instances, double(control) / (1 << 20),
+                              px.item_bytes ? " and the int8 GEMM's packed x" : "", options.instances,
+                              double(control) / (1 << 20),
                               double(options.vram_budget) / (1 << 20));
         }
         using HW = GpuOptions::HostWeights;
@@ -473,6 +479,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
                               stream, options.expert_cache);
             if (!pages) return pages.status();
         }
+        if (packed_x) BLUE_TRY(planPackedX(m, options.instances, page_limit, &pages.value()));
         impl->pages = std::move(pages.value());
         dispatches = planDispatches(m, impl->pages, dev.info().max_workgroup_count[0], kernels);
         if (!dispatches) return dispatches.status();

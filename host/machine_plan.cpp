@@ -183,6 +183,22 @@ std::optional<DispatchDesc> rowGroupsGemm(const DispatchDesc& batched, uint64_t 
     return t;
 }
 
+// PACKX before `_iq` (its GEMM dispatch): the same block, mode and items, a workgroup per item
+// (shaders/packx.comp); no matrix.
+DispatchDesc packxDispatch(const DispatchDesc& gemm) {
+    DispatchDesc p = gemm;
+    p.pipeline = "packx";
+    p.axis = 1;
+    p.tile = 1;
+    p.fixed = 1;
+    p.push[BLUE_PC_TILE] = 1;
+    p.operand_pages.fill(DispatchDesc::kNoPage);
+    p.operand_pages[2] = gemm.operand_pages[2];
+    p.weight_page = DispatchDesc::kNoPage;
+    p.weight_offset = p.weight_bytes = 0;
+    return p;
+}
+
 // After a MOEROUTE with an expert cache: MOECOPY dispatches (one per BLUE_COPY_MAX_MATRICES of
 // its matrices: one for a layer's gate, up and down) that copy the experts MOEROUTE listed from
 // host memory into their slots (x: the list, which MOEROUTE sizes through a patch word; y: the
@@ -603,6 +619,46 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
     return plan;
 }
 
+Status planPackedX(const Module& m, uint32_t instances, uint64_t page_limit, PagePlan* plan) {
+    uint64_t k = 0;
+    for (const auto& block : m.blocks) {
+        std::vector<TensorInstr> instrs;
+        BLUE_TRY(decodeBlock(m, block, &instrs));
+        for (const TensorInstr& ti : instrs) {
+            if (isMatmul(ti.op) && Pipelines::exists(kernelName(m, uint32_t(ti.op), ti.args) + "_iq")) {
+                k = std::max<uint64_t>(k, m.tensors[ti.args[1]].ne[0]);
+            }
+        }
+    }
+    plan->packed_x = PackedX{};
+    if (k == 0) return Status::ok();
+    PackedX& x = plan->packed_x;
+    x.k = k;
+    x.items = std::max<uint64_t>(m.layout.max_rows, instances);
+    x.item_bytes = (k + 255) / 256 * BLUE_XQ_GBLOCK_TEXELS * 16;
+    const uint64_t bytes = x.items * x.item_bytes;
+    int last = -1;
+    for (size_t p = 0; p < plan->page_bytes.size(); ++p) {
+        if (plan->page_tier[p] == 0) last = int(p);
+    }
+    if (last >= 0 && ((plan->page_bytes[last] + kTensorAlign - 1) & ~(kTensorAlign - 1)) + bytes <= page_limit) {
+        x.page = uint32_t(last);
+    } else {
+        if (plan->page_bytes.size() == BLUE_MAX_PAGES || bytes > page_limit) {
+            return BLUE_ERROR("the int8 GEMM's packed activations (%.1f MiB for %llu items of K = %llu) need a "
+                              "page of their own and none is left or they pass one; turn it off (BLUE_MATMUL_INT8=0)",
+                              double(bytes) / (1 << 20), (unsigned long long)x.items, (unsigned long long)k);
+        }
+        x.page = uint32_t(plan->page_bytes.size());
+        plan->page_bytes.push_back(0);
+        plan->page_tier.push_back(0);
+    }
+    uint64_t& used = plan->page_bytes[x.page];
+    x.offset = (used + kTensorAlign - 1) & ~(kTensorAlign - 1);
+    used = x.offset + bytes;
+    return Status::ok();
+}
+
 StreamPlan planStreams(const PagePlan& pages, std::vector<DispatchDesc>* dispatches,
                        uint32_t slot_view_base) {
     StreamPlan plan;
@@ -880,8 +936,9 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     // item and the 4-item tile split K and the GEMM is the shared-memory tiled
                     // `_t`; on a CPU driver it is the lanes-over-items `_i` (block types) or the
                     // register-tiled `_g` (F32, F16, BF16). With int8_matmul, block types take
-                    // the int8 tiled `_tq` in either shape, but Q4_0 on a CPU driver the int8
-                    // lanes over items `_iq` (integer SWAR: lavapipe has no fast dot product).
+                    // the int8 tiled `_tq` on a GPU; on a CPU driver Q4_0 and Q6_K the int8 lanes
+                    // over items `_iq` after PACKX (integer SWAR: lavapipe has no fast dot
+                    // product), the other types `_i`.
                     const uint32_t r = matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
                     DispatchDesc single = singleItemDispatch(d);
                     if (kernels.split_matmul) splitMatmul(&single, n, "s"); else narrowMatmul(&single, n, r);
@@ -890,11 +947,24 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.tile = BLUE_MATMUL_TILE;
                     const uint32_t g = kernels.gemm_min_items;
                     std::optional<DispatchDesc> gemm;
-                    if (kernels.int8_matmul && !kernels.split_matmul) {
+                    const uint64_t k = m.tensors[ti.args[1]].ne[0];
+                    const PackedX& px = pages.packed_x;
+                    const bool packed = px.item_bytes != 0 && k <= px.k;
+                    if (kernels.int8_matmul && !kernels.split_matmul && packed) {
                         gemm = rowGroupsGemm(d, n, g, "_iq", BLUE_MATMUL_ITEMS_ROWS,
                                              BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE);
                     }
-                    if (kernels.int8_matmul && !gemm) {
+                    if (gemm) {
+                        // PACKX first, over the same items: x rounded and packed for `_iq`.
+                        gemm->push[BLUE_PC_MM_XQ] = px.page | BLUE_TC_GLOBAL << 16;
+                        gemm->push[BLUE_PC_MM_XQ + 1] = uint32_t(px.offset);
+                        gemm->push[BLUE_PC_MM_XQ + 2] = uint32_t(px.item_bytes);
+                        gemm->push[BLUE_PC_MM_XQ + 3] = uint32_t(k);
+                        gemm->operand_pages[BLUE_MM_XQ_OPERAND] = px.page;
+                    }
+                    // On a GPU the int8 tiles for every block type; a CPU driver keeps the
+                    // float `_i` for the types without a SWAR kernel (`_tq` ran at 0.37x of it).
+                    if (kernels.int8_matmul && kernels.split_matmul && !gemm) {
                         gemm = rowGroupsGemm(d, n, g, "_tq", BLUE_MATMUL_TILED_ROWS, BLUE_MATMUL_TILED_ITEMS);
                     }
                     if (!gemm) gemm =
@@ -909,6 +979,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                         d.push[BLUE_PC_TILE] = d.tile;
                         out.push_back(d);
                         d = *gemm;
+                        if (d.pipeline.ends_with("_iq")) out.push_back(packxDispatch(d));
                     }
                 }
                 if (info.grid == Grid::MOE) {

@@ -71,6 +71,18 @@ struct ExpertCache {
     std::vector<TensorPlace> caches; // per tensor: its device-local cache, `slots` slices
 };
 
+// Where the int8 GEMM for CPU drivers (`_iq`: Q4_0, Q6_K) finds its x rounded and packed by
+// PACKX (shaders/packx.comp): one record of `item_bytes` per item, for every MATMUL of such a
+// matrix with K up to `k`; one region reused by every such MATMUL in turn (a barrier separates each
+// dispatch from the next). `item_bytes` 0: none planned (the plan then keeps the float `_i`).
+struct PackedX {
+    uint32_t page = 0;
+    uint64_t offset = 0;
+    uint64_t item_bytes = 0;
+    uint64_t items = 0;
+    uint64_t k = 0;
+};
+
 struct PagePlan {
     std::vector<uint64_t> page_bytes;  // size of each page
     std::vector<uint8_t> page_tier;    // per page: 0 device-local, 1 host (beyond the VRAM budget)
@@ -78,6 +90,7 @@ struct PagePlan {
     std::vector<TensorPlace> places;   // per tensor
     uint64_t slot_bytes = 0;  // streaming: the size of each of the two device-local slots
     std::vector<ExpertCache> expert_caches;
+    PackedX packed_x;
     uint64_t expertStateWords() const {
         uint64_t n = 0;
         for (const ExpertCache& c : expert_caches) n += BLUE_XC_WORDS(c.experts, c.slots);
@@ -121,6 +134,12 @@ struct PagePlan {
 // than one slot per layer fits, and the experts are then read in place).
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
                            uint64_t vram_budget = 0, bool stream = false, bool expert_cache = true);
+
+// Adds the PackedX region (device-local) for the int8 GEMM of CPU drivers to `plan`: records
+// for the larger of max_rows and `instances` items and the largest K of any MATMUL over a matrix
+// whose type has `_iq`, after the last device-local page's tensors when it fits there, else in a new page.
+// Nothing when the module has no such MATMUL. Fails when the region needs a page and none is left.
+Status planPackedX(const Module& m, uint32_t instances, uint64_t page_limit, PagePlan* plan);
 
 // What planPages and planControl cannot see alone, checked against the device once both ran:
 // the pages and the control buffer (device-local memory) together fit `device_local_bytes`,
@@ -209,8 +228,9 @@ struct KernelChoice {
     // Items from which a batched MATMUL runs the GEMM (`_t` or `_g`) rather than the 4-item
     // tiles (GpuMachine: BLUE_GEMM_MIN_ITEMS in the environment, else defaultGemmMinItems).
     uint32_t gemm_min_items = BLUE_MATMUL_GEMM_TILE;
-    // The GEMM of block-type matrices is the int8 `_tq` (GpuOptions::int8_matmul), in either shape
-    // (Q4_0 with CPU-driver shapes: `_iq`).
+    // The int8 GEMM (GpuOptions::int8_matmul): with GPU shapes `_tq` for every block type; with
+    // CPU-driver shapes `_iq` after a PACKX of its x for the types that have one (Q4_0, Q6_K;
+    // where planPackedX made the region), the other types keeping `_i`.
     bool int8_matmul = false;
 };
 

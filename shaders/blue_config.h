@@ -66,6 +66,14 @@
 #define BLUE_MATMUL_ITEMS_LANES 8u
 #define BLUE_MATMUL_ITEMS_PER_LANE 4u
 #define BLUE_MATMUL_ITEMS_ROWS 16u
+// Q4_0's int8 GEMM for CPU drivers (`_iq`) reads x rounded to int8 and packed once per matmul
+// input by PACKX (packx.comp; the plan records it before the GEMM): per gblock of 256 elements,
+// BLUE_XQ_GBLOCK_TEXELS texels: 8 blocks of 32 as 4 texels of crosswise int16 pairs each, then 4
+// texels of the blocks' (step, sum) word pairs. Its record of an item is a gblock's texels per
+// ceil(K / 256), in a device-local region of the pages (host/machine_plan.h PagePlan::packed_x),
+// read as texel operand BLUE_MM_XQ_OPERAND through the reference at BLUE_PC_MM_XQ.
+#define BLUE_XQ_GBLOCK_TEXELS 36u
+#define BLUE_MM_XQ_OPERAND 3
 // ROPE, ROPEQK: heads an invocation rotates with the one angle it computes (pow, cos, sin), so the
 // angle is computed once per 8 heads where it was once per pair; chunks keep a GPU's many lanes busy.
 #define BLUE_ROPE_HEADS 8u
@@ -126,6 +134,9 @@
 #define BLUE_MM_ADD 1
 #define BLUE_MM_SILU 2
 #define BLUE_MM_GELU 3
+// MATMUL `_iq` and PACKX: the packed x's reference {page | class << 16, byte offset, bytes per
+// item, K}; an item's record is at offset + item * bytes.
+#define BLUE_PC_MM_XQ 24
 // KVCOPY: 32-bit words of one cache row, and the context (rows of a cache, and of a store's slot).
 #define BLUE_PC_KV_ROW_WORDS 20
 #define BLUE_PC_KV_CTX 21

@@ -13,8 +13,8 @@
 // Q4_0 and Q6_K decode in place (the masked decode of their other kernels), the other block types
 // through wGroup: either way a row's products are summed in the order of the single-item and
 // 4-item kernels (matmul.comp), so a token's logits do not depend on the batch it shares.
-// Built once more for Q4_0 with MI_INT8 (`_iq`): the int8 GEMM on CPU drivers, x rounded to int8
-// (below; like `_tq`, not batch-invariant).
+// Built once more for Q4_0 with MI_INT8 (`_iq`): the int8 GEMM on CPU drivers, on x rounded to
+// int8 once per input by PACKX (below; like `_tq`, not batch-invariant).
 // Grid: x = ceil(items / (MI_L * MI_C)), y = ceil(N / MI_R).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
@@ -38,9 +38,16 @@ void main() {
     if (first >= items) return;
     const uint lid = gl_LocalInvocationID.x;
     uint xb[MI_C];  // items past the last read the last one's x and are never written
+#ifdef MI_INT8
+    const TRef xq = tref(BLUE_PC_MM_XQ);  // x packed by PACKX: the item's record
+    [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+        xb[c] = (xq.offset + min(first + c * MI_L + lid, items - 1u) * xq.stride) / 16u;
+    }
+#else
     [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
         xb[c] = sliceOffset(x, min(first + c * MI_L + lid, items - 1u)) / 16u;
     }
+#endif
     const uint row0 = gl_WorkGroupID.y * MI_R;
     uint rows[MI_R];  // rows past N read row N - 1 and are never written
     [[unroll]] for (uint r = 0u; r < MI_R; ++r) rows[r] = min(row0 + r, N - 1u);
@@ -50,9 +57,9 @@ void main() {
         [[unroll]] for (uint c = 0u; c < MI_C; ++c) acc[r][c] = 0.0;
     }
 #if defined(WTYPE_Q4_0) && defined(MI_INT8)
-    // `_iq`: the int8 GEMM for CPU drivers (BLUE_MATMUL_INT8=1). Each lane rounds its items' x
-    // to int8 per block of 32 as `_tq` does (max |x| / 127, round to nearest even) and multiplies
-    // by integer SWAR: word i of a quant texel holds elements 4i..4i+3 (low nibbles) and
+    // `_iq`: the int8 GEMM for CPU drivers (BLUE_MATMUL_INT8=1), on x rounded to int8 per block of
+    // 32 as `_tq` rounds it and packed by PACKX (packx.comp) in crosswise pairs; it multiplies by
+    // integer SWAR: word i of a quant texel holds elements 4i..4i+3 (low nibbles) and
     // 4i+16..4i+19 (high); (w >> k) & 0x000F000F puts two of them in the halves of a word, and a
     // word holding their x values crosswise (x_b + x_a << 16) times it gains w_a x_a + w_b x_b in
     // its high half. Eight such products per accumulator keep both halves within 16 bits
@@ -79,26 +86,13 @@ void main() {
             ivec4 xp[MI_C][4];  // x's int8 values in crosswise pairs, per quant word
             float dx[MI_C];
             int sx[MI_C];
+            const uint xr = g * BLUE_XQ_GBLOCK_TEXELS;
             [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                vec4 xv[8];
-                vec4 m4 = vec4(0.0);
-                [[unroll]] for (uint j = 0u; j < 8u; ++j) {
-                    xv[j] = TEXELF(2, xb[c] + xt + j);
-                    m4 = max(m4, abs(xv[j]));
-                }
-                const float m = max(max(m4.x, m4.y), max(m4.z, m4.w));
-                const float inv = m > 0.0 ? 127.0 / m : 0.0;
-                dx[c] = m / 127.0;
-                ivec4 q[8];
-                ivec4 t = ivec4(0);
-                [[unroll]] for (uint j = 0u; j < 8u; ++j) {
-                    q[j] = ivec4(roundEven(xv[j] * inv));
-                    t += q[j];
-                }
-                sx[c] = (t.x + t.y) + (t.z + t.w);
-                [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-                    xp[c][i] = ivec4(q[i].zw, q[i + 4u].zw) + (ivec4(q[i].xy, q[i + 4u].xy) << 16);
-                }
+                [[unroll]] for (uint i = 0u; i < 4u; ++i) xp[c][i] = ivec4(TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + s * 4u + i));
+                const uvec4 st = TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + 32u + s / 2u);
+                const uvec2 ds = (s & 1u) == 0u ? st.xy : st.zw;
+                dx[c] = uintBitsToFloat(ds.x);
+                sx[c] = int(ds.y);
             }
 #else
             vec4 xl[MI_C][8];
@@ -164,6 +158,34 @@ void main() {
                     const uint k = kb + 2u * kh, s = 4u * hh + k;
                     const uint xt = g * 64u + s * 8u;
                     if (xt >= xtn) continue;
+#ifdef MI_INT8
+                    // `_iq` for Q6_K: the group's two halves of 16 (a: elements 0..15, scale sc.x;
+                    // b: 16..31, sc.y) against x's packed pairs (components x, y of pair texel j:
+                    // elements 4j..4j+3; z, w: 4j+16..4j+19). Each 6-bit level less 32 (-32..31)
+                    // in the halves of a word: (q >> 0 or 8) & 0x003F003F - 0x00200020. Four
+                    // products per sum keep both halves exact (|w x| <= 32 * 127, 8 of them under
+                    // 2^15), so each half's sum is two high halves.
+                    ivec4 xp[MI_C][4];
+                    float dx[MI_C];
+                    const uint xr = g * BLUE_XQ_GBLOCK_TEXELS;
+                    [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                        [[unroll]] for (uint i = 0u; i < 4u; ++i) xp[c][i] = ivec4(TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + s * 4u + i));
+                        const uvec4 st = TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + 32u + s / 2u);
+                        dx[c] = uintBitsToFloat((s & 1u) == 0u ? st.x : st.z);
+                    }
+                    [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+                        const vec2 sc = q6Scales(head[r], hh, k);
+                        const uvec4 qa = q6Bytes(la[r], ha[r], k), qb = q6Bytes(lb[r], hb[r], k);
+                        ivec4 wv[4];
+                        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                            wv[j] = ivec4((uvec4(qa[j], qa[j], qb[j], qb[j]) >> uvec4(0u, 8u, 0u, 8u)) & 0x003F003Fu) - 0x00200020;
+                        }
+                        [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                            const ivec4 h = ((wv[0] * xp[c][0] + wv[1] * xp[c][1]) + (wv[2] * xp[c][2] + wv[3] * xp[c][3]) + 32768) >> 16;
+                            acc[r][c] += dx[c] * (sc.x * float(h.x + h.y) + sc.y * float(h.z + h.w));
+                        }
+                    }
+#else
                     vec4 xl[MI_C][8];
                     vec2 xsum[MI_C];
                     [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
@@ -192,6 +214,7 @@ void main() {
                             acc[r][c] += sc.x * (p0 - 32.0 * xsum[c].x) + sc.y * (p1 - 32.0 * xsum[c].y);
                         }
                     }
+#endif
                 }
             }
         }

@@ -880,6 +880,117 @@ TEST_CASE("plan: maxPenaltyWindow is the longest window whose walk stays under t
     CHECK(maxPenaltyWindow(65535, 1u << 30) == 0);
 }
 
+TEST_CASE("plan: the int8 GEMM on a CPU driver packs x first for Q4_0 and Q6_K (PACKX), keeps `_i` for other types") {
+    Module m = assembleOrFail(R"(.layout regs=4 max_rows=40 local=64
+.tensor w4 global q4_0 [512, 256]
+.tensor w6 global q6_k [256, 64]
+.tensor w8 global q8_0 [64, 64]
+.tensor x rows f32 [512]
+.tensor h rows f32 [256]
+.tensor z rows f32 [64]
+.tensor y rows f32 [64]
+.block b args=2
+    matmul h, w4, x
+    matmul z, w6, h
+    matmul y, w8, z
+.end
+halt
+)");
+    m.tensors[0].cls = BLUE_TC_WEIGHT;
+    m.tensors[1].cls = BLUE_TC_WEIGHT;
+    m.tensors[2].cls = BLUE_TC_WEIGHT;
+    Result<PagePlan> pages = planPages(m, 70, 1u << 20);
+    REQUIRE_MESSAGE(pages.isOk(), pages.message());
+    KernelChoice cpu;
+    cpu.loop_limit = deviceLoopLimit(true);
+    cpu.int8_matmul = true;
+    // Without the region the plan keeps the float GEMM.
+    Result<std::vector<DispatchDesc>> plain = planDispatches(m, pages.value(), 65535, cpu);
+    REQUIRE_MESSAGE(plain.isOk(), plain.message());
+    std::vector<std::string> names;
+    for (const DispatchDesc& desc : plain.value()) names.push_back(desc.pipeline);
+    CHECK(std::count(names.begin(), names.end(), "matmul_q4_0_i") == 1);
+    CHECK(std::count(names.begin(), names.end(), "matmul_q6_k_i") == 1);
+    CHECK(std::count(names.begin(), names.end(), "packx") == 0);
+    // The region: records for max(max_rows, instances) = 70 items of K = 512 (two gblocks of 36
+    // texels), device-local, after the tensors of the last page.
+    const uint64_t before = pages->page_bytes.back();
+    REQUIRE(planPackedX(m, 70, 1u << 20, &pages.value()).isOk());
+    const PackedX& px = pages->packed_x;
+    CHECK(px.k == 512);
+    CHECK(px.items == 70);
+    CHECK(px.item_bytes == 2 * BLUE_XQ_GBLOCK_TEXELS * 16);
+    CHECK(px.page == pages->page_bytes.size() - 1);
+    CHECK(px.offset >= before);
+    CHECK(pages->page_bytes.back() == px.offset + 70 * px.item_bytes);
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535, cpu);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    names.clear();
+    for (const DispatchDesc& desc : d.value()) names.push_back(desc.pipeline);
+    // Q4_0 and Q6_K: single item, 4-item tile, PACKX, `_iq`; Q8_0 keeps `_i` (no `_tq` on a
+    // CPU driver).
+    REQUIRE(names.size() == 11);
+    CHECK(names[2] == "packx");
+    CHECK(names[3] == "matmul_q4_0_iq");
+    CHECK(names[6] == "packx");
+    CHECK(names[7] == "matmul_q6_k_iq");
+    CHECK(names[10] == "matmul_q8_0_i");
+    CHECK(d.value()[6].push[BLUE_PC_MM_XQ + 3] == 256);  // Q6_K's K
+    const DispatchDesc &pack = d.value()[2], &iq = d.value()[3];
+    CHECK(pack.min_items == iq.min_items);  // the same cycles
+    CHECK(pack.max_items == iq.max_items);
+    CHECK(pack.mode == iq.mode);
+    CHECK(pack.tile == 1);  // a workgroup per item
+    CHECK(pack.fixed == 1);
+    CHECK(pack.weight_page == DispatchDesc::kNoPage);
+    for (const DispatchDesc* q : {&pack, &iq}) {
+        CHECK(q->push[BLUE_PC_MM_XQ] == (px.page | BLUE_TC_GLOBAL << 16));
+        CHECK(q->push[BLUE_PC_MM_XQ + 1] == px.offset);
+        CHECK(q->push[BLUE_PC_MM_XQ + 2] == px.item_bytes);
+        CHECK(q->push[BLUE_PC_MM_XQ + 3] == 512);
+    }
+    CHECK(iq.operand_pages[BLUE_MM_XQ_OPERAND] == px.page);
+    CHECK(pack.operand_pages[2] == iq.operand_pages[2]);  // x's view
+    // GPU shapes: the int8 tiles, no PACKX.
+    KernelChoice gpu = cpu;
+    gpu.split_matmul = true;
+    Result<std::vector<DispatchDesc>> g = planDispatches(m, pages.value(), 65535, gpu);
+    REQUIRE_MESSAGE(g.isOk(), g.message());
+    names.clear();
+    for (const DispatchDesc& desc : g.value()) names.push_back(desc.pipeline);
+    CHECK(names == std::vector<std::string>{"matmul_q4_0_b1s", "matmul_q4_0_s", "matmul_q4_0_tq", "matmul_q6_k_b1s",
+                                            "matmul_q6_k_s", "matmul_q6_k_tq", "matmul_q8_0_b1s", "matmul_q8_0_s",
+                                            "matmul_q8_0_tq"});
+    // A module without Q4_0 or Q6_K matrices gets no region.
+    Module f = m;
+    f.tensors[0].dtype = DType::F32;
+    f.tensors[1].dtype = DType::Q4_K;
+    Result<PagePlan> fp = planPages(f, 70, 1u << 20);
+    REQUIRE(fp.isOk());
+    const size_t pages_before = fp->page_bytes.size();
+    const uint64_t bytes_before = fp->page_bytes.back();
+    REQUIRE(planPackedX(f, 70, 1u << 20, &fp.value()).isOk());
+    CHECK(fp->packed_x.item_bytes == 0);
+    CHECK(fp->page_bytes.size() == pages_before);
+    CHECK(fp->page_bytes.back() == bytes_before);
+    // A region larger than what the last page has left gets a page of its own; one larger than
+    // a page is refused with the way out.
+    Result<PagePlan> tight = planPages(m, 70, 1u << 20);
+    REQUIRE(tight.isOk());
+    const size_t tight_pages = tight->page_bytes.size();
+    REQUIRE(planPackedX(m, 70, 70 * px.item_bytes, &tight.value()).isOk());
+    CHECK(tight->page_bytes.size() == tight_pages + 1);
+    CHECK(tight->packed_x.page == tight_pages);
+    CHECK(tight->packed_x.offset == 0);
+    CHECK(tight->page_tier.back() == 0);
+    Result<PagePlan> small = planPages(m, 70, 1u << 20);
+    REQUIRE(small.isOk());
+    const Status refused = planPackedX(m, 70, 70 * px.item_bytes - 1, &small.value());
+    REQUIRE(!refused.isOk());
+    CHECK(refused.message().find("the int8 GEMM's packed activations") != std::string::npos);
+    CHECK(refused.message().find("BLUE_MATMUL_INT8=0") != std::string::npos);
+}
+
 TEST_CASE("plan: kernels run narrow on a CPU driver where wide workgroups would idle") {
     // MATMUL's lanes-over-rows kernels: the widest of 64, 32, 16 lanes computing at most a fifth
     // more rows than the matrix has (stories260K: 64-row attention matrices, 172-row FFN ones).

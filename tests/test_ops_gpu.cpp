@@ -171,10 +171,10 @@ void elementwiseCase(Op op, double bound) {
 // `_g` at N = 300), so each lanes-over-rows kernel runs once more at its built 64 lanes, N = 512.
 // The CPU GEMM and the 4-item tile run once more over K = 600 (block types: three 256-element
 // groups of blocks, the last partial; the kernels walk them with their scales reloaded per group).
-// Block types run the int8 GEMM `_tq` (where the device has integer dot products) twice: 70 items
-// with GPU shapes (a full 64-item tile and a partial one), and 21 items over K = 600 with CPU
-// shapes, where it replaces `_i` (Q4_0 there runs its SWAR `_iq`, with the same rounding and
-// bound); every other run turns it off, whatever the device prefers.
+// Block types run the int8 GEMM (where the device has integer dot products) twice: `_tq` over 70
+// items with GPU shapes (a full 64-item tile and a partial one), and 21 items over K = 600 with
+// CPU shapes, where Q4_0 runs its SWAR `_iq` on x packed by PACKX (the same rounding and bound)
+// and the other types keep `_i`; every other run turns it off, whatever the device prefers.
 void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
@@ -243,7 +243,12 @@ void matmulCase(DType t) {
         if (single) kernelsRun().insert(kernel + (split ? "_b1s" : "_b1"));
         if (!single && !tiled) kernelsRun().insert(split ? kernel + "_s" : kernel);
         const bool swar = run.int8 && !split && Pipelines::exists(kernel + "_iq");  // Q4_0's CPU int8 GEMM
-        if (tiled) kernelsRun().insert(run.int8 ? kernel + (swar ? "_iq" : "_tq") : split ? kernel + "_t" : gemm);
+        if (tiled) {
+            // On a CPU driver the int8 mode gives Q4_0 `_iq` (x packed first by PACKX) and keeps
+            // the float `_i` for the other types.
+            kernelsRun().insert(swar ? kernel + "_iq" : run.int8 && split ? kernel + "_tq" : split ? kernel + "_t" : gemm);
+            if (swar) kernelsRun().insert("packx");
+        }
         // The GPU accumulates K products in float, the reference in double. Recursive summation
         // errs by at most K * 2^-24 * sum |w x| (~1.1e-5 * 48 for K = 192, |w|, |x| <= 1),
         // against max |ref| of about 10: 1e-4 holds in any summation order. Weights dequantize
