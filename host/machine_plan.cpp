@@ -122,9 +122,9 @@ void narrowMatmul(DispatchDesc* d, uint64_t rows, uint32_t r) {
 }
 
 // The single-item (`_b1`) variant of a MATMUL or MOEMM dispatch: runs when one item asks.
-DispatchDesc singleItemDispatch(const DispatchDesc& d) {
+DispatchDesc singleItemDispatch(const DispatchDesc& d, const char* suffix = "_b1") {
     DispatchDesc single = d;
-    single.pipeline += "_b1";
+    single.pipeline += suffix;
     single.max_items = 1;
     single.push[BLUE_PC_TILE] = 1;
     return single;
@@ -183,17 +183,20 @@ std::optional<DispatchDesc> rowGroupsGemm(const DispatchDesc& batched, uint64_t 
     return t;
 }
 
-// PACKX before `_iq` (its GEMM dispatch): the same block, mode and items, a workgroup per item
-// (shaders/packx.comp); no matrix.
-DispatchDesc packxDispatch(const DispatchDesc& gemm) {
-    DispatchDesc p = gemm;
+// PACKX before the int8 kernels of a MATMUL (`d`: its dispatch, with the packed x's reference):
+// the same block and mode, from `min_items` items on, a workgroup per item (shaders/packx.comp);
+// no matrix.
+DispatchDesc packxDispatch(const DispatchDesc& d, uint32_t min_items) {
+    DispatchDesc p = d;
     p.pipeline = "packx";
     p.axis = 1;
     p.tile = 1;
     p.fixed = 1;
+    p.min_items = min_items;
+    p.max_items = 0;
     p.push[BLUE_PC_TILE] = 1;
     p.operand_pages.fill(DispatchDesc::kNoPage);
-    p.operand_pages[2] = gemm.operand_pages[2];
+    p.operand_pages[2] = d.operand_pages[2];
     p.weight_page = DispatchDesc::kNoPage;
     p.weight_offset = p.weight_bytes = 0;
     return p;
@@ -758,10 +761,16 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
     for (uint32_t b = 0; b < m.blocks.size(); ++b) {
         std::map<uint32_t, size_t> routes;  // expert map -> the dispatch of the MOEROUTE filling it
         std::map<uint32_t, const ExpertCache*> route_caches;  // expert map -> its MOEROUTE's cache
+        // The tensor (and mode) whose packed x the PackedX region holds: MATMULs in a row that
+        // read the same x (a layer's Q, K and V; up and gate) share one PACKX, as long as only
+        // MATMULs run between them and none writes that x.
+        uint32_t packed_tensor = UINT32_MAX, packed_mode = 0, prev_dst = UINT32_MAX;
         std::vector<TensorInstr> instrs;
         BLUE_TRY(decodeBlock(m, m.blocks[b], &instrs));
         for (const TensorInstr& ti : instrs) {
             const OpInfo& info = opInfo(ti.op);
+            if (!isMatmul(ti.op) || prev_dst == packed_tensor) packed_tensor = UINT32_MAX;
+            prev_dst = ti.args[0];
             DispatchDesc base;
             base.block = b;
             base.pipeline = kernelName(m, uint32_t(ti.op), ti.args);
@@ -940,27 +949,37 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     // over items `_iq` after PACKX (integer SWAR: lavapipe has no fast dot
                     // product), the other types `_i`.
                     const uint32_t r = matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
-                    DispatchDesc single = singleItemDispatch(d);
+                    const uint32_t g = kernels.gemm_min_items;
+                    const uint64_t k = m.tensors[ti.args[1]].ne[0];
+                    const PackedX& px = pages.packed_x;
+                    const std::string kernel = d.pipeline;
+                    // The int8 kernels of CPU drivers read x packed by a PACKX before them (one
+                    // per x while MATMULs share it), from the fewest items any of them takes.
+                    const bool packed = kernels.int8_matmul && !kernels.split_matmul && px.item_bytes != 0 &&
+                                        k <= px.k && Pipelines::exists(kernel + "_iq");
+                    const bool single_q = packed && Pipelines::exists(kernel + "_b1q");
+                    const bool tile_q = packed && Pipelines::exists(kernel + "_q");
+                    if (packed) {
+                        d.push[BLUE_PC_MM_XQ] = px.page | BLUE_TC_GLOBAL << 16;
+                        d.push[BLUE_PC_MM_XQ + 1] = uint32_t(px.offset);
+                        d.push[BLUE_PC_MM_XQ + 2] = uint32_t(px.item_bytes);
+                        d.push[BLUE_PC_MM_XQ + 3] = uint32_t(k);
+                        d.operand_pages[BLUE_MM_XQ_OPERAND] = px.page;
+                        if (packed_tensor != ti.args[2] || packed_mode != d.mode) {
+                            out.push_back(packxDispatch(d, single_q ? 0 : tile_q ? 2 : g));
+                            packed_tensor = ti.args[2];
+                            packed_mode = d.mode;
+                        }
+                    }
+                    DispatchDesc single = singleItemDispatch(d, single_q ? "_b1q" : "_b1");
                     if (kernels.split_matmul) splitMatmul(&single, n, "s"); else narrowMatmul(&single, n, r);
                     out.push_back(single);
                     d.min_items = 2;
                     d.tile = BLUE_MATMUL_TILE;
-                    const uint32_t g = kernels.gemm_min_items;
                     std::optional<DispatchDesc> gemm;
-                    const uint64_t k = m.tensors[ti.args[1]].ne[0];
-                    const PackedX& px = pages.packed_x;
-                    const bool packed = px.item_bytes != 0 && k <= px.k;
-                    if (kernels.int8_matmul && !kernels.split_matmul && packed) {
+                    if (packed) {
                         gemm = rowGroupsGemm(d, n, g, "_iq", BLUE_MATMUL_ITEMS_ROWS,
                                              BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE);
-                    }
-                    if (gemm) {
-                        // PACKX first, over the same items: x rounded and packed for `_iq`.
-                        gemm->push[BLUE_PC_MM_XQ] = px.page | BLUE_TC_GLOBAL << 16;
-                        gemm->push[BLUE_PC_MM_XQ + 1] = uint32_t(px.offset);
-                        gemm->push[BLUE_PC_MM_XQ + 2] = uint32_t(px.item_bytes);
-                        gemm->push[BLUE_PC_MM_XQ + 3] = uint32_t(k);
-                        gemm->operand_pages[BLUE_MM_XQ_OPERAND] = px.page;
                     }
                     // On a GPU the int8 tiles for every block type; a CPU driver keeps the
                     // float `_i` for the types without a SWAR kernel (`_tq` ran at 0.37x of it).
@@ -973,13 +992,13 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                             : rowGroupsGemm(d, n, g, "_i", BLUE_MATMUL_ITEMS_ROWS,
                                             BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE);
                     if (!gemm && !kernels.split_matmul) gemm = gemmDispatch(d, n, g);
+                    if (tile_q) d.pipeline += "_q";
                     if (kernels.split_matmul) splitMatmul(&d, n, "_s"); else narrowMatmul(&d, n, r);
                     if (gemm) {
                         d.max_items = gemm->min_items - 1;
                         d.push[BLUE_PC_TILE] = d.tile;
                         out.push_back(d);
                         d = *gemm;
-                        if (d.pipeline.ends_with("_iq")) out.push_back(packxDispatch(d));
                     }
                 }
                 if (info.grid == Grid::MOE) {

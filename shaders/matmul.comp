@@ -159,6 +159,10 @@ void main() {
         xb[c] = sliceOffset(x, first + min(c, count - 1u)) / 16u;
         out_at[c] = sliceOffset(dst, first + min(c, count - 1u)) / 4u;
     }
+#ifdef MM_INT8
+    const TRef xq = tref(BLUE_PC_MM_XQ);  // x packed by PACKX: the item's record
+    for (uint c = 0u; c < MM_BT; ++c) xb[c] = (xq.offset + (first + min(c, count - 1u)) * xq.stride) / 16u;
+#endif
     uint wbase = w.offset / 16u;
 #endif
     g_xt = (K + 3u) / 4u;
@@ -215,6 +219,29 @@ void main() {
                     uint k = kb + 2u * kh, s = 4u * hh + k;
                     uint xt = g * 64u + s * 8u;
                     if (xt >= g_xt) continue;
+#ifdef MM_INT8
+                    // On x packed by PACKX: `_iq`'s SWAR products for Q6_K, in its order.
+                    ivec4 xp[MM_BT][4];
+                    float dx[MM_BT];
+                    const uint xr = g * BLUE_XQ_GBLOCK_TEXELS;
+                    for (uint c = 0u; c < MM_BT; ++c) {
+                        for (uint i = 0u; i < 4u; ++i) xp[c][i] = ivec4(TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + s * 4u + i));
+                        const uvec4 st = TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + 32u + s / 2u);
+                        dx[c] = uintBitsToFloat((s & 1u) == 0u ? st.x : st.z);
+                    }
+                    for (uint r = 0u; r < MM_R; ++r) {
+                        vec2 sc = q6Scales(head[r], hh, k);
+                        uvec4 qa = q6Bytes(la[r], ha[r], k), qb = q6Bytes(lb[r], hb[r], k);
+                        ivec4 wv[4];
+                        for (uint j = 0u; j < 4u; ++j) {
+                            wv[j] = ivec4((uvec4(qa[j], qa[j], qb[j], qb[j]) >> uvec4(0u, 8u, 0u, 8u)) & 0x003F003Fu) - 0x00200020;
+                        }
+                        for (uint c = 0u; c < MM_BT; ++c) {
+                            ivec4 h = ((wv[0] * xp[c][0] + wv[1] * xp[c][1]) + (wv[2] * xp[c][2] + wv[3] * xp[c][3]) + 32768) >> 16;
+                            acc[r][c] += dx[c] * (sc.x * float(h.x + h.y) + sc.y * float(h.z + h.w));
+                        }
+                    }
+#else
                     // Each quant word's four 6-bit values are put together in place (q6Bytes)
                     // with scalar integer ops, so one masked dot per 4 elements serves both parts.
                     vec4 xl[MM_BT][8];
@@ -240,6 +267,34 @@ void main() {
                             acc[r][c] += sc.x * (p0 - 32.0 * xsum[c].x) + sc.y * (p1 - 32.0 * xsum[c].y);
                         }
                     }
+#endif
+                }
+            }
+        }
+#elif defined(MM_INT8)  // Q4_0 on x packed by PACKX: `_iq`'s SWAR products, in its order
+        for (uint s = 0u; s < 8u; ++s) {
+            uint xt = g * 64u + s * 8u;
+            if (xt >= g_xt) break;
+            ivec4 xp[MM_BT][4];
+            float dx[MM_BT];
+            int sx[MM_BT];
+            const uint xr = g * BLUE_XQ_GBLOCK_TEXELS;
+            for (uint c = 0u; c < MM_BT; ++c) {
+                for (uint i = 0u; i < 4u; ++i) xp[c][i] = ivec4(TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + s * 4u + i));
+                const uvec4 st = TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + 32u + s / 2u);
+                const uvec2 ds = (s & 1u) == 0u ? st.xy : st.zw;
+                dx[c] = uintBitsToFloat(ds.x);
+                sx[c] = int(ds.y);
+            }
+            for (uint r = 0u; r < MM_R; ++r) {
+                uvec4 q = wTexel(wbase, bpr, rows[r], g, 1u + s);
+                float d = halfOf(head[r].t0, s);
+                ivec4 wv[4];
+                for (uint i = 0u; i < 4u; ++i) wv[i] = ivec4((uvec4(q[i]) >> uvec4(0u, 8u, 4u, 12u)) & 0x000F000Fu);
+                for (uint c = 0u; c < MM_BT; ++c) {
+                    ivec4 a = wv[0] * xp[c][0] + wv[1] * xp[c][1] + wv[2] * xp[c][2] + wv[3] * xp[c][3];
+                    ivec2 h = ((a.xz + a.yw) + 32768) >> 16;
+                    acc[r][c] += (d * dx[c]) * float(h.x + h.y - 8 * sx[c]);
                 }
             }
         }

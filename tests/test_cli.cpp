@@ -228,6 +228,11 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
     }
     // Quantized (stories260K's 64-wide matrices in Q4_0 and IQ4_NL), the rows kernels too: the
     // single-item kernel, the 4-item tile and the lanes-over-items GEMM (`_i`) sum a row alike.
+    // The int8 mode too, where the device offers it: on CPU-driver shapes Q4_0's and Q6_K's
+    // one-item, 4-item and GEMM kernels all read x packed by PACKX and sum a row alike.
+    const bool int8 = Child({"/usr/bin/env", "BLUE_MATMUL_INT8=1", binary("host/bluevm"), "generate", "--model",
+                             stories(), "-p", "Once", "-n", "1"}).wait() == 0;
+    const std::vector<std::string> rows_int8 = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=1"};
     for (const std::string type : {"q4_0", "iq4_nl"}) {
         CAPTURE(type);
         const std::string model = dir.path + "/" + type + ".gguf";
@@ -235,6 +240,7 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         REQUIRE(q.wait() == 0);
         const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=0"};
         CHECK(run(rows, "16", model) == run(rows, "1", model));
+        if (int8 && type == "q4_0") CHECK(run(rows_int8, "16", model) == run(rows_int8, "1", model));
     }
     // llama.cpp's Q4_0 mix (blue-synth: the output matrix in Q6_K, which has a decode of its own).
     {
@@ -244,6 +250,7 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         REQUIRE_MESSAGE(synth.wait() == 0, synth.err_text);
         const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=0"};
         CHECK(run(rows, "16", model) == run(rows, "1", model));
+        if (int8) CHECK(run(rows_int8, "16", model) == run(rows_int8, "1", model));
     }
     // The GPU default, a tiled GEMM from 65 items, sums a prompt's rows in another order than
     // the split-K tiles: said, not asserted (it may agree on some device).

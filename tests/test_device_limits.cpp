@@ -378,12 +378,15 @@ TEST_CASE("device limits: the sequencer variant follows subgroup ballot") {
     CHECK(unmetNeeds(d).empty());  // without ballot the variant is used: nothing is missing
     // The int8 GEMMs run only where integer dot products are offered (KernelChoice::int8_matmul).
     d.int_dot = true;
-    CHECK(kernelChosen("matmul_q8_0_tq", d));
-    CHECK(kernelChosen("matmul_q4_0_iq", d));
+    for (const char* k : {"matmul_q8_0_tq", "matmul_q4_0_iq", "matmul_q6_k_b1q", "matmul_q4_0_q", "packx"}) {
+        CHECK(kernelChosen(k, d));
+    }
     d.int_dot = false;
-    CHECK_FALSE(kernelChosen("matmul_q8_0_tq", d));
-    CHECK_FALSE(kernelChosen("matmul_q4_0_iq", d));
+    for (const char* k : {"matmul_q8_0_tq", "matmul_q4_0_iq", "matmul_q6_k_b1q", "matmul_q4_0_q", "packx"}) {
+        CHECK_FALSE(kernelChosen(k, d));
+    }
     CHECK(kernelChosen("matmul_q4_0_i", d));
+    CHECK(kernelChosen("matmul_q4_0_b1", d));
 }
 
 TEST_CASE("device limits: a device that misses a need is refused at start, naming each need") {

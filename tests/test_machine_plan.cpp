@@ -889,8 +889,10 @@ TEST_CASE("plan: the int8 GEMM on a CPU driver packs x first for Q4_0 and Q6_K (
 .tensor h rows f32 [256]
 .tensor z rows f32 [64]
 .tensor y rows f32 [64]
+.tensor h2 rows f32 [256]
 .block b args=2
     matmul h, w4, x
+    matmul h2, w4, x
     matmul z, w6, h
     matmul y, w8, z
 .end
@@ -909,7 +911,7 @@ halt
     REQUIRE_MESSAGE(plain.isOk(), plain.message());
     std::vector<std::string> names;
     for (const DispatchDesc& desc : plain.value()) names.push_back(desc.pipeline);
-    CHECK(std::count(names.begin(), names.end(), "matmul_q4_0_i") == 1);
+    CHECK(std::count(names.begin(), names.end(), "matmul_q4_0_i") == 2);
     CHECK(std::count(names.begin(), names.end(), "matmul_q6_k_i") == 1);
     CHECK(std::count(names.begin(), names.end(), "packx") == 0);
     // The region: records for max(max_rows, instances) = 70 items of K = 512 (two gblocks of 36
@@ -926,28 +928,31 @@ halt
     Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535, cpu);
     REQUIRE_MESSAGE(d.isOk(), d.message());
     names.clear();
-    for (const DispatchDesc& desc : d.value()) names.push_back(desc.pipeline);
-    // Q4_0 and Q6_K: single item, 4-item tile, PACKX, `_iq`; Q8_0 keeps `_i` (no `_tq` on a
-    // CPU driver).
-    REQUIRE(names.size() == 11);
-    CHECK(names[2] == "packx");
-    CHECK(names[3] == "matmul_q4_0_iq");
-    CHECK(names[6] == "packx");
-    CHECK(names[7] == "matmul_q6_k_iq");
-    CHECK(names[10] == "matmul_q8_0_i");
-    CHECK(d.value()[6].push[BLUE_PC_MM_XQ + 3] == 256);  // Q6_K's K
-    const DispatchDesc &pack = d.value()[2], &iq = d.value()[3];
-    CHECK(pack.min_items == iq.min_items);  // the same cycles
-    CHECK(pack.max_items == iq.max_items);
-    CHECK(pack.mode == iq.mode);
+    for (const DispatchDesc& desc : d.value()) names.push_back(desc.pipeline.substr(0, desc.pipeline.find('@')));
+    // Q4_0 and Q6_K: PACKX, then the single-item, 4-item and GEMM kernels on its packed x (the
+    // second MATMUL over the same x reads the same packed x); Q8_0 keeps its float kernels and
+    // `_i` (no `_tq` on a CPU driver).
+    CHECK(names == std::vector<std::string>{"packx", "matmul_q4_0_b1q", "matmul_q4_0_q", "matmul_q4_0_iq",
+                                            "matmul_q4_0_b1q", "matmul_q4_0_q", "matmul_q4_0_iq", "packx",
+                                            "matmul_q6_k_b1q", "matmul_q6_k_q", "matmul_q6_k_iq", "matmul_q8_0_b1",
+                                            "matmul_q8_0", "matmul_q8_0_i"});
+    REQUIRE(names.size() == 14);
+    CHECK(d.value()[7].push[BLUE_PC_MM_XQ + 3] == 256);  // Q6_K's K
+    const DispatchDesc& pack = d.value()[0];
+    CHECK(pack.min_items == 0);  // every cycle: the one-item kernel reads it too
+    CHECK(pack.max_items == 0);
     CHECK(pack.tile == 1);  // a workgroup per item
     CHECK(pack.fixed == 1);
     CHECK(pack.weight_page == DispatchDesc::kNoPage);
-    for (const DispatchDesc* q : {&pack, &iq}) {
-        CHECK(q->push[BLUE_PC_MM_XQ] == (px.page | BLUE_TC_GLOBAL << 16));
-        CHECK(q->push[BLUE_PC_MM_XQ + 1] == px.offset);
-        CHECK(q->push[BLUE_PC_MM_XQ + 2] == px.item_bytes);
-        CHECK(q->push[BLUE_PC_MM_XQ + 3] == 512);
+    const DispatchDesc& iq = d.value()[3];
+    CHECK(pack.mode == iq.mode);
+    for (size_t i : {0, 1, 2, 3, 4, 5, 6}) {
+        const DispatchDesc& q = d.value()[i];
+        CHECK(q.push[BLUE_PC_MM_XQ] == (px.page | BLUE_TC_GLOBAL << 16));
+        CHECK(q.push[BLUE_PC_MM_XQ + 1] == px.offset);
+        CHECK(q.push[BLUE_PC_MM_XQ + 2] == px.item_bytes);
+        CHECK(q.push[BLUE_PC_MM_XQ + 3] == 512);
+        if (i > 0) CHECK(q.operand_pages[BLUE_MM_XQ_OPERAND] == px.page);
     }
     CHECK(iq.operand_pages[BLUE_MM_XQ_OPERAND] == px.page);
     CHECK(pack.operand_pages[2] == iq.operand_pages[2]);  // x's view
@@ -958,9 +963,29 @@ halt
     REQUIRE_MESSAGE(g.isOk(), g.message());
     names.clear();
     for (const DispatchDesc& desc : g.value()) names.push_back(desc.pipeline);
-    CHECK(names == std::vector<std::string>{"matmul_q4_0_b1s", "matmul_q4_0_s", "matmul_q4_0_tq", "matmul_q6_k_b1s",
+    CHECK(names == std::vector<std::string>{"matmul_q4_0_b1s", "matmul_q4_0_s", "matmul_q4_0_tq", "matmul_q4_0_b1s",
+                                            "matmul_q4_0_s", "matmul_q4_0_tq", "matmul_q6_k_b1s",
                                             "matmul_q6_k_s", "matmul_q6_k_tq", "matmul_q8_0_b1s", "matmul_q8_0_s",
                                             "matmul_q8_0_tq"});
+    // Anything but a MATMUL between two MATMULs over the same x (here one writing x) packs again.
+    Module w = assembleOrFail(R"(.layout regs=4 max_rows=40 local=64
+.tensor w4 global q4_0 [512, 256]
+.tensor x rows f32 [512]
+.tensor h rows f32 [256]
+.block b args=2
+    matmul h, w4, x
+    tadd x, x, x
+    matmul h, w4, x
+.end
+halt
+)");
+    w.tensors[0].cls = BLUE_TC_WEIGHT;
+    Result<PagePlan> wp = planPages(w, 70, 1u << 20);
+    REQUIRE(wp.isOk());
+    REQUIRE(planPackedX(w, 70, 1u << 20, &wp.value()).isOk());
+    Result<std::vector<DispatchDesc>> wd = planDispatches(w, wp.value(), 65535, cpu);
+    REQUIRE_MESSAGE(wd.isOk(), wd.message());
+    CHECK(std::count_if(wd->begin(), wd->end(), [](const DispatchDesc& x) { return x.pipeline == "packx"; }) == 2);
     // A module without Q4_0 or Q6_K matrices gets no region.
     Module f = m;
     f.tensors[0].dtype = DType::F32;

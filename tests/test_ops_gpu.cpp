@@ -174,7 +174,8 @@ void elementwiseCase(Op op, double bound) {
 // Block types run the int8 GEMM (where the device has integer dot products) twice: `_tq` over 70
 // items with GPU shapes (a full 64-item tile and a partial one), and 21 items over K = 600 with
 // CPU shapes, where Q4_0 runs its SWAR `_iq` on x packed by PACKX (the same rounding and bound)
-// and the other types keep `_i`; every other run turns it off, whatever the device prefers.
+// and the other types keep `_i`; Q4_0 and Q6_K then run one item and 4-item tiles over K = 600
+// on packed x too (`_b1q`, `_q`). Every other run turns it off, whatever the device prefers.
 void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
@@ -205,6 +206,10 @@ void matmulCase(DType t) {
     if (Pipelines::exists(prefix + "_tq") && gpu().device->info().int_dot) {
         runs.push_back({{30, 25, 15}, {0, 2, 1}, 300, DK::SPLIT, kWide, true});
         runs.push_back({{6, 5, 8, 2}, {1, 3, 0, 5}, 300, DK::ROWS, 600, true});
+        if (Pipelines::exists(prefix + "_iq")) {  // the one-item and 4-item kernels on packed x
+            runs.push_back({{1}, {3}, kWide, DK::ROWS, 600, true});
+            runs.push_back({{1, 3, 2, 4, 1}, {0, 4, 8, 1, 2}, 300, DK::ROWS, 600, true});
+        }
     }
     for (const Run& run : runs) {
         const uint32_t k = roundUp(run.k, dtypeInfo(t)->block_elems), n = run.n;
@@ -240,15 +245,13 @@ void matmulCase(DType t) {
         const bool split = run.decode == DK::SPLIT;
         const bool single = items == 1, tiled = items >= defaultGemmMinItems(split);
         const std::string kernel = kernelName(m, uint32_t(Op::MATMUL), {y, w, x});
-        if (single) kernelsRun().insert(kernel + (split ? "_b1s" : "_b1"));
-        if (!single && !tiled) kernelsRun().insert(split ? kernel + "_s" : kernel);
-        const bool swar = run.int8 && !split && Pipelines::exists(kernel + "_iq");  // Q4_0's CPU int8 GEMM
-        if (tiled) {
-            // On a CPU driver the int8 mode gives Q4_0 `_iq` (x packed first by PACKX) and keeps
-            // the float `_i` for the other types.
-            kernelsRun().insert(swar ? kernel + "_iq" : run.int8 && split ? kernel + "_tq" : split ? kernel + "_t" : gemm);
-            if (swar) kernelsRun().insert("packx");
-        }
+        // On a CPU driver the int8 mode gives Q4_0 and Q6_K kernels on x packed first by PACKX
+        // (`_b1q`, `_q`, `_iq`) and keeps the float ones for the other types.
+        const bool swar = run.int8 && !split && Pipelines::exists(kernel + "_iq");
+        if (swar) kernelsRun().insert("packx");
+        if (single) kernelsRun().insert(kernel + (split ? "_b1s" : swar ? "_b1q" : "_b1"));
+        if (!single && !tiled) kernelsRun().insert(split ? kernel + "_s" : swar ? kernel + "_q" : kernel);
+        if (tiled) kernelsRun().insert(swar ? kernel + "_iq" : run.int8 && split ? kernel + "_tq" : split ? kernel + "_t" : gemm);
         // The GPU accumulates K products in float, the reference in double. Recursive summation
         // errs by at most K * 2^-24 * sum |w x| (~1.1e-5 * 48 for K = 192, |w|, |x| <= 1),
         // against max |ref| of about 10: 1e-4 holds in any summation order. Weights dequantize
