@@ -21,6 +21,11 @@ bool g_cached;
 #endif
 #include "common/wlayout.glsl"
 #include "common/activations.glsl"
+#ifdef MM_INT8
+// `_b1q`, `_q`: the int8 kernels of CPU drivers for one item and 4-item tiles (Q4_0, Q4_K, Q6_K),
+// on x packed by PACKX, summing a row as `_iq` does.
+#include "common/swar.glsl"
+#endif
 
 #if defined(MM_R)  // set by the build (the GEMM variant)
 #elif defined(WTYPE_F32) || defined(WTYPE_F16) || defined(WTYPE_BF16)
@@ -220,25 +225,17 @@ void main() {
                     uint xt = g * 64u + s * 8u;
                     if (xt >= g_xt) continue;
 #ifdef MM_INT8
-                    // On x packed by PACKX: `_iq`'s SWAR products for Q6_K, in its order.
                     ivec4 xp[MM_BT][4];
                     float dx[MM_BT];
-                    const uint xr = g * BLUE_XQ_GBLOCK_TEXELS;
-                    for (uint c = 0u; c < MM_BT; ++c) {
-                        for (uint i = 0u; i < 4u; ++i) xp[c][i] = ivec4(TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + s * 4u + i));
-                        const uvec4 st = TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + 32u + s / 2u);
-                        dx[c] = uintBitsToFloat((s & 1u) == 0u ? st.x : st.z);
-                    }
+                    int sx[MM_BT];  // (Q6_K's levels are centred: unused)
+                    for (uint c = 0u; c < MM_BT; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
                     for (uint r = 0u; r < MM_R; ++r) {
                         vec2 sc = q6Scales(head[r], hh, k);
-                        uvec4 qa = q6Bytes(la[r], ha[r], k), qb = q6Bytes(lb[r], hb[r], k);
                         ivec4 wv[4];
-                        for (uint j = 0u; j < 4u; ++j) {
-                            wv[j] = ivec4((uvec4(qa[j], qa[j], qb[j], qb[j]) >> uvec4(0u, 8u, 0u, 8u)) & 0x003F003Fu) - 0x00200020;
-                        }
+                        swarPairs(q6Bytes(la[r], ha[r], k), q6Bytes(lb[r], hb[r], k), wv);
                         for (uint c = 0u; c < MM_BT; ++c) {
-                            ivec4 h = ((wv[0] * xp[c][0] + wv[1] * xp[c][1]) + (wv[2] * xp[c][2] + wv[3] * xp[c][3]) + 32768) >> 16;
-                            acc[r][c] += dx[c] * (sc.x * float(h.x + h.y) + sc.y * float(h.z + h.w));
+                            const ivec2 h = swarDot6(swarSums(wv, xp[c]));
+                            acc[r][c] += dx[c] * (sc.x * float(h.x) + sc.y * float(h.y));
                         }
                     }
 #else
@@ -271,31 +268,19 @@ void main() {
                 }
             }
         }
-#elif defined(MM_INT8)  // Q4_0 on x packed by PACKX: `_iq`'s SWAR products, in its order
+#elif defined(MM_INT8)  // Q4_0 on x packed by PACKX
         for (uint s = 0u; s < 8u; ++s) {
             uint xt = g * 64u + s * 8u;
             if (xt >= g_xt) break;
             ivec4 xp[MM_BT][4];
             float dx[MM_BT];
             int sx[MM_BT];
-            const uint xr = g * BLUE_XQ_GBLOCK_TEXELS;
-            for (uint c = 0u; c < MM_BT; ++c) {
-                for (uint i = 0u; i < 4u; ++i) xp[c][i] = ivec4(TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + s * 4u + i));
-                const uvec4 st = TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + 32u + s / 2u);
-                const uvec2 ds = (s & 1u) == 0u ? st.xy : st.zw;
-                dx[c] = uintBitsToFloat(ds.x);
-                sx[c] = int(ds.y);
-            }
+            for (uint c = 0u; c < MM_BT; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
             for (uint r = 0u; r < MM_R; ++r) {
-                uvec4 q = wTexel(wbase, bpr, rows[r], g, 1u + s);
                 float d = halfOf(head[r].t0, s);
                 ivec4 wv[4];
-                for (uint i = 0u; i < 4u; ++i) wv[i] = ivec4((uvec4(q[i]) >> uvec4(0u, 8u, 4u, 12u)) & 0x000F000Fu);
-                for (uint c = 0u; c < MM_BT; ++c) {
-                    ivec4 a = wv[0] * xp[c][0] + wv[1] * xp[c][1] + wv[2] * xp[c][2] + wv[3] * xp[c][3];
-                    ivec2 h = ((a.xz + a.yw) + 32768) >> 16;
-                    acc[r][c] += (d * dx[c]) * float(h.x + h.y - 8 * sx[c]);
-                }
+                swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + s), wv);
+                for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += (d * dx[c]) * float(swarDot4(swarSums(wv, xp[c])) - 8 * sx[c]);
             }
         }
 #else  // Q4_0: byte j of the 16 quant bytes holds element j (low nibble) and j + 16 (high)
@@ -326,6 +311,29 @@ void main() {
             }
         }
 #endif
+    }
+#elif defined(WTYPE_Q4_K) && defined(MM_INT8)
+    for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MM_R];
+        for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
+        for (uint s = 0u; s < 8u; ++s) {
+            uint xt = g * 64u + s * 8u;
+            if (xt >= g_xt) break;
+            ivec4 xp[MM_BT][4];
+            float dx[MM_BT];
+            int sx[MM_BT];
+            for (uint c = 0u; c < MM_BT; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
+            for (uint r = 0u; r < MM_R; ++r) {
+                const uvec2 sm = kScaleMin(head[r].t0, s);
+                const float sc = halfOf(head[r].t0, 0u) * float(sm.x), mn = -halfOf(head[r].t0, 1u) * float(sm.y);
+                ivec4 wv[4];
+                swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + 2u * (s >> 1)), wTexel(wbase, bpr, rows[r], g, 2u + 2u * (s >> 1)),
+                          4u * (s & 1u), wv);
+                for (uint c = 0u; c < MM_BT; ++c) {
+                    acc[r][c] += dx[c] * (sc * float(swarDot4(swarSums(wv, xp[c]))) + mn * float(sx[c]));
+                }
+            }
+        }
     }
 #else
     for (uint g = 0u; g < bpr; ++g) {

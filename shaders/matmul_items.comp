@@ -13,12 +13,16 @@
 // Q4_0 and Q6_K decode in place (the masked decode of their other kernels), the other block types
 // through wGroup: either way a row's products are summed in the order of the single-item and
 // 4-item kernels (matmul.comp), so a token's logits do not depend on the batch it shares.
-// Built once more for Q4_0 with MI_INT8 (`_iq`): the int8 GEMM on CPU drivers, on x rounded to
-// int8 once per input by PACKX (below; like `_tq`, not batch-invariant).
+// Built once more for Q4_0, Q4_K and Q6_K with MI_INT8 (`_iq`): the int8 GEMM on CPU drivers, on
+// x rounded to int8 once per input by PACKX (common/swar.glsl), summing a row as the one-item and
+// 4-item int8 kernels (`_b1q`, `_q`) do.
 // Grid: x = ceil(items / (MI_L * MI_C)), y = ceil(N / MI_R).
 #include "common/tensor.glsl"
 #include "common/wlayout.glsl"
 #include "common/activations.glsl"
+#ifdef MI_INT8
+#include "common/swar.glsl"
+#endif
 
 #ifndef MI_C
 #define MI_C BLUE_MATMUL_ITEMS_PER_LANE
@@ -57,14 +61,7 @@ void main() {
         [[unroll]] for (uint c = 0u; c < MI_C; ++c) acc[r][c] = 0.0;
     }
 #if defined(WTYPE_Q4_0) && defined(MI_INT8)
-    // `_iq`: the int8 GEMM for CPU drivers (BLUE_MATMUL_INT8=1), on x rounded to int8 per block of
-    // 32 as `_tq` rounds it and packed by PACKX (packx.comp) in crosswise pairs; it multiplies by
-    // integer SWAR: word i of a quant texel holds elements 4i..4i+3 (low nibbles) and
-    // 4i+16..4i+19 (high); (w >> k) & 0x000F000F puts two of them in the halves of a word, and a
-    // word holding their x values crosswise (x_b + x_a << 16) times it gains w_a x_a + w_b x_b in
-    // its high half. Eight such products per accumulator keep both halves within 16 bits
-    // (|w x| <= 15 * 127), so the high half is exact once rounded; the block's integer sum,
-    // less 8 times the sum of its x, times d and dx is its product.
+    // `_iq`, Q4_0: a block's integer sum, less 8 times the sum of its x, times d and dx.
 #elif defined(WTYPE_Q4_0)
     // Q4_0's masked decode: a quant word's nibbles stay in place, masked per byte, and x is
     // pre-scaled by each nibble's place value (exact powers of two).
@@ -83,17 +80,10 @@ void main() {
             const uint xt = g * 64u + s * 8u;
             if (xt >= xtn) break;
 #ifdef MI_INT8
-            ivec4 xp[MI_C][4];  // x's int8 values in crosswise pairs, per quant word
+            ivec4 xp[MI_C][4];
             float dx[MI_C];
             int sx[MI_C];
-            const uint xr = g * BLUE_XQ_GBLOCK_TEXELS;
-            [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                [[unroll]] for (uint i = 0u; i < 4u; ++i) xp[c][i] = ivec4(TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + s * 4u + i));
-                const uvec4 st = TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + 32u + s / 2u);
-                const uvec2 ds = (s & 1u) == 0u ? st.xy : st.zw;
-                dx[c] = uintBitsToFloat(ds.x);
-                sx[c] = int(ds.y);
-            }
+            [[unroll]] for (uint c = 0u; c < MI_C; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
 #else
             vec4 xl[MI_C][8];
             float xsum[MI_C];
@@ -112,11 +102,9 @@ void main() {
                 const float d = halfOf(head[r], s);
 #ifdef MI_INT8
                 ivec4 wv[4];
-                [[unroll]] for (uint i = 0u; i < 4u; ++i) wv[i] = ivec4((uvec4(q[i]) >> uvec4(0u, 8u, 4u, 12u)) & 0x000F000Fu);
+                swarPairs(q, wv);
                 [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                    ivec4 a = wv[0] * xp[c][0] + wv[1] * xp[c][1] + wv[2] * xp[c][2] + wv[3] * xp[c][3];
-                    ivec2 h = ((a.xz + a.yw) + 32768) >> 16;
-                    acc[r][c] += (d * dx[c]) * float(h.x + h.y - 8 * sx[c]);
+                    acc[r][c] += (d * dx[c]) * float(swarDot4(swarSums(wv, xp[c])) - 8 * sx[c]);
                 }
 #else
                 vec4 lo[4], hi[4];
@@ -159,30 +147,18 @@ void main() {
                     const uint xt = g * 64u + s * 8u;
                     if (xt >= xtn) continue;
 #ifdef MI_INT8
-                    // `_iq` for Q6_K: the group's two halves of 16 (a: elements 0..15, scale sc.x;
-                    // b: 16..31, sc.y) against x's packed pairs (components x, y of pair texel j:
-                    // elements 4j..4j+3; z, w: 4j+16..4j+19). Each 6-bit level less 32 (-32..31)
-                    // in the halves of a word: (q >> 0 or 8) & 0x003F003F - 0x00200020. Four
-                    // products per sum keep both halves exact (|w x| <= 32 * 127, 8 of them under
-                    // 2^15), so each half's sum is two high halves.
+                    // `_iq`, Q6_K: the group's halves (elements 0..15, scale sc.x; 16..31, sc.y).
                     ivec4 xp[MI_C][4];
                     float dx[MI_C];
-                    const uint xr = g * BLUE_XQ_GBLOCK_TEXELS;
-                    [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                        [[unroll]] for (uint i = 0u; i < 4u; ++i) xp[c][i] = ivec4(TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + s * 4u + i));
-                        const uvec4 st = TEXEL(BLUE_MM_XQ_OPERAND, xb[c] + xr + 32u + s / 2u);
-                        dx[c] = uintBitsToFloat((s & 1u) == 0u ? st.x : st.z);
-                    }
+                    int sx[MI_C];  // (Q6_K's levels are centred: unused)
+                    [[unroll]] for (uint c = 0u; c < MI_C; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
                     [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
                         const vec2 sc = q6Scales(head[r], hh, k);
-                        const uvec4 qa = q6Bytes(la[r], ha[r], k), qb = q6Bytes(lb[r], hb[r], k);
                         ivec4 wv[4];
-                        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-                            wv[j] = ivec4((uvec4(qa[j], qa[j], qb[j], qb[j]) >> uvec4(0u, 8u, 0u, 8u)) & 0x003F003Fu) - 0x00200020;
-                        }
+                        swarPairs(q6Bytes(la[r], ha[r], k), q6Bytes(lb[r], hb[r], k), wv);
                         [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                            const ivec4 h = ((wv[0] * xp[c][0] + wv[1] * xp[c][1]) + (wv[2] * xp[c][2] + wv[3] * xp[c][3]) + 32768) >> 16;
-                            acc[r][c] += dx[c] * (sc.x * float(h.x + h.y) + sc.y * float(h.z + h.w));
+                            const ivec2 h = swarDot6(swarSums(wv, xp[c]));
+                            acc[r][c] += dx[c] * (sc.x * float(h.x) + sc.y * float(h.y));
                         }
                     }
 #else
@@ -215,6 +191,31 @@ void main() {
                         }
                     }
 #endif
+                }
+            }
+        }
+    }
+#elif defined(WTYPE_Q4_K) && defined(MI_INT8)
+    // `_iq`, Q4_K: a block's integer sum times its scale, plus its min times the sum of its x,
+    // times dx.
+    for (uint g = 0u; g < bpr; ++g) {
+        WHead head[MI_R];
+        [[unroll]] for (uint r = 0u; r < MI_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
+        for (uint s = 0u; s < 8u; ++s) {
+            const uint xt = g * 64u + s * 8u;
+            if (xt >= xtn) break;
+            ivec4 xp[MI_C][4];
+            float dx[MI_C];
+            int sx[MI_C];
+            [[unroll]] for (uint c = 0u; c < MI_C; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
+            [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
+                const uvec2 sm = kScaleMin(head[r].t0, s);
+                const float sc = halfOf(head[r].t0, 0u) * float(sm.x), mn = -halfOf(head[r].t0, 1u) * float(sm.y);
+                ivec4 wv[4];
+                swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + 2u * (s >> 1)), wTexel(wbase, bpr, rows[r], g, 2u + 2u * (s >> 1)),
+                          4u * (s & 1u), wv);
+                [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
+                    acc[r][c] += dx[c] * (sc * float(swarDot4(swarSums(wv, xp[c]))) + mn * float(sx[c]));
                 }
             }
         }

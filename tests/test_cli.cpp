@@ -201,8 +201,9 @@ std::string sixteenPrompts(const std::string& dir) {
 // Batch invariance (README, How it runs): 16 sampled prompts with their log-probabilities, all
 // sharing cycles on 16 instances or one at a time on one, give the same bytes with the rows
 // kernels and with the GPU shapes kept on split-K tiles for every batch (BLUE_GEMM_MIN_ITEMS
-// 65535), and with the rows kernels on Q4_0 and IQ4_NL weights and a Q4_0 mix with a Q6_K
-// output matrix. Run here with GPU shapes on whatever device runs the tests.
+// 65535), and with the rows kernels on Q4_0 and IQ4_NL weights, a Q4_0 mix with a Q6_K output
+// matrix and a Q4_K_M mix, the int8 mode included (Q4_0 and the mixes). Run here with GPU shapes
+// on whatever device runs the tests.
 TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities whatever shares a cycle") {
     TempDir dir("blue_invariance");
     const std::string prompts = sixteenPrompts(dir.path);
@@ -228,8 +229,8 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
     }
     // Quantized (stories260K's 64-wide matrices in Q4_0 and IQ4_NL), the rows kernels too: the
     // single-item kernel, the 4-item tile and the lanes-over-items GEMM (`_i`) sum a row alike.
-    // The int8 mode too, where the device offers it: on CPU-driver shapes Q4_0's and Q6_K's
-    // one-item, 4-item and GEMM kernels all read x packed by PACKX and sum a row alike.
+    // The int8 mode too, where the device offers it: on CPU-driver shapes the one-item, 4-item and
+    // GEMM kernels of Q4_0, Q4_K and Q6_K all read x packed by PACKX and sum a row alike.
     const bool int8 = Child({"/usr/bin/env", "BLUE_MATMUL_INT8=1", binary("host/bluevm"), "generate", "--model",
                              stories(), "-p", "Once", "-n", "1"}).wait() == 0;
     const std::vector<std::string> rows_int8 = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=1"};
@@ -242,11 +243,13 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         CHECK(run(rows, "16", model) == run(rows, "1", model));
         if (int8 && type == "q4_0") CHECK(run(rows_int8, "16", model) == run(rows_int8, "1", model));
     }
-    // llama.cpp's Q4_0 mix (blue-synth: the output matrix in Q6_K, which has a decode of its own).
-    {
-        const std::string model = dir.path + "/mix.gguf";
+    // llama.cpp's Q4_0 mix (blue-synth: the output matrix in Q6_K, which has a decode of its own)
+    // and its Q4_K_M mix (Q4_K, with V and FFN down in Q6_K).
+    for (const std::string type : {"q4_0", "q4_k_m"}) {
+        CAPTURE(type);
+        const std::string model = dir.path + "/mix_" + type + ".gguf";
         Child synth({binary("tools/synth/blue-synth"), "--preset", "stories15M", "--layers", "2", "--dim", "256",
-                     "--heads", "4", "--vocab", "300", "-t", "q4_0", "-o", model});
+                     "--heads", "4", "--vocab", "300", "-t", type, "-o", model});
         REQUIRE_MESSAGE(synth.wait() == 0, synth.err_text);
         const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=0"};
         CHECK(run(rows, "16", model) == run(rows, "1", model));

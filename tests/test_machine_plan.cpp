@@ -880,7 +880,7 @@ TEST_CASE("plan: maxPenaltyWindow is the longest window whose walk stays under t
     CHECK(maxPenaltyWindow(65535, 1u << 30) == 0);
 }
 
-TEST_CASE("plan: the int8 GEMM on a CPU driver packs x first for Q4_0 and Q6_K (PACKX), keeps `_i` for other types") {
+TEST_CASE("plan: int8 mode on a CPU driver packs x first for Q4_0 and Q6_K (PACKX), keeps float kernels for other types") {
     Module m = assembleOrFail(R"(.layout regs=4 max_rows=40 local=64
 .tensor w4 global q4_0 [512, 256]
 .tensor w6 global q6_k [256, 64]
@@ -986,10 +986,10 @@ halt
     Result<std::vector<DispatchDesc>> wd = planDispatches(w, wp.value(), 65535, cpu);
     REQUIRE_MESSAGE(wd.isOk(), wd.message());
     CHECK(std::count_if(wd->begin(), wd->end(), [](const DispatchDesc& x) { return x.pipeline == "packx"; }) == 2);
-    // A module without Q4_0 or Q6_K matrices gets no region.
+    // A module without Q4_0, Q4_K or Q6_K matrices gets no region.
     Module f = m;
     f.tensors[0].dtype = DType::F32;
-    f.tensors[1].dtype = DType::Q4_K;
+    f.tensors[1].dtype = DType::Q5_K;
     Result<PagePlan> fp = planPages(f, 70, 1u << 20);
     REQUIRE(fp.isOk());
     const size_t pages_before = fp->page_bytes.size();

@@ -112,6 +112,10 @@ def ratio(a, b):
     return "—" if a is None or b in (None, 0) else f"{a / b:.2f}×"
 
 
+# Kernel choices taken from the environment (bluevm reads them); the table's command names them.
+ENV_CHOICES = ("BLUE_MATMUL_INT8", "BLUE_DECODE_KERNEL", "BLUE_GEMM_MIN_ITEMS", "BLUE_ATTN_KERNEL")
+
+
 def machine():
     model = "unknown CPU"
     for line in open("/proc/cpuinfo", encoding="utf-8"):
@@ -172,7 +176,8 @@ def main():
           f"({ceilings['device_read_shape']}); native on the same cores: FMA "
           f"{ceilings['native_fma_gflops']:.0f} GFLOP/s ({ceilings['native_isa']}), read "
           f"{ceilings['native_read_gb_per_s']:.1f} GB/s. llama.cpp's figures are ../shared/PEERS.md's. "
-          f"Command: `python3 tools/bench_table.py` (pp64, tg{'/'.join(sorted({str(ROWS[r][2]) for r in rows}))}, "
+          f"Command: `{''.join(f'{v}={os.environ[v]} ' for v in ENV_CHOICES if v in os.environ)}"
+          f"python3 tools/bench_table.py` (pp64, tg{'/'.join(sorted({str(ROWS[r][2]) for r in rows}))}, "
           f"best of {args.reps}).\n")
     print("| model | BlueVM pp / tg tok/s | pp GFLOP/s (of FMA ceiling) | tg weights GB/s (of read ceiling) "
           "| llama.cpp CPU pp / tg | BlueVM / CPU pp, tg | llama.cpp Vulkan on lavapipe pp / tg | BlueVM / Vulkan pp, tg |")
