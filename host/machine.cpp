@@ -435,7 +435,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     const Result<KernelChoice> chosen = chooseKernels(options, dev.info());
     if (!chosen) return chosen.status();
     const KernelChoice kernels = chosen.value();
-    // Q4_0's int8 GEMM on CPU drivers reads x packed once per matmul input (planPackedX).
+    // The int8 kernels of CPU drivers (Q4_0, Q4_K, Q6_K) read x packed once per input (planPackedX).
     const bool packed_x = kernels.int8_matmul && !kernels.split_matmul;
     Result<PagePlan> pages = planPages(m, options.instances, page_limit);
     if (!pages) return pages.status();

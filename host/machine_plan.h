@@ -74,7 +74,7 @@ struct ExpertCache {
 // Where the int8 GEMM for CPU drivers (`_iq`: Q4_0, Q4_K, Q6_K) finds its x rounded and packed by
 // PACKX (shaders/packx.comp): one record of `item_bytes` per item, for every MATMUL of such a
 // matrix with K up to `k`; one region reused by every such MATMUL in turn (a barrier separates each
-// dispatch from the next). `item_bytes` 0: none planned (the plan then keeps the float `_i`).
+// dispatch from the next). `item_bytes` 0: none planned (the plan then keeps the float kernels).
 struct PackedX {
     uint32_t page = 0;
     uint64_t offset = 0;

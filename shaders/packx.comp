@@ -1,16 +1,18 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-// PACKX: rounds a Q4_0 matmul's x to int8 once per input, for the int8 GEMM of CPU drivers
-// (`_iq`, matmul_items.comp), which would otherwise round it again in every workgroup of rows
-// (measured on lavapipe: half of that kernel's time was gathering and rounding x). The plan
-// records it right before the GEMM, over the same items (host/machine_plan.cpp); it is not a
-// Blue-IR instruction: the result of the MATMUL is the program's, this only carries it.
+// PACKX: rounds a matmul's x to int8 once per input for the int8 kernels of CPU drivers (Q4_0,
+// Q4_K, Q6_K: `_b1q` and `_q` in matmul.comp, `_iq` in matmul_items.comp), where `_iq` had rounded
+// it again in every workgroup of rows (measured on lavapipe: half of that kernel's time went to
+// gathering and rounding x). The plan records it before the first MATMUL over an x, with the same
+// block and mode (host/machine_plan.cpp); it is not a Blue-IR instruction: the MATMUL's result is
+// the program's, this only carries it.
 // Each block of 32 is rounded as `_tq` rounds it (step max |x| / 127, round to nearest even) and
-// written as `_iq`'s SWAR product reads it (blue_config.h BLUE_XQ_GBLOCK_TEXELS): texel i (i < 4)
-// holds elements 4i..4i+3 and 4i+16..4i+19 as crosswise pairs (x_b + x_a << 16: (4i+2, 4i),
-// (4i+3, 4i+1), then the same for 4i+16..), then the step's bits and the block's integer sum.
-// Operands as the GEMM's: x at operand 2; the packed record at BLUE_PC_MM_XQ.
+// written as the SWAR products read it (common/swar.glsl; blue_config.h BLUE_XQ_GBLOCK_TEXELS):
+// texel i (i < 4) holds elements 4i..4i+3 and 4i+16..4i+19 as crosswise pairs (x_b + x_a << 16:
+// (4i+2, 4i), (4i+3, 4i+1), then the same for 4i+16..), then the step's bits and the block's
+// integer sum.
+// Operands as the MATMUL's: x at operand 2; the packed record at BLUE_PC_MM_XQ.
 // Grid: x = items; lane s takes block s of every gblock of 256 elements.
 #include "common/tensor.glsl"
 
