@@ -408,7 +408,7 @@ Result<std::string> describeKernelShapes(const GpuOptions& options, const Device
            (k->int8_matmul ? std::string("; block types' GEMM: int8 (x quantized per 32 elements, packed integer dot "
                                          "products") +
                                  (info.int_dot_accelerated ? "" : ", not accelerated on this device") +
-                                 (k->split_matmul ? "" : "; on CPU-driver shapes only Q4_0, Q4_K and Q6_K: integer SWAR on x "
+                                 (k->split_matmul ? "" : "; on CPU-driver shapes only Q4_0, Q4_K, Q5_K and Q6_K: integer SWAR on x "
                                                          "packed once per input (PACKX), for every item count") + ")"
                            : std::string("")) +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head") +
@@ -435,7 +435,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     const Result<KernelChoice> chosen = chooseKernels(options, dev.info());
     if (!chosen) return chosen.status();
     const KernelChoice kernels = chosen.value();
-    // The int8 kernels of CPU drivers (Q4_0, Q4_K, Q6_K) read x packed once per input (planPackedX).
+    // The int8 kernels of CPU drivers (Q4_0, Q4_K, Q5_K, Q6_K) read x packed once per input (planPackedX).
     const bool packed_x = kernels.int8_matmul && !kernels.split_matmul;
     Result<PagePlan> pages = planPages(m, options.instances, page_limit);
     if (!pages) return pages.status();

@@ -945,7 +945,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     // item and the 4-item tile split K and the GEMM is the shared-memory tiled
                     // `_t`; on a CPU driver it is the lanes-over-items `_i` (block types) or the
                     // register-tiled `_g` (F32, F16, BF16). With int8_matmul, block types take
-                    // the int8 tiled `_tq` on a GPU; on a CPU driver Q4_0, Q4_K and Q6_K the int8 lanes
+                    // the int8 tiled `_tq` on a GPU; on a CPU driver Q4_0, Q4_K, Q5_K and Q6_K the int8 lanes
                     // over items `_iq` after PACKX (integer SWAR: lavapipe has no fast dot
                     // product), the other types `_i`.
                     const uint32_t r = matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);

@@ -71,7 +71,7 @@ struct ExpertCache {
     std::vector<TensorPlace> caches; // per tensor: its device-local cache, `slots` slices
 };
 
-// Where the int8 GEMM for CPU drivers (`_iq`: Q4_0, Q4_K, Q6_K) finds its x rounded and packed by
+// Where the int8 GEMM for CPU drivers (`_iq`: Q4_0, Q4_K, Q5_K, Q6_K) finds its x rounded and packed by
 // PACKX (shaders/packx.comp): one record of `item_bytes` per item, for every MATMUL of such a
 // matrix with K up to `k`; one region reused by every such MATMUL in turn (a barrier separates each
 // dispatch from the next). `item_bytes` 0: none planned (the plan then keeps the float kernels).
@@ -229,7 +229,7 @@ struct KernelChoice {
     // tiles (GpuMachine: BLUE_GEMM_MIN_ITEMS in the environment, else defaultGemmMinItems).
     uint32_t gemm_min_items = BLUE_MATMUL_GEMM_TILE;
     // The int8 GEMM (GpuOptions::int8_matmul): with GPU shapes `_tq` for every block type; with
-    // CPU-driver shapes `_iq` after a PACKX of its x for the types that have one (Q4_0, Q4_K, Q6_K;
+    // CPU-driver shapes `_iq` after a PACKX of its x for the types that have one (Q4_0, Q4_K, Q5_K, Q6_K;
     // where planPackedX made the region), the other types keeping `_i`.
     bool int8_matmul = false;
 };

@@ -22,7 +22,7 @@ bool g_cached;
 #include "common/wlayout.glsl"
 #include "common/activations.glsl"
 #ifdef MM_INT8
-// `_b1q`, `_q`: the int8 kernels of CPU drivers for one item and 4-item tiles (Q4_0, Q4_K, Q6_K),
+// `_b1q`, `_q`: the int8 kernels of CPU drivers for one item and 4-item tiles (Q4_0, Q4_K, Q5_K, Q6_K),
 // on x packed by PACKX, summing a row as `_iq` does.
 #include "common/swar.glsl"
 #endif
@@ -234,7 +234,7 @@ void main() {
                         ivec4 wv[4];
                         swarPairs(q6Bytes(la[r], ha[r], k), q6Bytes(lb[r], hb[r], k), wv);
                         for (uint c = 0u; c < MM_BT; ++c) {
-                            const ivec2 h = swarDot6(swarSums(wv, xp[c]));
+                            const ivec2 h = swarHalves(swarProducts(wv, xp[c]));
                             acc[r][c] += dx[c] * (sc.x * float(h.x) + sc.y * float(h.y));
                         }
                     }
@@ -280,7 +280,7 @@ void main() {
                 float d = halfOf(head[r].t0, s);
                 ivec4 wv[4];
                 swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + s), wv);
-                for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += (d * dx[c]) * float(swarDot4(swarSums(wv, xp[c])) - 8 * sx[c]);
+                for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += (d * dx[c]) * float(swarSum(swarProducts(wv, xp[c])) - 8 * sx[c]);
             }
         }
 #else  // Q4_0: byte j of the 16 quant bytes holds element j (low nibble) and j + 16 (high)
@@ -312,7 +312,7 @@ void main() {
         }
 #endif
     }
-#elif defined(WTYPE_Q4_K) && defined(MM_INT8)
+#elif (defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)) && defined(MM_INT8)
     for (uint g = 0u; g < bpr; ++g) {
         WHead head[MM_R];
         for (uint r = 0u; r < MM_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
@@ -327,10 +327,15 @@ void main() {
                 const uvec2 sm = kScaleMin(head[r].t0, s);
                 const float sc = halfOf(head[r].t0, 0u) * float(sm.x), mn = -halfOf(head[r].t0, 1u) * float(sm.y);
                 ivec4 wv[4];
+#if defined(WTYPE_Q4_K)
                 swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + 2u * (s >> 1)), wTexel(wbase, bpr, rows[r], g, 2u + 2u * (s >> 1)),
                           4u * (s & 1u), wv);
+#else
+                swarPairs(wTexel(wbase, bpr, rows[r], g, 3u + 2u * (s >> 1)), wTexel(wbase, bpr, rows[r], g, 4u + 2u * (s >> 1)),
+                          head[r].t1, head[r].t2, 4u * (s & 1u), s, wv);
+#endif
                 for (uint c = 0u; c < MM_BT; ++c) {
-                    acc[r][c] += dx[c] * (sc * float(swarDot4(swarSums(wv, xp[c]))) + mn * float(sx[c]));
+                    acc[r][c] += dx[c] * (sc * float(swarSum(swarProducts(wv, xp[c]))) + mn * float(sx[c]));
                 }
             }
         }

@@ -13,7 +13,7 @@
 // Q4_0 and Q6_K decode in place (the masked decode of their other kernels), the other block types
 // through wGroup: either way a row's products are summed in the order of the single-item and
 // 4-item kernels (matmul.comp), so a token's logits do not depend on the batch it shares.
-// Built once more for Q4_0, Q4_K and Q6_K with MI_INT8 (`_iq`): the int8 GEMM on CPU drivers, on
+// Built once more for Q4_0, Q4_K, Q5_K and Q6_K with MI_INT8 (`_iq`): the int8 GEMM on CPU drivers, on
 // x rounded to int8 once per input by PACKX (common/swar.glsl), summing a row as the one-item and
 // 4-item int8 kernels (`_b1q`, `_q`) do.
 // Grid: x = ceil(items / (MI_L * MI_C)), y = ceil(N / MI_R).
@@ -104,7 +104,7 @@ void main() {
                 ivec4 wv[4];
                 swarPairs(q, wv);
                 [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                    acc[r][c] += (d * dx[c]) * float(swarDot4(swarSums(wv, xp[c])) - 8 * sx[c]);
+                    acc[r][c] += (d * dx[c]) * float(swarSum(swarProducts(wv, xp[c])) - 8 * sx[c]);
                 }
 #else
                 vec4 lo[4], hi[4];
@@ -157,7 +157,7 @@ void main() {
                         ivec4 wv[4];
                         swarPairs(q6Bytes(la[r], ha[r], k), q6Bytes(lb[r], hb[r], k), wv);
                         [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                            const ivec2 h = swarDot6(swarSums(wv, xp[c]));
+                            const ivec2 h = swarHalves(swarProducts(wv, xp[c]));
                             acc[r][c] += dx[c] * (sc.x * float(h.x) + sc.y * float(h.y));
                         }
                     }
@@ -195,8 +195,8 @@ void main() {
             }
         }
     }
-#elif defined(WTYPE_Q4_K) && defined(MI_INT8)
-    // `_iq`, Q4_K: a block's integer sum times its scale, plus its min times the sum of its x,
+#elif (defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)) && defined(MI_INT8)
+    // `_iq`, Q4_K and Q5_K: a block's integer sum times its scale, plus its min times the sum of its x,
     // times dx.
     for (uint g = 0u; g < bpr; ++g) {
         WHead head[MI_R];
@@ -212,10 +212,15 @@ void main() {
                 const uvec2 sm = kScaleMin(head[r].t0, s);
                 const float sc = halfOf(head[r].t0, 0u) * float(sm.x), mn = -halfOf(head[r].t0, 1u) * float(sm.y);
                 ivec4 wv[4];
+#if defined(WTYPE_Q4_K)
                 swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + 2u * (s >> 1)), wTexel(wbase, bpr, rows[r], g, 2u + 2u * (s >> 1)),
                           4u * (s & 1u), wv);
+#else
+                swarPairs(wTexel(wbase, bpr, rows[r], g, 3u + 2u * (s >> 1)), wTexel(wbase, bpr, rows[r], g, 4u + 2u * (s >> 1)),
+                          head[r].t1, head[r].t2, 4u * (s & 1u), s, wv);
+#endif
                 [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                    acc[r][c] += dx[c] * (sc * float(swarDot4(swarSums(wv, xp[c]))) + mn * float(sx[c]));
+                    acc[r][c] += dx[c] * (sc * float(swarSum(swarProducts(wv, xp[c]))) + mn * float(sx[c]));
                 }
             }
         }

@@ -202,7 +202,7 @@ std::string sixteenPrompts(const std::string& dir) {
 // sharing cycles on 16 instances or one at a time on one, give the same bytes with the rows
 // kernels and with the GPU shapes kept on split-K tiles for every batch (BLUE_GEMM_MIN_ITEMS
 // 65535), and with the rows kernels on Q4_0 and IQ4_NL weights, a Q4_0 mix with a Q6_K output
-// matrix and a Q4_K_M mix, the int8 mode included (Q4_0 and the mixes). Run here with GPU shapes
+// matrix and Q4_K_M and Q5_K_M mixes, the int8 mode included (Q4_0 and the mixes). Run here with GPU shapes
 // on whatever device runs the tests.
 TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities whatever shares a cycle") {
     TempDir dir("blue_invariance");
@@ -230,7 +230,7 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
     // Quantized (stories260K's 64-wide matrices in Q4_0 and IQ4_NL), the rows kernels too: the
     // single-item kernel, the 4-item tile and the lanes-over-items GEMM (`_i`) sum a row alike.
     // The int8 mode too, where the device offers it: on CPU-driver shapes the one-item, 4-item and
-    // GEMM kernels of Q4_0, Q4_K and Q6_K all read x packed by PACKX and sum a row alike.
+    // GEMM kernels of Q4_0, Q4_K, Q5_K and Q6_K all read x packed by PACKX and sum a row alike.
     const bool int8 = Child({"/usr/bin/env", "BLUE_MATMUL_INT8=1", binary("host/bluevm"), "generate", "--model",
                              stories(), "-p", "Once", "-n", "1"}).wait() == 0;
     const std::vector<std::string> rows_int8 = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=1"};
@@ -244,8 +244,8 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         if (int8 && type == "q4_0") CHECK(run(rows_int8, "16", model) == run(rows_int8, "1", model));
     }
     // llama.cpp's Q4_0 mix (blue-synth: the output matrix in Q6_K, which has a decode of its own)
-    // and its Q4_K_M mix (Q4_K, with V and FFN down in Q6_K).
-    for (const std::string type : {"q4_0", "q4_k_m"}) {
+    // and its Q4_K_M and Q5_K_M mixes (Q4_K or Q5_K, with V and FFN down in Q6_K).
+    for (const std::string type : {"q4_0", "q4_k_m", "q5_k_m"}) {
         CAPTURE(type);
         const std::string model = dir.path + "/mix_" + type + ".gguf";
         Child synth({binary("tools/synth/blue-synth"), "--preset", "stories15M", "--layers", "2", "--dim", "256",

@@ -986,10 +986,10 @@ halt
     Result<std::vector<DispatchDesc>> wd = planDispatches(w, wp.value(), 65535, cpu);
     REQUIRE_MESSAGE(wd.isOk(), wd.message());
     CHECK(std::count_if(wd->begin(), wd->end(), [](const DispatchDesc& x) { return x.pipeline == "packx"; }) == 2);
-    // A module without Q4_0, Q4_K or Q6_K matrices gets no region.
+    // A module without Q4_0, Q4_K, Q5_K or Q6_K matrices gets no region.
     Module f = m;
     f.tensors[0].dtype = DType::F32;
-    f.tensors[1].dtype = DType::Q5_K;
+    f.tensors[1].dtype = DType::Q3_K;
     Result<PagePlan> fp = planPages(f, 70, 1u << 20);
     REQUIRE(fp.isOk());
     const size_t pages_before = fp->page_bytes.size();

@@ -20,13 +20,14 @@ void xqBlock(uint rec, uint g, uint s, out ivec4 xp[4], out float dx, out int sx
 }
 
 // Per component, four products of the block's weight pairs and x pairs (eight terms).
-ivec4 swarSums(ivec4 wv[4], ivec4 xp[4]) {
+ivec4 swarProducts(ivec4 wv[4], ivec4 xp[4]) {
     return wv[0] * xp[0] + wv[1] * xp[1] + wv[2] * xp[2] + wv[3] * xp[3];
 }
 
-// 4-bit levels (0..15): the block's 32 products in two high halves, 16 terms each
-// (|w x| <= 15 * 127: under 2^15), rounded past the low halves' cross terms.
-int swarDot4(ivec4 a) {
+// The block's integer sum from its products (swarSum; Q6_K: swarHalves), each high half rounded
+// past the low halves' cross terms. 4-bit levels (0..15): two high halves of 16 terms each
+// (|w x| <= 15 * 127: under 2^15).
+int swarSum4(ivec4 a) {
     const ivec2 h = ((a.xz + a.yw) + 32768) >> 16;
     return h.x + h.y;
 }
@@ -36,12 +37,30 @@ int swarDot4(ivec4 a) {
 void swarPairs(uvec4 q, out ivec4 wv[4]) {
     for (uint i = 0u; i < 4u; ++i) wv[i] = ivec4((uvec4(q[i]) >> uvec4(0u, 8u, 4u, 12u)) & 0x000F000Fu);
 }
+int swarSum(ivec4 a) { return swarSum4(a); }
 #elif defined(WTYPE_Q4_K)
 // Q4_K's block: its 32 levels are the nibbles at `shift` of texels a (elements 0..15) and b (16..31).
 void swarPairs(uvec4 a, uvec4 b, uint shift, out ivec4 wv[4]) {
     for (uint i = 0u; i < 4u; ++i) {
         wv[i] = ivec4((uvec4(a[i], a[i], b[i], b[i]) >> (uvec4(0u, 8u, 0u, 8u) + shift)) & 0x000F000Fu);
     }
+}
+int swarSum(ivec4 a) { return swarSum4(a); }
+#elif defined(WTYPE_Q5_K)
+// Q5_K's block: Q4_K's nibbles with bit s of the high-bit texels h1 (elements 0..15) and h2
+// (16..31) above them: levels 0..31.
+void swarPairs(uvec4 a, uvec4 b, uvec4 h1, uvec4 h2, uint shift, uint s, out ivec4 wv[4]) {
+    for (uint i = 0u; i < 4u; ++i) {
+        const uvec4 lo = (uvec4(a[i], a[i], b[i], b[i]) >> (uvec4(0u, 8u, 0u, 8u) + shift)) & 0x000F000Fu;
+        const uvec4 hi = (uvec4(h1[i], h1[i], h2[i], h2[i]) >> (uvec4(0u, 8u, 0u, 8u) + s)) & 0x00010001u;
+        wv[i] = ivec4(lo | (hi << 4));
+    }
+}
+// 5-bit levels: |w x| <= 31 * 127, so the four components' high halves (8 terms each) are
+// rounded apart and then added.
+int swarSum(ivec4 a) {
+    const ivec4 h = (a + 32768) >> 16;
+    return (h.x + h.y) + (h.z + h.w);
 }
 #elif defined(WTYPE_Q6_K)
 // Q6_K's group: q6Bytes' 6-bit levels of its halves qa (elements 0..15) and qb (16..31), less 32
@@ -52,7 +71,7 @@ void swarPairs(uvec4 qa, uvec4 qb, out ivec4 wv[4]) {
     }
 }
 // The sums of the group's two halves (scales sc.x, sc.y).
-ivec2 swarDot6(ivec4 a) {
+ivec2 swarHalves(ivec4 a) {
     const ivec4 h = (a + 32768) >> 16;
     return ivec2(h.x + h.y, h.z + h.w);
 }
