@@ -167,8 +167,9 @@ std::vector<DeviceFeature> describeFeatures(const DeviceInfo& info) {
          info.int_dot && info.int_dot_accelerated
              ? std::string("4 x 8-bit packed signed accelerated: the int8 GEMM (`_tq`) runs prompts and "
                            "large batches of block-type matrices (BLUE_MATMUL_INT8=0 turns it off)")
-             : info.int_dot ? std::string("not accelerated: the int8 kernels (`_tq`; CPU drivers: Q4_0's, Q4_K's, Q5_K's "
-                                          "and Q6_K's integer SWAR) run only with BLUE_MATMUL_INT8=1")
+             : info.int_dot ? std::string("not accelerated: the int8 kernels (`_tq`; CPU drivers: Q4_0's, "
+                                          "Q4_K's, Q5_K's and Q6_K's integer SWAR) run only with "
+                                          "BLUE_MATMUL_INT8=1")
                             : std::string("without it the int8 GEMM (`_tq`) cannot run")},
         {"conditional rendering", info.conditional_rendering,
          "skips an idle block's dispatches in a cycle (without it every block's dispatches run, "

@@ -408,8 +408,11 @@ Result<std::string> describeKernelShapes(const GpuOptions& options, const Device
            (k->int8_matmul ? std::string("; block types' GEMM: int8 (x quantized per 32 elements, packed integer dot "
                                          "products") +
                                  (info.int_dot_accelerated ? "" : ", not accelerated on this device") +
-                                 (k->split_matmul ? "" : "; on CPU-driver shapes only Q4_0, Q4_K, Q5_K and Q6_K: integer SWAR on x "
-                                                         "packed once per input (PACKX), for every item count") + ")"
+                                 (k->split_matmul ? ""
+                                                  : "; on CPU-driver shapes only Q4_0, Q4_K, Q5_K and Q6_K: "
+                                                    "integer SWAR on x packed once per input (PACKX), for "
+                                                    "every item count") +
+                                 ")"
                            : std::string("")) +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head") +
            (k->loop_limit != 0 ? strFormat("; sampling: 64 lanes up to %u tokens, else 256", kNarrowSampleVocab) : "");

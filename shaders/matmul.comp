@@ -280,7 +280,9 @@ void main() {
                 float d = halfOf(head[r].t0, s);
                 ivec4 wv[4];
                 swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + s), wv);
-                for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += (d * dx[c]) * float(swarSum(swarProducts(wv, xp[c])) - 8 * sx[c]);
+                for (uint c = 0u; c < MM_BT; ++c) {
+                    acc[r][c] += (d * dx[c]) * float(swarSum(swarProducts(wv, xp[c])) - 8 * sx[c]);
+                }
             }
         }
 #else  // Q4_0: byte j of the 16 quant bytes holds element j (low nibble) and j + 16 (high)
@@ -328,11 +330,12 @@ void main() {
                 const float sc = halfOf(head[r].t0, 0u) * float(sm.x), mn = -halfOf(head[r].t0, 1u) * float(sm.y);
                 ivec4 wv[4];
 #if defined(WTYPE_Q4_K)
-                swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + 2u * (s >> 1)), wTexel(wbase, bpr, rows[r], g, 2u + 2u * (s >> 1)),
-                          4u * (s & 1u), wv);
+                const uint qt = 1u + 2u * (s >> 1);
+                swarPairs(wTexel(wbase, bpr, rows[r], g, qt), wTexel(wbase, bpr, rows[r], g, qt + 1u), 4u * (s & 1u), wv);
 #else
-                swarPairs(wTexel(wbase, bpr, rows[r], g, 3u + 2u * (s >> 1)), wTexel(wbase, bpr, rows[r], g, 4u + 2u * (s >> 1)),
-                          head[r].t1, head[r].t2, 4u * (s & 1u), s, wv);
+                const uint qt = 3u + 2u * (s >> 1);
+                swarPairs(wTexel(wbase, bpr, rows[r], g, qt), wTexel(wbase, bpr, rows[r], g, qt + 1u), head[r].t1,
+                          head[r].t2, 4u * (s & 1u), s, wv);
 #endif
                 for (uint c = 0u; c < MM_BT; ++c) {
                     acc[r][c] += dx[c] * (sc * float(swarSum(swarProducts(wv, xp[c]))) + mn * float(sx[c]));

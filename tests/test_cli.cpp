@@ -202,8 +202,8 @@ std::string sixteenPrompts(const std::string& dir) {
 // sharing cycles on 16 instances or one at a time on one, give the same bytes with the rows
 // kernels and with the GPU shapes kept on split-K tiles for every batch (BLUE_GEMM_MIN_ITEMS
 // 65535), and with the rows kernels on Q4_0 and IQ4_NL weights, a Q4_0 mix with a Q6_K output
-// matrix and Q4_K_M and Q5_K_M mixes, the int8 mode included (Q4_0 and the mixes). Run here with GPU shapes
-// on whatever device runs the tests.
+// matrix and Q4_K_M and Q5_K_M mixes, the int8 mode included (Q4_0 and the mixes). Run here
+// with GPU shapes on whatever device runs the tests.
 TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities whatever shares a cycle") {
     TempDir dir("blue_invariance");
     const std::string prompts = sixteenPrompts(dir.path);
@@ -322,14 +322,14 @@ TEST_CASE("cli: the int8 GEMM gives the float GEMM's greedy tokens with close lo
             REQUIRE(out[int8].size() == 16);
         }
         if (type == "q8_0") {
-            // CPU-driver shapes: only Q4_0 has an int8 GEMM there, so Q8_0 keeps the float `_i`
-            // (the int8 tiles ran at 0.37x of it on lavapipe) and nothing changes.
+            // CPU-driver shapes: Q8_0 has no int8 kernel there, so it keeps the float `_i` (the
+            // int8 tiles ran at 0.37x of it on lavapipe) and nothing changes.
             CHECK(err[1].find("matmul_q8_0_i ") != std::string::npos);
             CHECK(err[1].find("matmul_q8_0_tq") == std::string::npos);
             CHECK(out[0] == out[1]);
             continue;
         }
-        // Q4_0: `_iq`, on x rounded and packed by PACKX once per matmul input.
+        // Q4_0: `_iq` (and `_b1q`, `_q`), on x rounded and packed by PACKX once per input.
         CHECK(err[1].find("matmul_q4_0_iq") != std::string::npos);
         CHECK(err[1].find("packx") != std::string::npos);
         CHECK(err[0].find("matmul_q4_0_iq") == std::string::npos);

@@ -173,9 +173,10 @@ void elementwiseCase(Op op, double bound) {
 // groups of blocks, the last partial; the kernels walk them with their scales reloaded per group).
 // Block types run the int8 GEMM (where the device has integer dot products) twice: `_tq` over 70
 // items with GPU shapes (a full 64-item tile and a partial one), and 21 items over K = 600 with
-// CPU shapes, where Q4_0 runs its SWAR `_iq` on x packed by PACKX (the same rounding and bound)
-// and the other types keep `_i`; Q4_0, Q4_K, Q5_K and Q6_K then run one item and 4-item tiles over K = 600
-// on packed x too (`_b1q`, `_q`). Every other run turns it off, whatever the device prefers.
+// CPU shapes, where Q4_0, Q4_K, Q5_K and Q6_K run their SWAR `_iq` on x packed by PACKX (the same
+// rounding and bound) and the other types keep `_i`; those four then run one item and 4-item
+// tiles over K = 600 on packed x too (`_b1q`, `_q`). Every other run turns it off, whatever the
+// device prefers.
 void matmulCase(DType t) {
     struct Run {
         std::vector<uint32_t> rows, starts;
@@ -245,8 +246,8 @@ void matmulCase(DType t) {
         const bool split = run.decode == DK::SPLIT;
         const bool single = items == 1, tiled = items >= defaultGemmMinItems(split);
         const std::string kernel = kernelName(m, uint32_t(Op::MATMUL), {y, w, x});
-        // On a CPU driver the int8 mode gives Q4_0, Q4_K, Q5_K and Q6_K kernels on x packed first by PACKX
-        // (`_b1q`, `_q`, `_iq`) and keeps the float ones for the other types.
+        // On a CPU driver the int8 mode gives Q4_0, Q4_K, Q5_K and Q6_K kernels on x packed first
+        // by PACKX (`_b1q`, `_q`, `_iq`) and keeps the float ones for the other types.
         const bool swar = run.int8 && !split && Pipelines::exists(kernel + "_iq");
         if (swar) kernelsRun().insert("packx");
         if (single) kernelsRun().insert(kernel + (split ? "_b1s" : swar ? "_b1q" : "_b1"));
