@@ -455,7 +455,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
         // depend on which tier a weight is in.
         // So is the int8 GEMM's packed x (planPackedX), which the budget's plan below leaves out.
         const PackedX& px = impl->pages.packed_x;
-        const uint64_t control = impl->layout.control_words * 4 + (px.item_bytes ? px.items * px.item_bytes + 256 : 0);
+        const uint64_t control = impl->layout.control_words * 4 + (px.item_bytes ? px.bytes() + 256 : 0);
         if (control >= options.vram_budget) {
             return BLUE_ERROR("the control buffer%s for %u instances needs %.1f MiB of device memory, "
                               "more than the VRAM budget of %.1f MiB",

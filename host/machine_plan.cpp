@@ -184,15 +184,15 @@ std::optional<DispatchDesc> rowGroupsGemm(const DispatchDesc& batched, uint64_t 
 }
 
 // PACKX before the int8 kernels of a MATMUL (`d`: its dispatch, with the packed x's reference):
-// the same block and mode, from `min_items` items on, a workgroup per item (shaders/packx.comp);
+// the same block and mode, every cycle its block runs, a workgroup per item (shaders/packx.comp);
 // no matrix.
-DispatchDesc packxDispatch(const DispatchDesc& d, uint32_t min_items) {
+DispatchDesc packxDispatch(const DispatchDesc& d) {
     DispatchDesc p = d;
     p.pipeline = "packx";
     p.axis = 1;
     p.tile = 1;
     p.fixed = 1;
-    p.min_items = min_items;
+    p.min_items = 0;
     p.max_items = 0;
     p.push[BLUE_PC_TILE] = 1;
     p.operand_pages.fill(DispatchDesc::kNoPage);
@@ -639,7 +639,7 @@ Status planPackedX(const Module& m, uint32_t instances, uint64_t page_limit, Pag
     x.k = k;
     x.items = std::max<uint64_t>(m.layout.max_rows, instances);
     x.item_bytes = (k + 255) / 256 * BLUE_XQ_GBLOCK_TEXELS * 16;
-    const uint64_t bytes = x.items * x.item_bytes;
+    const uint64_t bytes = x.bytes();
     int last = -1;
     for (size_t p = 0; p < plan->page_bytes.size(); ++p) {
         if (plan->page_tier[p] == 0) last = int(p);
@@ -953,12 +953,11 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     const uint64_t k = m.tensors[ti.args[1]].ne[0];
                     const PackedX& px = pages.packed_x;
                     const std::string kernel = d.pipeline;
-                    // The int8 kernels of CPU drivers read x packed by a PACKX before them (one
-                    // per x while MATMULs share it), from the fewest items any of them takes.
+                    // The int8 kernels of CPU drivers (`_b1q`, `_q` and `_iq`, built together
+                    // for their types: shaders/CMakeLists.txt) read x packed by a PACKX before
+                    // them, one per x while MATMULs share it, in every cycle.
                     const bool packed = kernels.int8_matmul && !kernels.split_matmul && px.item_bytes != 0 &&
                                         k <= px.k && Pipelines::exists(kernel + "_iq");
-                    const bool single_q = packed && Pipelines::exists(kernel + "_b1q");
-                    const bool tile_q = packed && Pipelines::exists(kernel + "_q");
                     if (packed) {
                         d.push[BLUE_PC_MM_XQ] = px.page | BLUE_TC_GLOBAL << 16;
                         d.push[BLUE_PC_MM_XQ + 1] = uint32_t(px.offset);
@@ -966,12 +965,12 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                         d.push[BLUE_PC_MM_XQ + 3] = uint32_t(k);
                         d.operand_pages[BLUE_MM_XQ_OPERAND] = px.page;
                         if (packed_tensor != ti.args[2] || packed_mode != d.mode) {
-                            out.push_back(packxDispatch(d, single_q ? 0 : tile_q ? 2 : g));
+                            out.push_back(packxDispatch(d));
                             packed_tensor = ti.args[2];
                             packed_mode = d.mode;
                         }
                     }
-                    DispatchDesc single = singleItemDispatch(d, single_q ? "_b1q" : "_b1");
+                    DispatchDesc single = singleItemDispatch(d, packed ? "_b1q" : "_b1");
                     if (kernels.split_matmul) splitMatmul(&single, n, "s"); else narrowMatmul(&single, n, r);
                     out.push_back(single);
                     d.min_items = 2;
@@ -992,7 +991,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                             : rowGroupsGemm(d, n, g, "_i", BLUE_MATMUL_ITEMS_ROWS,
                                             BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE);
                     if (!gemm && !kernels.split_matmul) gemm = gemmDispatch(d, n, g);
-                    if (tile_q) d.pipeline += "_q";
+                    if (packed) d.pipeline += "_q";
                     if (kernels.split_matmul) splitMatmul(&d, n, "_s"); else narrowMatmul(&d, n, r);
                     if (gemm) {
                         d.max_items = gemm->min_items - 1;

@@ -81,6 +81,7 @@ struct PackedX {
     uint64_t item_bytes = 0;
     uint64_t items = 0;
     uint64_t k = 0;
+    uint64_t bytes() const { return items * item_bytes; }
 };
 
 struct PagePlan {

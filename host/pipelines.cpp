@@ -65,9 +65,8 @@ std::string kernelVariantReason(const std::string& kernel, const DeviceInfo& inf
 
 bool kernelChosen(const std::string& embedded, const DeviceInfo& info) {
     // The int8 GEMMs (matmul_*_tq) declare the integer dot product capabilities: a device
-    // without them never runs one (KernelChoice::int8_matmul), nor Q4_0's `_iq`, which the
-    // same choice gates on CPU drivers, nor their one-item and 4-item kernels (`_b1q`, `_q`) and
-    // PACKX, which packs their x.
+    // without them never runs one (KernelChoice::int8_matmul), nor the CPU drivers' int8 kernels
+    // (`_b1q`, `_q`, `_iq`), which the same choice gates, nor PACKX, which packs their x.
     if (embedded.ends_with("_tq") || embedded.ends_with("_iq") || embedded.ends_with("_b1q") ||
         embedded.ends_with("_q") || embedded == "packx") {
         return info.int_dot;

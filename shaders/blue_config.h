@@ -66,8 +66,9 @@
 #define BLUE_MATMUL_ITEMS_LANES 8u
 #define BLUE_MATMUL_ITEMS_PER_LANE 4u
 #define BLUE_MATMUL_ITEMS_ROWS 16u
-// Q4_0's int8 GEMM for CPU drivers (`_iq`) reads x rounded to int8 and packed once per matmul
-// input by PACKX (packx.comp; the plan records it before the GEMM): per gblock of 256 elements,
+// The int8 kernels of CPU drivers (`_b1q`, `_q`, `_iq`: Q4_0, Q4_K, Q5_K, Q6_K) read x rounded to
+// int8 and packed once per input by PACKX (packx.comp; the plan records it before the first MATMUL
+// over an x; common/swar.glsl reads it): per gblock of 256 elements,
 // BLUE_XQ_GBLOCK_TEXELS texels: 8 blocks of 32 as 4 texels of crosswise int16 pairs each, then 4
 // texels of the blocks' (step, sum) word pairs. Its record of an item is a gblock's texels per
 // ceil(K / 256), in a device-local region of the pages (host/machine_plan.h PagePlan::packed_x),
@@ -134,7 +135,7 @@
 #define BLUE_MM_ADD 1
 #define BLUE_MM_SILU 2
 #define BLUE_MM_GELU 3
-// MATMUL `_iq` and PACKX: the packed x's reference {page | class << 16, byte offset, bytes per
+// MATMUL `_b1q`, `_q`, `_iq` and PACKX: the packed x's reference {page | class << 16, byte offset, bytes per
 // item, K}; an item's record is at offset + item * bytes.
 #define BLUE_PC_MM_XQ 24
 // KVCOPY: 32-bit words of one cache row, and the context (rows of a cache, and of a store's slot).

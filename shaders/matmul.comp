@@ -160,14 +160,17 @@ void main() {
     uint first = gl_WorkGroupID.x * MM_BT;
     if (first >= items) return;
     uint count = min(items - first, MM_BT);
-    for (uint c = 0u; c < MM_BT; ++c) {
-        xb[c] = sliceOffset(x, first + min(c, count - 1u)) / 16u;
-        out_at[c] = sliceOffset(dst, first + min(c, count - 1u)) / 4u;
-    }
 #ifdef MM_INT8
     const TRef xq = tref(BLUE_PC_MM_XQ);  // x packed by PACKX: the item's record
-    for (uint c = 0u; c < MM_BT; ++c) xb[c] = (xq.offset + (first + min(c, count - 1u)) * xq.stride) / 16u;
 #endif
+    for (uint c = 0u; c < MM_BT; ++c) {
+#ifdef MM_INT8
+        xb[c] = (xq.offset + (first + min(c, count - 1u)) * xq.stride) / 16u;
+#else
+        xb[c] = sliceOffset(x, first + min(c, count - 1u)) / 16u;
+#endif
+        out_at[c] = sliceOffset(dst, first + min(c, count - 1u)) / 4u;
+    }
     uint wbase = w.offset / 16u;
 #endif
     g_xt = (K + 3u) / 4u;
@@ -230,13 +233,10 @@ void main() {
                     int sx[MM_BT];  // (Q6_K's levels are centred: unused)
                     for (uint c = 0u; c < MM_BT; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
                     for (uint r = 0u; r < MM_R; ++r) {
-                        vec2 sc = q6Scales(head[r], hh, k);
+                        const vec2 sc = q6Scales(head[r], hh, k);
                         ivec4 wv[4];
                         swarPairs(q6Bytes(la[r], ha[r], k), q6Bytes(lb[r], hb[r], k), wv);
-                        for (uint c = 0u; c < MM_BT; ++c) {
-                            const ivec2 h = swarHalves(swarProducts(wv, xp[c]));
-                            acc[r][c] += dx[c] * (sc.x * float(h.x) + sc.y * float(h.y));
-                        }
+                        for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += swarDot(wv, sc, xp[c], dx[c]);
                     }
 #else
                     // Each quant word's four 6-bit values are put together in place (q6Bytes)
@@ -280,9 +280,7 @@ void main() {
                 float d = halfOf(head[r].t0, s);
                 ivec4 wv[4];
                 swarPairs(wTexel(wbase, bpr, rows[r], g, 1u + s), wv);
-                for (uint c = 0u; c < MM_BT; ++c) {
-                    acc[r][c] += (d * dx[c]) * float(swarSum(swarProducts(wv, xp[c])) - 8 * sx[c]);
-                }
+                for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += swarDot(wv, d, xp[c], dx[c], sx[c]);
             }
         }
 #else  // Q4_0: byte j of the 16 quant bytes holds element j (low nibble) and j + 16 (high)
@@ -326,20 +324,10 @@ void main() {
             int sx[MM_BT];
             for (uint c = 0u; c < MM_BT; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
             for (uint r = 0u; r < MM_R; ++r) {
-                const uvec2 sm = kScaleMin(head[r].t0, s);
-                const float sc = halfOf(head[r].t0, 0u) * float(sm.x), mn = -halfOf(head[r].t0, 1u) * float(sm.y);
                 ivec4 wv[4];
-#if defined(WTYPE_Q4_K)
-                const uint qt = 1u + 2u * (s >> 1);
-                swarPairs(wTexel(wbase, bpr, rows[r], g, qt), wTexel(wbase, bpr, rows[r], g, qt + 1u), 4u * (s & 1u), wv);
-#else
-                const uint qt = 3u + 2u * (s >> 1);
-                swarPairs(wTexel(wbase, bpr, rows[r], g, qt), wTexel(wbase, bpr, rows[r], g, qt + 1u), head[r].t1,
-                          head[r].t2, 4u * (s & 1u), s, wv);
-#endif
-                for (uint c = 0u; c < MM_BT; ++c) {
-                    acc[r][c] += dx[c] * (sc * float(swarSum(swarProducts(wv, xp[c]))) + mn * float(sx[c]));
-                }
+                float sc, mn;
+                swarBlock(wbase, bpr, rows[r], g, s, head[r], wv, sc, mn);
+                for (uint c = 0u; c < MM_BT; ++c) acc[r][c] += swarDot(wv, sc, mn, xp[c], dx[c], sx[c]);
             }
         }
     }

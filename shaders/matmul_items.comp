@@ -60,9 +60,7 @@ void main() {
     [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
         [[unroll]] for (uint c = 0u; c < MI_C; ++c) acc[r][c] = 0.0;
     }
-#if defined(WTYPE_Q4_0) && defined(MI_INT8)
-    // `_iq`, Q4_0: a block's integer sum, less 8 times the sum of its x, times d and dx.
-#elif defined(WTYPE_Q4_0)
+#if defined(WTYPE_Q4_0) && !defined(MI_INT8)
     // Q4_0's masked decode: a quant word's nibbles stay in place, masked per byte, and x is
     // pre-scaled by each nibble's place value (exact powers of two).
     const uvec4 kNib = uvec4(0xFu, 0xF00u, 0xF0000u, 0xF000000u);
@@ -103,9 +101,7 @@ void main() {
 #ifdef MI_INT8
                 ivec4 wv[4];
                 swarPairs(q, wv);
-                [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                    acc[r][c] += (d * dx[c]) * float(swarSum(swarProducts(wv, xp[c])) - 8 * sx[c]);
-                }
+                [[unroll]] for (uint c = 0u; c < MI_C; ++c) acc[r][c] += swarDot(wv, d, xp[c], dx[c], sx[c]);
 #else
                 vec4 lo[4], hi[4];
                 [[unroll]] for (uint j = 0u; j < 4u; ++j) {
@@ -156,10 +152,7 @@ void main() {
                         const vec2 sc = q6Scales(head[r], hh, k);
                         ivec4 wv[4];
                         swarPairs(q6Bytes(la[r], ha[r], k), q6Bytes(lb[r], hb[r], k), wv);
-                        [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                            const ivec2 h = swarHalves(swarProducts(wv, xp[c]));
-                            acc[r][c] += dx[c] * (sc.x * float(h.x) + sc.y * float(h.y));
-                        }
+                        [[unroll]] for (uint c = 0u; c < MI_C; ++c) acc[r][c] += swarDot(wv, sc, xp[c], dx[c]);
                     }
 #else
                     vec4 xl[MI_C][8];
@@ -196,8 +189,7 @@ void main() {
         }
     }
 #elif (defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)) && defined(MI_INT8)
-    // `_iq`, Q4_K and Q5_K: a block's integer sum times its scale, plus its min times the sum of its x,
-    // times dx.
+    // `_iq`, Q4_K and Q5_K (common/swar.glsl swarBlock, swarDot).
     for (uint g = 0u; g < bpr; ++g) {
         WHead head[MI_R];
         [[unroll]] for (uint r = 0u; r < MI_R; ++r) wHead(wbase, bpr, rows[r], g, head[r]);
@@ -209,20 +201,10 @@ void main() {
             int sx[MI_C];
             [[unroll]] for (uint c = 0u; c < MI_C; ++c) xqBlock(xb[c], g, s, xp[c], dx[c], sx[c]);
             [[unroll]] for (uint r = 0u; r < MI_R; ++r) {
-                const uvec2 sm = kScaleMin(head[r].t0, s);
-                const float sc = halfOf(head[r].t0, 0u) * float(sm.x), mn = -halfOf(head[r].t0, 1u) * float(sm.y);
                 ivec4 wv[4];
-#if defined(WTYPE_Q4_K)
-                const uint qt = 1u + 2u * (s >> 1);
-                swarPairs(wTexel(wbase, bpr, rows[r], g, qt), wTexel(wbase, bpr, rows[r], g, qt + 1u), 4u * (s & 1u), wv);
-#else
-                const uint qt = 3u + 2u * (s >> 1);
-                swarPairs(wTexel(wbase, bpr, rows[r], g, qt), wTexel(wbase, bpr, rows[r], g, qt + 1u), head[r].t1,
-                          head[r].t2, 4u * (s & 1u), s, wv);
-#endif
-                [[unroll]] for (uint c = 0u; c < MI_C; ++c) {
-                    acc[r][c] += dx[c] * (sc * float(swarSum(swarProducts(wv, xp[c]))) + mn * float(sx[c]));
-                }
+                float sc, mn;
+                swarBlock(wbase, bpr, rows[r], g, s, head[r], wv, sc, mn);
+                [[unroll]] for (uint c = 0u; c < MI_C; ++c) acc[r][c] += swarDot(wv, sc, mn, xp[c], dx[c], sx[c]);
             }
         }
     }

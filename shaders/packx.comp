@@ -2,9 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 // PACKX: rounds a matmul's x to int8 once per input for the int8 kernels of CPU drivers (Q4_0,
-// Q4_K, Q6_K: `_b1q` and `_q` in matmul.comp, `_iq` in matmul_items.comp), where `_iq` had rounded
-// it again in every workgroup of rows (measured on lavapipe: half of that kernel's time went to
-// gathering and rounding x). The plan records it before the first MATMUL over an x, with the same
+// Q4_K, Q5_K, Q6_K: `_b1q` and `_q` in matmul.comp, `_iq` in matmul_items.comp), where `_iq` had
+// rounded it again in every workgroup of rows (measured on lavapipe: half of that kernel's time
+// went to gathering and rounding x). The plan records it before the first MATMUL over an x, with the same
 // block and mode (host/machine_plan.cpp); it is not a Blue-IR instruction: the MATMUL's result is
 // the program's, this only carries it.
 // Each block of 32 is rounded as `_tq` rounds it (step max |x| / 127, round to nearest even) and

@@ -24,9 +24,8 @@ ivec4 swarProducts(ivec4 wv[4], ivec4 xp[4]) {
     return wv[0] * xp[0] + wv[1] * xp[1] + wv[2] * xp[2] + wv[3] * xp[3];
 }
 
-// The block's integer sum from its products (swarSum; Q6_K: swarHalves), each high half rounded
-// past the low halves' cross terms. 4-bit levels (0..15): two high halves of 16 terms each
-// (|w x| <= 15 * 127: under 2^15).
+// A block's integer sum from its products, each high half rounded past the low halves' cross
+// terms. 4-bit levels (0..15): two high halves of 16 terms each (|w x| <= 15 * 127: under 2^15).
 int swarSum4(ivec4 a) {
     const ivec2 h = ((a.xz + a.yw) + 32768) >> 16;
     return h.x + h.y;
@@ -37,30 +36,46 @@ int swarSum4(ivec4 a) {
 void swarPairs(uvec4 q, out ivec4 wv[4]) {
     for (uint i = 0u; i < 4u; ++i) wv[i] = ivec4((uvec4(q[i]) >> uvec4(0u, 8u, 4u, 12u)) & 0x000F000Fu);
 }
-int swarSum(ivec4 a) { return swarSum4(a); }
-#elif defined(WTYPE_Q4_K)
-// Q4_K's block: its 32 levels are the nibbles at `shift` of texels a (elements 0..15) and b (16..31).
-void swarPairs(uvec4 a, uvec4 b, uint shift, out ivec4 wv[4]) {
+// A block's product with one item's x: its integer sum, less 8 times the sum of x's levels, times
+// the block's scale d and x's step dx.
+float swarDot(ivec4 wv[4], float d, ivec4 xp[4], float dx, int sx) {
+    return (d * dx) * float(swarSum4(swarProducts(wv, xp)) - 8 * sx);
+}
+#elif defined(WTYPE_Q4_K) || defined(WTYPE_Q5_K)
+// Block s of gblock g of a row whose header is h: its levels as pairs, its scale and its min
+// (wGroup's, as integers). Q4_K: the nibbles at 4 (s & 1) of its two quant texels (elements
+// 0..15, 16..31); Q5_K: the same with bit s of the high-bit texels h.t1, h.t2 above them (0..31).
+void swarBlock(uint base, uint bpr, uint row, uint g, uint s, WHead h, out ivec4 wv[4], out float sc,
+               out float mn) {
+    const uvec2 sm = kScaleMin(h.t0, s);
+    sc = halfOf(h.t0, 0u) * float(sm.x);
+    mn = -halfOf(h.t0, 1u) * float(sm.y);
+#if defined(WTYPE_Q4_K)
+    const uint qt = 1u + 2u * (s >> 1);
+#else
+    const uint qt = 3u + 2u * (s >> 1);
+#endif
+    const uvec4 a = wTexel(base, bpr, row, g, qt), b = wTexel(base, bpr, row, g, qt + 1u);
     for (uint i = 0u; i < 4u; ++i) {
-        wv[i] = ivec4((uvec4(a[i], a[i], b[i], b[i]) >> (uvec4(0u, 8u, 0u, 8u) + shift)) & 0x000F000Fu);
+        uvec4 w = (uvec4(a[i], a[i], b[i], b[i]) >> (uvec4(0u, 8u, 0u, 8u) + 4u * (s & 1u))) & 0x000F000Fu;
+#if defined(WTYPE_Q5_K)
+        w |= ((uvec4(h.t1[i], h.t1[i], h.t2[i], h.t2[i]) >> (uvec4(0u, 8u, 0u, 8u) + s)) & 0x00010001u) << 4;
+#endif
+        wv[i] = ivec4(w);
     }
 }
-int swarSum(ivec4 a) { return swarSum4(a); }
-#elif defined(WTYPE_Q5_K)
-// Q5_K's block: Q4_K's nibbles with bit s of the high-bit texels h1 (elements 0..15) and h2
-// (16..31) above them: levels 0..31.
-void swarPairs(uvec4 a, uvec4 b, uvec4 h1, uvec4 h2, uint shift, uint s, out ivec4 wv[4]) {
-    for (uint i = 0u; i < 4u; ++i) {
-        const uvec4 lo = (uvec4(a[i], a[i], b[i], b[i]) >> (uvec4(0u, 8u, 0u, 8u) + shift)) & 0x000F000Fu;
-        const uvec4 hi = (uvec4(h1[i], h1[i], h2[i], h2[i]) >> (uvec4(0u, 8u, 0u, 8u) + s)) & 0x00010001u;
-        wv[i] = ivec4(lo | (hi << 4));
-    }
-}
-// 5-bit levels: |w x| <= 31 * 127, so the four components' high halves (8 terms each) are
-// rounded apart and then added.
-int swarSum(ivec4 a) {
+// A block's product with one item's x: its integer sum times the scale, plus the min times the
+// sum of x's levels, times x's step dx. Q5_K's 5-bit levels (|w x| <= 31 * 127) leave room for 8
+// terms a half only: the four components' high halves are rounded apart, then added.
+float swarDot(ivec4 wv[4], float sc, float mn, ivec4 xp[4], float dx, int sx) {
+    const ivec4 a = swarProducts(wv, xp);
+#if defined(WTYPE_Q4_K)
+    const int sum = swarSum4(a);
+#else
     const ivec4 h = (a + 32768) >> 16;
-    return (h.x + h.y) + (h.z + h.w);
+    const int sum = (h.x + h.y) + (h.z + h.w);
+#endif
+    return dx * (sc * float(sum) + mn * float(sx));
 }
 #elif defined(WTYPE_Q6_K)
 // Q6_K's group: q6Bytes' 6-bit levels of its halves qa (elements 0..15) and qb (16..31), less 32
@@ -70,9 +85,9 @@ void swarPairs(uvec4 qa, uvec4 qb, out ivec4 wv[4]) {
         wv[i] = ivec4((uvec4(qa[i], qa[i], qb[i], qb[i]) >> uvec4(0u, 8u, 0u, 8u)) & 0x003F003Fu) - 0x00200020;
     }
 }
-// The sums of the group's two halves (scales sc.x, sc.y).
-ivec2 swarHalves(ivec4 a) {
-    const ivec4 h = (a + 32768) >> 16;
-    return ivec2(h.x + h.y, h.z + h.w);
+// A group's product with one item's x: its halves' integer sums times their scales sc, times dx.
+float swarDot(ivec4 wv[4], vec2 sc, ivec4 xp[4], float dx) {
+    const ivec4 h = (swarProducts(wv, xp) + 32768) >> 16;
+    return dx * (sc.x * float(h.x + h.y) + sc.y * float(h.z + h.w));
 }
 #endif
