@@ -64,11 +64,31 @@ ValidationChecks validationChecksFromEnv() {
     return c;
 }
 
+// The loader loads the drivers for each instance and unloads them with it, and NVIDIA's driver
+// cannot be loaded again without end in one process: on an H200 (driver 580.159.04) the 31st
+// device in a row failed with VK_ERROR_INCOMPATIBLE_DRIVER, and so did every one after it, with
+// or without the validation layer. A process that rebuilds its device (a server after a device
+// loss, the C API's engines one after another) would lose the GPU for good. One instance, made
+// before the first and kept for the life of the process, holds the drivers loaded.
+void keepDriversLoaded() {
+    static const bool kept = [] {
+        VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+        app.pApplicationName = "BlueVM (keeps the drivers loaded)";
+        app.apiVersion = VK_API_VERSION_1_2;
+        VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+        ci.pApplicationInfo = &app;
+        VkInstance keeper = VK_NULL_HANDLE;
+        return vkCreateInstance(&ci, nullptr, &keeper) == VK_SUCCESS;  // never destroyed
+    }();
+    (void)kept;
+}
+
 Result<VkInstance> createInstance(bool validation, const ValidationChecks& checks = {}) {
     BLUE_TRY(initVolk());
     if (volkGetInstanceVersion() < VK_API_VERSION_1_2) {
         return Status::error("the Vulkan loader is older than 1.2; BlueVM needs Vulkan 1.2");
     }
+    keepDriversLoaded();
     VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
     app.pApplicationName = "BlueVM";
     app.apiVersion = VK_API_VERSION_1_2;

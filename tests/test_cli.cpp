@@ -157,10 +157,12 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
         CHECK(native.rfind("kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); ", 0) == 0);
         CHECK(native.find("attention: a workgroup per head") != std::string::npos);
     }
-    CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_ATTN_KERNEL=split"})
+    CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_ATTN_KERNEL=split", "BLUE_MATMUL_INT8=0"})
               .rfind("kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); attention: a "
                      "workgroup per head",
                      0) == 0);
+    // (BLUE_MATMUL_INT8=0 above and below: a GPU with fast integer dot products names its int8
+    // GEMM between the matmul and attention shapes.)
     // BLUE_GEMM_MIN_ITEMS moves the split; a count out of range is refused naming the variable.
     CHECK(shapes({"BLUE_DECODE_KERNEL=split", "BLUE_GEMM_MIN_ITEMS=16"}).find("split K for 1-15 items, shared-memory tiles for 16+") !=
           std::string::npos);
@@ -168,7 +170,7 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
           std::string::npos);
     CHECK(shapes({"BLUE_GEMM_MIN_ITEMS=1"}).find("BLUE_GEMM_MIN_ITEMS is '1': it takes a count of items from 2 to 65535") !=
           std::string::npos);
-    CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_ATTN_KERNEL=lanes"})
+    CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_ATTN_KERNEL=lanes", "BLUE_MATMUL_INT8=0"})
               .rfind("kernel shapes: matmul: lanes over rows for 1-15 items, lanes over items (block types) or register tiles (F32, F16, BF16) for 16+, 16-64 lanes a "
                      "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head",
                      0) == 0);

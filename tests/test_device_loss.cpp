@@ -107,6 +107,25 @@ Result<std::string> loadAndGenerate(Engine& e, const GenerationRequest& r) {
     return out.value()[0].text;
 }
 
+// A server rebuilds its device after each loss: one process makes and destroys many devices.
+TEST_CASE("device loss: one process makes its device 40 times over and generates on each") {
+    EngineOptions eo;
+    eo.ctx = 64;
+    auto engine = Engine::open(stories(), eo);
+    REQUIRE_MESSAGE(engine.isOk(), engine.message());
+    Engine& e = *engine.value();
+    const GenerationRequest req = greedy(e, "Once upon a time", 8);
+    auto first = e.run({req});
+    REQUIRE_MESSAGE(first.isOk(), first.message());
+    for (int i = 0; i < 40; ++i) {
+        CAPTURE(i);
+        auto again = loadAndGenerate(e, req);
+        REQUIRE_MESSAGE(again.isOk(), again.message());
+        CHECK(again.value() == first.value()[0].text);
+    }
+    CHECK(e.validationErrors() == 0u);
+}
+
 TEST_CASE(
     "device loss: injected at the checked calls of loading and generating, reported, recovered") {
     FaultScope scope;
