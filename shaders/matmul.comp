@@ -109,10 +109,12 @@ void splitMatmul(uint K, uint N, uint xb[MM_BT], uint out_at[MM_BT], uint count,
     }
     const uint out_row = gl_WorkGroupID.y * BLUE_MATMUL_SPLIT_ROWS + lid;
     if (lid < BLUE_MATMUL_SPLIT_ROWS && out_row < N) {
-        for (uint c = 0u; c < count; ++c) {
-            float v = s_part[c][lid];
-            if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dpage].d[out_at[c] + out_row]);
-            page_f[dpage].d[out_at[c] + out_row] = v;
+        [[unroll]] for (uint c = 0u; c < MM_BT; ++c) {  // constant indices into out_at (see the rows kernel's store)
+            if (c < count) {
+                float v = s_part[c][lid];
+                if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dpage].d[out_at[c] + out_row]);
+                page_f[dpage].d[out_at[c] + out_row] = v;
+            }
         }
     }
 }
