@@ -368,6 +368,7 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
     // lavapipe (llvmpipe's gallivm) stops every loop of an invocation once 65535 iterations have
     // run in it, silently: the plan keeps each kernel's worst case under that.
     k.loop_limit = deviceLoopLimit(info.cpu);
+    k.sample_history = options.sample_history;
     using IM = GpuOptions::Int8Matmul;
     if (options.int8_matmul == IM::AUTO) {
         // (A profile may turn the feature off and leave the property: both must hold.)
@@ -415,7 +416,7 @@ Result<std::string> describeKernelShapes(const GpuOptions& options, const Device
                                  ")"
                            : std::string("")) +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head") +
-           (k->loop_limit != 0 ? strFormat("; sampling: 64 lanes up to %u tokens, else 256", kNarrowSampleVocab) : "");
+           (k->loop_limit != 0 ? strFormat("; sampling: 8-64 lanes up to %u tokens, else 8-256, the fewest whose walks fit the loop limit over the model's context", kNarrowSampleVocab) : "");
 }
 
 Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& pipelines,

@@ -29,6 +29,9 @@ namespace blue {
 
 struct GpuOptions {
     uint32_t instances = 1;
+    // The longest history a SAMPLE's penalties can walk (an LLM's context; 0: unknown). On a CPU
+    // driver it lets sampling run on fewer lanes (sampleWidth) without shortening any window.
+    uint32_t sample_history = 0;
     uint64_t max_cycles = 1000000;
     uint32_t chain_cycles = 64;       // K: cycles recorded in each chain
     uint32_t chains = 2;              // chains leapfrogging (1..BLUE_MAX_CHAINS)

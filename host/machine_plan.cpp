@@ -270,13 +270,18 @@ uint32_t maxGrammarWords(uint32_t loop_limit) {
     return loop_limit >= 7168 ? (loop_limit + 1 - 7168) & ~3u : 0;  // 58,368 for lavapipe
 }
 
-uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab) {
+namespace {
+
+// maxPenaltyWindow at a given width.
+uint32_t penaltyWindowAt(uint32_t loop_limit, uint32_t n_vocab, uint64_t lanes) {
     if (loop_limit == 0) return UINT32_MAX;
     // SAMPLE's other walks: about 60 over the row, 8 logits per lane an iteration (row statistics,
-    // top-k/top-p passes, top log-probabilities, the draw), and a grammar's mask, up to 17
-    // iterations per 4 tokens per lane; then 64 of margin, as attnLoops keeps.
-    const uint64_t lanes = sampleWidth(loop_limit, n_vocab), n = n_vocab;
-    const uint64_t rest = 60 * ((n + 8 * lanes - 1) / (8 * lanes)) + 70 * ((n + 4 * lanes - 1) / (4 * lanes)) + 64;
+    // top-k/top-p passes, top log-probabilities, the draw), a grammar's mask, up to 17 iterations
+    // per 4 tokens per lane, and the radix selects' histograms, 256 bins cleared by the lanes in
+    // each of 8 passes; then 64 of margin, as attnLoops keeps.
+    const uint64_t n = n_vocab;
+    const uint64_t rest = 60 * ((n + 8 * lanes - 1) / (8 * lanes)) + 70 * ((n + 4 * lanes - 1) / (4 * lanes)) +
+                          8 * ((256 + lanes - 1) / lanes) + 64;
     if (rest >= loop_limit) return 0;
     const uint64_t budget = loop_limit - rest;
     // applyPenalties: ceil(W / lanes) window positions per invocation, each walking the window 16
@@ -292,8 +297,22 @@ uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab) {
     return uint32_t(lo);
 }
 
-uint32_t sampleWidth(uint32_t loop_limit, uint32_t n_vocab) {
-    return loop_limit != 0 && n_vocab <= kNarrowSampleVocab ? 64 : 256;
+}  // namespace
+
+uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab, uint32_t history) {
+    return penaltyWindowAt(loop_limit, n_vocab, sampleWidth(loop_limit, n_vocab, history));
+}
+
+uint32_t sampleWidth(uint32_t loop_limit, uint32_t n_vocab, uint32_t history) {
+    if (loop_limit == 0) return 256;
+    const uint32_t widest = n_vocab <= kNarrowSampleVocab ? 64 : 256;
+    if (history == 0) return widest;
+    const uint32_t need = std::min(history, penaltyWindowAt(loop_limit, n_vocab, widest));
+    for (uint32_t w = 8; w < widest; w *= 2) {
+        const uint32_t window = penaltyWindowAt(loop_limit, n_vocab, w);
+        if (window > 0 && window >= need) return w;  // (0: the walks alone pass the limit)
+    }
+    return widest;
 }
 
 uint32_t matmulWidth(uint64_t rows, uint32_t r) {
@@ -791,7 +810,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
             // Narrow workgroups where the device pays for idle lanes (sampleWidth); RMSNORM a lane per item.
             uint32_t width = 0;
             if (ti.op == Op::SAMPLE || ti.op == Op::SAMPLEG || ti.op == Op::SAMPLEQ) {
-                const uint32_t w = sampleWidth(kernels.loop_limit, uint32_t(dst.ne[0]));
+                const uint32_t w = sampleWidth(kernels.loop_limit, uint32_t(dst.ne[0]), kernels.sample_history);
                 if (w != 256) width = w;
             } else if (ti.op == Op::RMSNORM && base.pipeline == "rmsnorm") {
                 base.tile = BLUE_RMS_ITEMS;  // a lane per item (shaders/rmsnorm.comp)
@@ -874,6 +893,17 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 switch (info.grid) {
                     case Grid::ELEM:
                         d.fixed = uint32_t((n + BLUE_ELEM_WG - 1) / BLUE_ELEM_WG);
+                        // A small model's ROPE or KV store needs a few lanes an item (stories260K:
+                        // 8 and 2): several items share a workgroup, each on a power of two of its
+                        // lanes (common/tensor.glsl elemItem), where one each left most lanes
+                        // idle and lavapipe pays per workgroup.
+                        if ((ti.op == Op::ROPE || ti.op == Op::ROPEQK || ti.op == Op::KVSTORE ||
+                             ti.op == Op::KVSTOREP) && n <= BLUE_ELEM_WG / 2) {
+                            uint32_t lanes = 1;
+                            while (lanes < n) lanes <<= 1;
+                            d.tile = BLUE_ELEM_WG / lanes;
+                            d.push[BLUE_PC_TILE] = d.tile;
+                        }
                         break;
                     case Grid::MATMUL: {
                         uint32_t rows =

@@ -233,6 +233,8 @@ struct KernelChoice {
     // CPU-driver shapes `_iq` after a PACKX of its x for the types that have one (Q4_0, Q4_K, Q5_K, Q6_K;
     // where planPackedX made the region), the other types keeping `_i`.
     bool int8_matmul = false;
+    // SAMPLE's longest history (GpuOptions::sample_history): its width (sampleWidth).
+    uint32_t sample_history = 0;
 };
 
 // The item count from which a batched MATMUL runs the GEMM unless BLUE_GEMM_MIN_ITEMS says
@@ -251,19 +253,23 @@ constexpr uint32_t deviceLoopLimit(bool cpu_driver) { return cpu_driver ? 65535u
 
 // The longest window of history tokens SAMPLE's repetition penalties can walk within a loop limit
 // (0: no limit, UINT32_MAX returned), after the walks over a vocabulary of n_vocab tokens the rest
-// of sampling (and a grammar's mask) takes, at sampleWidth's lanes. shaders/sample.comp
-// applyPenalties has the count.
-uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab);
+// of sampling (and a grammar's mask) takes, at sampleWidth's lanes for that history (below).
+// shaders/sample.comp applyPenalties has the count.
+uint32_t maxPenaltyWindow(uint32_t loop_limit, uint32_t n_vocab, uint32_t history = 0);
 
 // Narrow workgroups for CPU drivers. lavapipe runs a workgroup's lanes eight at a time whether they
 // have work or not, so a kernel sized for a GPU's wide rows spends most of a small row's dispatch
 // on idle lanes (README, Measured: narrow workgroups). These pick the kernels' widths there
 // ("kernel@W", host/pipelines.h); devices without a loop limit (GPUs) keep the built widths.
 //
-// SAMPLE, SAMPLEG, SAMPLEQ: 64 lanes for vocabularies up to kNarrowSampleVocab on a CPU driver
-// (every walk then still fits the loop limit with room for penalties), else the built 256.
+// SAMPLE, SAMPLEG, SAMPLEQ on a CPU driver: without a history length, 64 lanes for vocabularies
+// up to kNarrowSampleVocab (every walk then still fits the loop limit with room for penalties),
+// else the built 256; with one (`history`: the longest a request can have, a model's context),
+// the narrowest of 8, 16, 32 ... up to that width whose penalties still reach min(history, that
+// width's window): fewer lanes with longer walks, which lavapipe runs faster (its barriers switch
+// between a workgroup's groups of eight lanes), and no window a request could ask for is lost.
 constexpr uint32_t kNarrowSampleVocab = 4096;
-uint32_t sampleWidth(uint32_t loop_limit, uint32_t n_vocab);
+uint32_t sampleWidth(uint32_t loop_limit, uint32_t n_vocab, uint32_t history = 0);
 // The lanes-over-rows MATMUL kernels (`_b1`, the 4-item tile, `_g`) over `rows` rows of `r` rows
 // per lane: the widest of 64, 32 and 16 (kNarrowMatmulWg) lanes whose last workgroup leaves at most
 // a fifth of the rows it computes clamped (64 x 4 lanes' rows for a 64-row matrix computed one row

@@ -28,7 +28,7 @@ void main() {
     TRef v = tref(BLUE_PC_OPERANDS + 8u);
     TRef vc = tref(BLUE_PC_OPERANDS + 12u);
     uint arg = pc.w[BLUE_PC_OPERANDS + 16u];
-    uint i = gl_GlobalInvocationID.x, item = gl_WorkGroupID.y;
+    uint i = elemIndex(), item = elemItem();
 #ifdef CACHE_F16
     uint count = k.n / 2u;
 #else

@@ -33,7 +33,7 @@ void rotateHeads(TRef dst, TRef src, uint item, uint h0, uint h1, uint i0, uint 
 void main() {
     TRef a = tref(BLUE_PC_OPERANDS);
     TRef b = tref(BLUE_PC_OPERANDS + 4u);
-    uint item = gl_WorkGroupID.y;
+    uint item = elemItem();
     if (item >= itemCount()) return;
     TRef ff = tref(BLUE_PC_OPERANDS + 8u);
     uint arg = pc.w[BLUE_PC_OPERANDS + 12u], head = pc.w[BLUE_PC_OPERANDS + 13u];
@@ -41,8 +41,8 @@ void main() {
     float base = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 16u]);
     float scale = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 17u]);
     uint half_head = head / 2u, half_rot = n_rot / 2u;
-    uint j = gl_GlobalInvocationID.x % half_head;
-    uint h0 = gl_GlobalInvocationID.x / half_head * BLUE_ROPE_HEADS;
+    uint j = elemIndex() % half_head;
+    uint h0 = elemIndex() / half_head * BLUE_ROPE_HEADS;
     uint qh = a.n / head;
 #ifdef ROPE_QK
     uint heads = qh + b.n / head;

@@ -85,7 +85,7 @@ bool grAllowsInfo(uint state, uint info) {
 // The byte classes into shared memory (grClass reads them): before any walk.
 void stageClasses() {
     uint lid = gl_LocalInvocationID.x;
-    if (lid < 64u) s_class[lid] = grWord(BLUE_GR_CLASS_MAP + lid);
+    for (uint i = lid; i < 64u; i += SAMPLE_WG) s_class[i] = grWord(BLUE_GR_CLASS_MAP + i);
     barrier();
 }
 

@@ -151,8 +151,8 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
     }
     if (device.find("(CPU)") != std::string::npos) {
         CHECK(native == "kernel shapes: matmul: lanes over rows for 1-15 items, lanes over items (block types) or register tiles (F32, F16, BF16) for 16+, 16-64 lanes a "
-                        "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head; sampling: 64 "
-                        "lanes up to 4096 tokens, else 256");
+                        "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head; sampling: 8-64 "
+                        "lanes up to 4096 tokens, else 8-256, the fewest whose walks fit the loop limit over the model's context");
     } else {  // a GPU (with the int8 GEMM named between them where its integer dot products are fast)
         CHECK(native.rfind("kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); ", 0) == 0);
         CHECK(native.find("attention: a workgroup per head") != std::string::npos);

@@ -861,21 +861,28 @@ TEST_CASE("plan: maxPenaltyWindow is the longest window whose walk stays under t
     auto loops = [](uint64_t w, uint64_t lanes) {
         return (w + lanes - 1) / lanes * ((w + 15) / 16 + 1) + (w + lanes - 1) / lanes + 1;
     };
-    // At 32,000 tokens (256 lanes) the rest of sampling takes 60 * 16 + 70 * 32 + 64 = 3,264: the
-    // window is the longest that fits beside it.
+    // At 32,000 tokens (256 lanes) the rest of sampling takes 60 * 16 + 70 * 32 + 8 * 1 + 64 =
+    // 3,272: the window is the longest that fits beside it.
     CHECK(llama > 14000);
-    CHECK(loops(llama, 256) + 3264 <= 65535);
-    CHECK(loops(llama + 1, 256) + 3264 > 65535);
+    CHECK(loops(llama, 256) + 3272 <= 65535);
+    CHECK(loops(llama + 1, 256) + 3272 > 65535);
     // A larger vocabulary leaves less of the limit for the window.
     CHECK(qwen < llama);
     CHECK(qwen > 12000);
-    CHECK(loops(qwen, 256) + 60 * (152064 / 2048 + 1) + 70 * (152064 / 1024 + 1) + 64 <= 65535);
+    CHECK(loops(qwen, 256) + 60 * (152064 / 2048 + 1) + 70 * (152064 / 1024 + 1) + 8 + 64 <= 65535);
     // A small vocabulary samples on 64 lanes (sampleWidth), so each lane walks 4 times the window
-    // positions: at 512 tokens the rest takes 60 + 70 * 2 + 64 = 264.
+    // positions: at 512 tokens the rest takes 60 + 70 * 2 + 8 * 4 + 64 = 296.
     const uint32_t small = maxPenaltyWindow(65535, 512);
     CHECK(small > 8000);
-    CHECK(loops(small, 64) + 264 <= 65535);
-    CHECK(loops(small + 1, 64) + 264 > 65535);
+    CHECK(loops(small, 64) + 296 <= 65535);
+    CHECK(loops(small + 1, 64) + 296 > 65535);
+    // Given the longest history a request can have (a model's context), sampling takes the fewest
+    // lanes whose window still covers it, or the widest's window: the same requests fit.
+    CHECK(maxPenaltyWindow(65535, 512, 512) >= 512);
+    CHECK(maxPenaltyWindow(65535, 512, 1u << 20) == small);
+    CHECK(maxPenaltyWindow(65535, 32000, 4096) >= 4096);
+    CHECK(maxPenaltyWindow(65535, 32000, 1u << 20) == llama);
+    CHECK(maxPenaltyWindow(0, 32000, 4096) == UINT32_MAX);
     // A vocabulary whose own walks take the whole limit leaves no window.
     CHECK(maxPenaltyWindow(65535, 1u << 30) == 0);
 }
@@ -1031,6 +1038,23 @@ TEST_CASE("plan: kernels run narrow on a CPU driver where wide workgroups would 
     CHECK(sampleWidth(65535, kNarrowSampleVocab) == 64);
     CHECK(sampleWidth(65535, kNarrowSampleVocab + 1) == 256);
     CHECK(sampleWidth(0, 512) == 256);
+    // With the longest history (the context): the fewest lanes, from 8, whose penalty window
+    // still reaches it (or the widest width's window); no limit, no narrowing.
+    CHECK(sampleWidth(65535, 512, 512) == 8);          // stories260K at its context
+    CHECK(sampleWidth(65535, 512, 1u << 20) == 64);    // past the widest's window: the widest
+    CHECK(sampleWidth(65535, 32000, 64) == 16);        // 8 lanes' own walks pass the limit
+    CHECK(sampleWidth(65535, 32000, 2048) == 32);
+    CHECK(sampleWidth(65535, 32000, 1u << 20) == 256);
+    CHECK(sampleWidth(0, 512, 512) == 256);
+    for (uint32_t history : {64u, 512u, 2048u, 8192u}) {
+        for (uint32_t vocab : {512u, 4096u, 32000u, 152064u}) {
+            CAPTURE(history);
+            CAPTURE(vocab);
+            const uint32_t w = sampleWidth(65535, vocab, history);
+            CHECK(maxPenaltyWindow(65535, vocab, history) >= std::min(history, maxPenaltyWindow(65535, vocab)));
+            CHECK(w <= sampleWidth(65535, vocab));
+        }
+    }
     // In a plan: the width is in the kernel's name and the grid follows it; GPU shapes keep their
     // own kernels at the widths they were built with.
     Module m = assembleOrFail(R"(.layout regs=4 max_rows=8 local=64

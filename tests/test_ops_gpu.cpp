@@ -486,13 +486,13 @@ void runOpCase(Op op) {
             for (DType t : kernelTypes("attnx", kCacheTypes)) attnxCase(t);
             return;
         case Op::SAMPLE:
-            sampleCase();
+            for (uint32_t h : kSampleHistories) sampleCase(h);
             return;
         case Op::SAMPLEQ:
-            sampleqCase();
+            for (uint32_t h : kSampleHistories) sampleqCase(h);
             return;
         case Op::SAMPLEG:
-            samplegCase();
+            for (uint32_t h : kSampleHistories) samplegCase(h);
             return;
         case Op::SPEC:
             specCase();

@@ -39,10 +39,13 @@ void kvstorepCase(DType cache); // test_ops_gpu_kvpages.cpp
 void attnpCase(DType cache);    // test_ops_gpu_kvpages.cpp
 void pgcopyCase(DType cache);   // test_ops_gpu_kvpages.cpp
 void kvcopypCase(DType cache);  // test_ops_gpu_kvpages.cpp
-void sampleCase();              // test_ops_gpu_sample.cpp (runs sampleTopCase too)
+// The sampling cases run once per history length in kSampleHistories (GpuOptions::sample_history:
+// on a CPU driver, sampling's width; at vocabularies of 2,000 tokens 64, 8, 16 and 32 lanes).
+inline constexpr uint32_t kSampleHistories[] = {0, 64, 3500, 5000};
+void sampleCase(uint32_t history);   // test_ops_gpu_sample.cpp (with history 0: sampleTopCase too)
 void sampleTopCase();           // test_ops_gpu_sample.cpp
-void samplegCase();             // test_ops_gpu_sampleg.cpp
-void sampleqCase();             // test_ops_gpu_spec.cpp
+void samplegCase(uint32_t history);  // test_ops_gpu_sampleg.cpp
+void sampleqCase(uint32_t history);  // test_ops_gpu_spec.cpp
 void specCase();                // test_ops_gpu_spec.cpp
 void scoreCase();               // test_ops_gpu_spec.cpp
 void moerouteCase();            // test_ops_gpu_moe.cpp

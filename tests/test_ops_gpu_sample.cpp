@@ -156,9 +156,10 @@ double entropyOf(const float* d) {
     return std::log(z) - zl / z;
 }
 
-std::vector<OutputRecord> runGpuAgain(const BothMachines& b, uint32_t instances) {
+std::vector<OutputRecord> runGpuAgain(const BothMachines& b, uint32_t instances, uint32_t history) {
     GpuOptions opt;
     opt.instances = instances;
+    opt.sample_history = history;
     opt.max_cycles = 1000;
     opt.chain_cycles = 8;
     auto g = GpuMachine::create(*gpu().device, *gpu().pipelines, *b.module, *b.weights, opt);
@@ -393,7 +394,9 @@ void samplePenaltyWindowCase(uint32_t vocab, uint32_t least_window) {
     }
 }
 
-void sampleCase() {
+void sampleCase(uint32_t history) {
+    CAPTURE(history);
+    CAPTURE(sampleWidth(deviceLoopLimit(true), kLogits, history));
     OpModule om(kDists, kInstances, kTokens + 8, 0x5A3);
     std::vector<float> dists = distributions(om);
     uint32_t rows = om.rowsInput("logit_rows", kLogits, dists);
@@ -402,11 +405,11 @@ void sampleCase() {
     om.step(Op::SAMPLE, {logits, BLUE_FA_SAMPLING});
     om.outputsAfterRun();
     Module m = om.build(samplePlans(om, dists));
-    auto both = runOnBoth(m, kInstances);
+    auto both = runOnBoth(m, kInstances, nullptr, 0, [history](GpuOptions& o) { o.sample_history = history; });
     if (!both) return;  // refused under a device profile (runOnBoth said why)
     // Deterministic: each instance writes the same records again (instances interleave their
     // records in the ring in whatever order they reach it).
-    std::vector<OutputRecord> again = runGpuAgain(*both, kInstances);
+    std::vector<OutputRecord> again = runGpuAgain(*both, kInstances, history);
     for (uint32_t i = 0; i < kInstances; ++i) {
         CHECK(recordsOf(again, i) == recordsOf(both->gpu_report.output, i));
     }
@@ -434,6 +437,7 @@ void sampleCase() {
     CHECK(t.logprob.normalised() <= bound);
     opMeasures().push_back({"SAMPLE entropy", t.entropy.normalised(), bound});
     opMeasures().push_back({"SAMPLE logprob", t.logprob.normalised(), bound});
+    if (history != 0) return;
     sampleTopCase();
     samplePenaltyWindowCase(32768, 15000);
     samplePenaltyWindowCase(kNarrowSampleVocab, 7500);

@@ -17,6 +17,7 @@
 #include <bit>
 #include <cstring>
 
+#include "host/machine_plan.h"
 #include "tests/gpu_fixture.h"
 #include "tests/test_ops_gpu.h"
 #include "tests/vm_programs.h"
@@ -173,7 +174,9 @@ void samplegNothingAllowedCase() {
 
 }  // namespace
 
-void samplegCase() {
+void samplegCase(uint32_t history) {
+    CAPTURE(history);
+    CAPTURE(sampleWidth(deviceLoopLimit(true), kVocab, history));
     OpModule om(kDists, kInstances, 256, 0x6A7);
     std::vector<float> dists = om.random(size_t(kDists) * kVocab, -3, 3);
     dists[kVocab + 2] = 8.0f;  // the end token leads distribution 1
@@ -204,7 +207,7 @@ void samplegCase() {
     }
     Module m = om.build(plans);
     putTokenTable(m, st.bytes, table);
-    auto both = runOnBoth(m, kInstances);
+    auto both = runOnBoth(m, kInstances, nullptr, 0, [history](GpuOptions& o) { o.sample_history = history; });
     if (!both) return;  // refused under a device profile (runOnBoth said why)
     uint32_t stochastic = 0, agree = 0, end_draws = 0, moved = 0;
     for (uint32_t i = 0; i < kInstances; ++i) {
@@ -241,7 +244,7 @@ void samplegCase() {
         CHECK(both->gpuBytes(grammar) == both->refBytes(grammar));
         expectClose(*both, logits, 0, 1e-6, "SAMPLEG logits (masked in place)");
     }
-    samplegNothingAllowedCase();
+    if (history == 0) samplegNothingAllowedCase();
 }
 
 }  // namespace blue::test

@@ -50,7 +50,8 @@ std::vector<float> draftDistribution(std::mt19937& rng) {
 
 }  // namespace
 
-void sampleqCase() {
+void sampleqCase(uint32_t history) {
+    CAPTURE(history);
     OpModule om(kVocab, kInstances, kTokens + 8, 0x5A4);
     uint32_t rows = om.rowsInput("logit_rows", kVocab, -3, 3);
     uint32_t logits = om.tensor("logits", BLUE_TC_INSTANCE, DType::F32, {kVocab});
@@ -66,7 +67,7 @@ void sampleqCase() {
         plans[i].local_words.push_back({BLUE_LM_SAMPLING + BLUE_SP_ROW, i % 5});  // row 4: none
     }
     Module m = om.build(plans);
-    auto both = runOnBoth(m, kInstances);
+    auto both = runOnBoth(m, kInstances, nullptr, 0, [history](GpuOptions& o) { o.sample_history = history; });
     if (!both) return;
     uint32_t agree = 0, draws = 0;
     for (uint32_t i = 0; i < kInstances; ++i) {

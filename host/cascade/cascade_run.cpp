@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "compiler/gguf.h"
+#include "compiler/lower_model.h"
 #include "host/llm/engine.h"
 #include "host/machine_plan.h"
 #include "vm/abi.h"
@@ -89,7 +90,7 @@ Result<std::unique_ptr<CascadeRunner>> CascadeRunner::open(const std::string& pa
         chooseLavapipeThreads(weights);
         if (Status s = r->resetDevice(); !s) return s;
         const uint32_t limit = deviceLoopLimit(r->device_->info().cpu);
-        const uint32_t most = maxPenaltyWindow(limit, uint32_t(r->tokenizer_.vocabSize()));
+        const uint32_t most = maxPenaltyWindow(limit, uint32_t(r->tokenizer_.vocabSize()), r->historyLength());
         if (r->info_.penalty_window > most) {
             return BLUE_ERROR("%s: stage '%s' applies repetition penalties over %u tokens (repeat_last_n), and this "
                               "device applies them over at most %u (%s); give that stage repeat_last_n %u or less",
@@ -125,11 +126,17 @@ Status CascadeRunner::resetDevice() {
     return Status::ok();
 }
 
+uint32_t CascadeRunner::historyLength() const {
+    const std::string* ctx = module_.metaValue(kMetaCtx);
+    return ctx ? uint32_t(std::strtoul(ctx->c_str(), nullptr, 10)) : 0;
+}
+
 Result<std::unique_ptr<GpuMachine>> CascadeRunner::createMachine(uint32_t instances, uint32_t chain_cycles,
                                                                  uint64_t max_cycles) {
     if (!device_ || !pipelines_) return Status::error("the cascade runs on the reference interpreter or has no device");
     GpuOptions opt;
     opt.instances = instances;
+    opt.sample_history = historyLength();
     opt.max_cycles = max_cycles;
     opt.chain_cycles = chain_cycles;
     opt.max_submit_ms = options_.max_submit_ms;
@@ -180,6 +187,7 @@ Result<std::vector<CascadeResult>> CascadeRunner::run(const std::vector<CascadeT
     } else {
         GpuOptions opt;
         opt.instances = instances;
+        opt.sample_history = historyLength();
         opt.max_cycles = max_cycles;
         opt.chain_cycles = options_.chain_cycles;
         opt.max_submit_ms = options_.max_submit_ms;

@@ -158,6 +158,9 @@ public:
 private:
     CascadeRunner() = default;
     Result<std::vector<CascadeResult>> decode(std::span<const OutputRecord> records, size_t tasks) const;
+    // The longest history a stage's penalties can walk: the program's context (its largest
+    // stage's; 0 if it names none), which sets sampling's width on CPU drivers (sampleWidth).
+    uint32_t historyLength() const;
 
     CascadeRunOptions options_;
     Module module_;

@@ -299,7 +299,7 @@ Status Engine::validate(const GenerationRequest& r) const {
     const bool penalties = s.repeat_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f;
     if (penalties && hasDevice()) {
         const uint32_t limit = deviceLoopLimit(device().info().cpu);
-        const uint32_t most = maxPenaltyWindow(limit, config_.n_vocab);
+        const uint32_t most = maxPenaltyWindow(limit, config_.n_vocab, ctx_);
         const uint32_t window = std::min(s.repeat_last_n, ctx_);
         if (window > most) {
             return BLUE_ERROR("repeat_last_n %u: the penalties would walk %u tokens, and this device applies them "
@@ -314,6 +314,7 @@ Result<std::unique_ptr<GpuMachine>> Engine::createMachine(uint32_t instances, ui
                                                           uint64_t max_cycles) {
     GpuOptions opt;
     opt.instances = instances;
+    opt.sample_history = ctx_;
     opt.chain_cycles = chain_cycles;
     opt.max_cycles = max_cycles;
     opt.profile = options_.profile;

@@ -30,6 +30,17 @@ uint itemCount() {
     return ctl[blockBase() + (pc.w[BLUE_PC_MODE] == 0u ? BLUE_B_ROWS : BLUE_B_INSTS)];
 }
 
+// ELEM grids: this invocation's item and element. Items run along y, one a workgroup, or where
+// an item needs few lanes BLUE_PC_TILE of them, each on BLUE_ELEM_WG / tile lanes (the plan's
+// DispatchDesc::tile, a power of two). For kernels of BLUE_ELEM_WG lanes.
+uint elemTile() { return max(pc.w[BLUE_PC_TILE], 1u); }
+uint elemItem() {
+    return gl_WorkGroupID.y * elemTile() + gl_LocalInvocationID.x / (BLUE_ELEM_WG / elemTile());
+}
+uint elemIndex() {
+    return elemTile() == 1u ? gl_GlobalInvocationID.x : gl_LocalInvocationID.x % (BLUE_ELEM_WG / elemTile());
+}
+
 uint listBase() { return ctl[BLUE_O_LISTS] + pc.w[BLUE_PC_BLOCK] * 3u * ctl[BLUE_H_NINST]; }
 
 uint itemInstance(uint item) {
