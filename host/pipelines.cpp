@@ -133,17 +133,35 @@ std::vector<char> readPipelineCacheFile(const std::string& path) {
     return blob ? std::move(*blob) : std::vector<char>{};
 }
 
-std::optional<KernelWidth> splitKernelWidth(const std::string& name) {
-    KernelWidth k;
-    const size_t at = name.find('@');
-    k.kernel = name.substr(0, at);
-    if (at == std::string::npos) return k;
-    const std::string digits = name.substr(at + 1);
+namespace {
+
+// The count after a suffix's mark (1 to 4 digits, not 0); nothing when it is not one.
+std::optional<uint32_t> suffixCount(const std::string& digits) {
     if (digits.empty() || digits.size() > 4 || digits.find_first_not_of("0123456789") != std::string::npos) {
         return std::nullopt;
     }
-    k.width = uint32_t(std::stoul(digits));
-    if (k.width == 0) return std::nullopt;
+    const uint32_t n = uint32_t(std::stoul(digits));
+    if (n == 0) return std::nullopt;
+    return n;
+}
+
+}  // namespace
+
+std::optional<KernelWidth> splitKernelWidth(const std::string& name) {
+    KernelWidth k;
+    std::string rest = name;
+    if (const size_t hash = rest.find('#'); hash != std::string::npos) {
+        const std::optional<uint32_t> q = suffixCount(rest.substr(hash + 1));
+        if (!q) return std::nullopt;
+        k.head_quads = *q;
+        rest.resize(hash);
+    }
+    const size_t at = rest.find('@');
+    k.kernel = rest.substr(0, at);
+    if (at == std::string::npos) return k;
+    const std::optional<uint32_t> w = suffixCount(rest.substr(at + 1));
+    if (!w) return std::nullopt;
+    k.width = *w;
     return k;
 }
 
@@ -228,10 +246,18 @@ Result<VkPipeline> Pipelines::get(const std::string& name) {
     pi.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
     pi.stage.module = module;
     pi.stage.pName = "main";
-    // A width asked for in the name: the workgroup's lanes (shaders/blue_config.h BLUE_SPEC_WG).
-    VkSpecializationMapEntry entry{BLUE_SPEC_WG, 0, 4};
-    VkSpecializationInfo spec{1, &entry, 4, &k->width};
-    if (k->width != 0) pi.stage.pSpecializationInfo = &spec;
+    // A width and head quads asked for in the name: the workgroup's lanes and the attention
+    // kernels' head size (shaders/blue_config.h BLUE_SPEC_WG, BLUE_SPEC_HEAD_QUADS).
+    VkSpecializationMapEntry entries[2];
+    uint32_t values[2];
+    uint32_t n_spec = 0;
+    for (const auto [id, value] : {std::pair{uint32_t(BLUE_SPEC_WG), k->width}, std::pair{uint32_t(BLUE_SPEC_HEAD_QUADS), k->head_quads}}) {
+        if (value == 0) continue;
+        entries[n_spec] = {id, uint32_t(n_spec * 4), 4};
+        values[n_spec++] = value;
+    }
+    VkSpecializationInfo spec{n_spec, entries, n_spec * 4, values};
+    if (n_spec != 0) pi.stage.pSpecializationInfo = &spec;
     pi.layout = layout_;
     VkPipeline pipeline = VK_NULL_HANDLE;
     VkResult r = vkCreateComputePipelines(dev_.device(), cache_, 1, &pi, nullptr, &pipeline);

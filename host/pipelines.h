@@ -44,12 +44,16 @@ std::vector<char> readPipelineCacheFile(const std::string& path);
 
 // A kernel name may end in "@W": the kernel built with a variable workgroup width (its
 // `local_size_x_id` is BLUE_SPEC_WG) run with W lanes; the plan narrows kernels that way where a
-// CPU driver pays for every lane a workgroup has, busy or not (host/machine_plan.cpp).
+// CPU driver pays for every lane a workgroup has, busy or not (host/machine_plan.cpp). Then, or
+// instead, in "#Q": the attention kernels (shaders/attn.comp) specialized for heads of Q quads of
+// elements (BLUE_SPEC_HEAD_QUADS), so that their per-lane arrays have constant indices.
 struct KernelWidth {
-    std::string kernel;  // the name without "@W"
-    uint32_t width = 0;  // 0: the width the kernel was built with
+    std::string kernel;       // the name without "@W" and "#Q"
+    uint32_t width = 0;       // 0: the width the kernel was built with
+    uint32_t head_quads = 0;  // 0: not specialized (the kernel reads the head size)
 };
-// The kernel and width a name asks for; nothing when what follows '@' is not a width.
+// The kernel, width and head quads a name asks for; nothing when what follows '@' or '#' is not
+// a count.
 std::optional<KernelWidth> splitKernelWidth(const std::string& name);
 
 class Pipelines {

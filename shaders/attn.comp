@@ -29,6 +29,10 @@ layout(local_size_x = BLUE_ATTN_WG) in;
 #endif
 
 #define MAX_HEAD BLUE_ATTN_MAX_HEAD
+// The head's quads, where the plan specializes the kernel ("#Q"): the loops over quads then have
+// constant counts and o[] and qv[] constant indices, which lavapipe keeps in registers (3-5x
+// faster at head 8 than indexing them with the head size read at run time); 0 reads it.
+layout(constant_id = BLUE_SPEC_HEAD_QUADS) const uint HEAD_QUADS = 0u;
 #ifdef CACHE_F16
 #define PER_TEXEL 8u
 #else
@@ -68,7 +72,7 @@ void main() {
 #endif
     if (h >= n_head || item >= itemCount()) return;
     uint head = dst.n / n_head, kv_dim = head * n_kv;
-    uint quads = head / 4u;
+    uint quads = HEAD_QUADS != 0u ? HEAD_QUADS : head / 4u;
     uint kv_off = (h / (n_head / n_kv)) * head;
     uint inst = itemInstance(item);
 #ifdef KV_PAGED

@@ -25,6 +25,9 @@
 // The specialization constant of kernels built with a variable workgroup width (`local_size_x_id`):
 // the plan names them "kernel@W" (host/pipelines.h) to run them W lanes wide.
 #define BLUE_SPEC_WG 0
+// Specialization constant: the attention kernels' quads of elements per head (shaders/attn.comp;
+// 0: read from the push constants). The plan names it "#Q" (host/pipelines.h).
+#define BLUE_SPEC_HEAD_QUADS 1
 #define BLUE_ITEM_WG 64       // ITEM grid: invocations per item's workgroup
 #define BLUE_MATMUL_WG 64     // MATMUL grid: invocations per workgroup
 #define BLUE_MATMUL_TILE 4    // MATMUL grid: items per workgroup (x) in the batched variant

@@ -385,6 +385,29 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(gpu.value()[3].tile == BLUE_MATMUL_TILE);
 }
 
+TEST_CASE("pipelines: a kernel's name may ask for a width (@W) and an attention head size (#Q)") {
+    auto k = splitKernelWidth("attn_f16_split#16");
+    REQUIRE(k);
+    CHECK(k->kernel == "attn_f16_split");
+    CHECK(k->width == 0);
+    CHECK(k->head_quads == 16);
+    k = splitKernelWidth("sampleg@8");
+    REQUIRE(k);
+    CHECK(k->kernel == "sampleg");
+    CHECK(k->width == 8);
+    CHECK(k->head_quads == 0);
+    k = splitKernelWidth("attn_f16@64#2");
+    REQUIRE(k);
+    CHECK((k->kernel == "attn_f16" && k->width == 64 && k->head_quads == 2));
+    for (const char* bad : {"attn_f16#", "attn_f16#0", "attn_f16#x", "attn_f16#12345", "sample@", "sample@0#2"}) {
+        CAPTURE(bad);
+        CHECK_FALSE(splitKernelWidth(bad));
+    }
+    CHECK(Pipelines::exists("attn_f16#16"));
+    CHECK_FALSE(Pipelines::exists("attn_f16#0"));
+    CHECK_FALSE(Pipelines::exists("no_such_kernel#2"));
+}
+
 TEST_CASE("plan: an absent optional tensor and a HEADS grid") {
     Module m = assembleOrFail(R"(.layout regs=4 max_rows=4
 .tensor q rows f32 [16]
@@ -434,6 +457,16 @@ halt
     CHECK(split.value()[2].pipeline == "attn_f16_split");
     CHECK(split.value()[2].fixed == 2);
     CHECK(split.value()[0].pipeline == "rope");
+    // A CPU driver (a loop limit): specialized for heads of 2 quads, 8 elements (attn.comp
+    // HEAD_QUADS), and the ROPEs, 8 lanes an item, put 8 items in a workgroup.
+    KernelChoice cpu;
+    cpu.loop_limit = deviceLoopLimit(true);
+    Result<std::vector<DispatchDesc>> c = planDispatches(m, pages.value(), 65535, cpu);
+    REQUIRE_MESSAGE(c.isOk(), c.message());
+    CHECK(c.value()[2].pipeline == "attn_f16#2");
+    CHECK(c.value()[0].tile == 16);  // 4 frequencies of one chunk of 2 heads: 4 lanes, 16 items
+    CHECK(c.value()[0].push[BLUE_PC_TILE] == 16);
+    CHECK(c.value()[0].fixed == 1);
 }
 
 // A driver that ends an invocation's loops after 65535 iterations in all (lavapipe): attention
@@ -460,11 +493,11 @@ halt
     // Head 64, 2048 positions: 2048 x 2 x (4 + 1 + 0 + 1) + ... = 26,660 iterations per lane.
     Result<std::vector<DispatchDesc>> ok = plan(64, 2048, 65535);
     REQUIRE_MESSAGE(ok.isOk(), ok.message());
-    CHECK(ok.value()[0].pipeline == "attn_f16");
+    CHECK(ok.value()[0].pipeline == "attn_f16#16");
     // Head 256, 2048 positions: 2048 x 2 x (16 + 1 + 0 + 1) + ... = 75,907: the split kernel.
     Result<std::vector<DispatchDesc>> wide = plan(256, 2048, 65535);
     REQUIRE_MESSAGE(wide.isOk(), wide.message());
-    CHECK(wide.value()[0].pipeline == "attn_f16_split");
+    CHECK(wide.value()[0].pipeline == "attn_f16_split#64");
     CHECK(wide.value()[0].fixed == 2);
     // Head 256, 65536 positions: 2048 per lane of the split kernel, 2048 x 36 + ... > 65535.
     Result<std::vector<DispatchDesc>> cut = plan(256, 65536, 65535);
@@ -474,7 +507,7 @@ halt
     // Without a limit (a GPU) the lane-per-head kernel stays wherever it is asked for.
     Result<std::vector<DispatchDesc>> gpu = plan(256, 4096, 0);
     REQUIRE(gpu.isOk());
-    CHECK(gpu.value()[0].pipeline == "attn_f16");
+    CHECK(gpu.value()[0].pipeline == "attn_f16");  // GPUs: not specialized
 }
 
 // ATTNP's context under the loop limit is the positions its page table covers, U_n * PS, not
@@ -502,14 +535,14 @@ halt
     Result<std::vector<DispatchDesc>> ok = plan(64, 128, 65535);
     REQUIRE_MESSAGE(ok.isOk(), ok.message());
     const DispatchDesc& d = ok.value()[0];
-    CHECK(d.pipeline == "attnp_f16");
+    CHECK(d.pipeline == "attnp_f16#16");
     CHECK(d.push[BLUE_PC_OPERANDS + 22] == 3);    // U_tab
     CHECK(d.push[BLUE_PC_OPERANDS + 23] == 128);  // U_n
     CHECK(d.push[BLUE_PC_KVP_PAGE] == 16);
     CHECK(d.push[BLUE_PC_KVP_PAGES] == 256);
     Result<std::vector<DispatchDesc>> wide = plan(256, 128, 65535);
     REQUIRE_MESSAGE(wide.isOk(), wide.message());
-    CHECK(wide.value()[0].pipeline == "attnp_f16_split");
+    CHECK(wide.value()[0].pipeline == "attnp_f16_split#64");
     CHECK(wide.value()[0].fixed == 2);
     Result<std::vector<DispatchDesc>> cut = plan(256, 4096, 65535);
     REQUIRE_FALSE(cut.isOk());
