@@ -107,39 +107,49 @@ Result<std::string> loadAndGenerate(Engine& e, const GenerationRequest& r) {
     return out.value()[0].text;
 }
 
-// A server rebuilds its device after each loss: one process makes and destroys many devices.
-TEST_CASE("device loss: one process makes its device 40 times over and generates on each") {
+// stories260K on an engine of its own (context 64, `chain_cycles` cycles a chain), the greedy
+// request these cases repeat, and its undisturbed text.
+struct Undisturbed {
+    Result<std::unique_ptr<Engine>> engine = Status::error("not opened");
+    GenerationRequest req;
+    std::string text;
+    Engine& e() { return *engine.value(); }
+};
+
+Undisturbed openUndisturbed(uint32_t chain_cycles) {
+    Undisturbed u;
     EngineOptions eo;
     eo.ctx = 64;
-    auto engine = Engine::open(stories(), eo);
-    REQUIRE_MESSAGE(engine.isOk(), engine.message());
-    Engine& e = *engine.value();
-    const GenerationRequest req = greedy(e, "Once upon a time", 8);
-    auto first = e.run({req});
+    eo.chain_cycles = chain_cycles;
+    u.engine = Engine::open(stories(), eo);
+    REQUIRE_MESSAGE(u.engine.isOk(), u.engine.message());
+    u.req = greedy(u.e(), "Once upon a time", 8);
+    auto first = u.e().run({u.req});
     REQUIRE_MESSAGE(first.isOk(), first.message());
+    u.text = first.value()[0].text;
+    REQUIRE(u.text.rfind(", there was a little girl", 0) == 0);
+    return u;
+}
+
+// A server rebuilds its device after each loss: one process makes and destroys many devices.
+TEST_CASE("device loss: one process makes its device 40 times over and generates on each") {
+    Undisturbed u = openUndisturbed(EngineOptions{}.chain_cycles);
     for (int i = 0; i < 40; ++i) {
         CAPTURE(i);
-        auto again = loadAndGenerate(e, req);
+        auto again = loadAndGenerate(u.e(), u.req);
         REQUIRE_MESSAGE(again.isOk(), again.message());
-        CHECK(again.value() == first.value()[0].text);
+        CHECK(again.value() == u.text);
     }
-    CHECK(e.validationErrors() == 0u);
+    CHECK(u.e().validationErrors() == 0u);
 }
 
 TEST_CASE(
     "device loss: injected at the checked calls of loading and generating, reported, recovered") {
     FaultScope scope;
-    EngineOptions eo;
-    eo.ctx = 64;
-    eo.chain_cycles = 2;  // many chains per request: more calls to fail while generating
-    auto engine = Engine::open(stories(), eo);
-    REQUIRE_MESSAGE(engine.isOk(), engine.message());
-    Engine& e = *engine.value();
-    const GenerationRequest req = greedy(e, "Once upon a time", 8);
-    auto first = e.run({req});
-    REQUIRE_MESSAGE(first.isOk(), first.message());
-    const std::string expected = first.value()[0].text;
-    REQUIRE(expected.rfind(", there was a little girl", 0) == 0);
+    Undisturbed u = openUndisturbed(2);  // many chains per request: more calls to fail while generating
+    Engine& e = u.e();
+    const GenerationRequest& req = u.req;
+    const std::string& expected = u.text;
 
     // The checked calls of one load + generation, undisturbed.
     const uint64_t base = faultCallCount();
@@ -188,22 +198,16 @@ TEST_CASE(
     CHECK(in_generate >= 8);
     CHECK(sites.size() >= 15);
     CHECK(e.validationErrors() == 0u);
-    engine = Status::error("closed");  // destroyed before the check: leaks would show now
+    u.engine = Status::error("closed");  // destroyed before the check: leaks would show now
     scope.checkClean();
 }
 
 TEST_CASE("device loss: out of device memory is reported and the same device goes on") {
     FaultScope scope;
-    EngineOptions eo;
-    eo.ctx = 64;
-    eo.chain_cycles = 4;
-    auto engine = Engine::open(stories(), eo);
-    REQUIRE_MESSAGE(engine.isOk(), engine.message());
-    Engine& e = *engine.value();
-    const GenerationRequest req = greedy(e, "Once upon a time", 8);
-    auto first = e.run({req});
-    REQUIRE(first.isOk());
-    const std::string expected = first.value()[0].text;
+    Undisturbed u = openUndisturbed(4);
+    Engine& e = u.e();
+    const GenerationRequest& req = u.req;
+    const std::string& expected = u.text;
 
     struct Case {
         const char* call;
@@ -243,7 +247,7 @@ TEST_CASE("device loss: out of device memory is reported and the same device goe
         CHECK(next.value()[0].text == expected);
     }
     CHECK(e.validationErrors() == 0u);
-    engine = Status::error("closed");
+    u.engine = Status::error("closed");
     scope.checkClean();
 }
 
