@@ -940,7 +940,8 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                             d.fixed = heads;  // a workgroup per head
                         }
                         // On a CPU driver, specialized for the head's size (shaders/attn.comp
-                        // HEAD_QUADS; not measured on a GPU, whose registers o[] would then take).
+                        // HEAD_QUADS). GPUs keep the general kernel: not measured there, where a
+                        // lane's o[] would take up to 256 registers.
                         const uint64_t head = dst.elements() / std::max<uint32_t>(heads, 1);
                         if (kernels.loop_limit != 0 && head % 4 == 0 && head != 0 && head <= BLUE_ATTN_MAX_HEAD) {
                             d.pipeline += "#" + std::to_string(head / 4);

@@ -251,7 +251,8 @@ Result<VkPipeline> Pipelines::get(const std::string& name) {
     VkSpecializationMapEntry entries[2];
     uint32_t values[2];
     uint32_t n_spec = 0;
-    for (const auto [id, value] : {std::pair{uint32_t(BLUE_SPEC_WG), k->width}, std::pair{uint32_t(BLUE_SPEC_HEAD_QUADS), k->head_quads}}) {
+    const std::pair<uint32_t, uint32_t> asked[] = {{BLUE_SPEC_WG, k->width}, {BLUE_SPEC_HEAD_QUADS, k->head_quads}};
+    for (const auto& [id, value] : asked) {
         if (value == 0) continue;
         entries[n_spec] = {id, uint32_t(n_spec * 4), 4};
         values[n_spec++] = value;
