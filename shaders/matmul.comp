@@ -1,6 +1,5 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-#extension GL_EXT_control_flow_attributes : require
 // MATMUL: dst[n] = sum_k w[n][k] * x[k] for every item (MATMULADD: dst[n] += it; MATMULGLU:
 // dst[n] = act(it) * dst[n]: common/activations.glsl), weights in the GPU weight layout
 // (common/wlayout.glsl), any type (WTYPE_*). Lanes over output rows: each invocation owns MM_R
@@ -109,12 +108,10 @@ void splitMatmul(uint K, uint N, uint xb[MM_BT], uint out_at[MM_BT], uint count,
     }
     const uint out_row = gl_WorkGroupID.y * BLUE_MATMUL_SPLIT_ROWS + lid;
     if (lid < BLUE_MATMUL_SPLIT_ROWS && out_row < N) {
-        [[unroll]] for (uint c = 0u; c < MM_BT; ++c) {  // constant indices into out_at (see the rows kernel's store)
-            if (c < count) {
-                float v = s_part[c][lid];
-                if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dpage].d[out_at[c] + out_row]);
-                page_f[dpage].d[out_at[c] + out_row] = v;
-            }
+        for (uint c = 0u; c < count; ++c) {
+            float v = s_part[c][lid];
+            if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dpage].d[out_at[c] + out_row]);
+            page_f[dpage].d[out_at[c] + out_row] = v;
         }
     }
 }
@@ -367,16 +364,13 @@ void main() {
 #else
     const uint epilogue = pc.w[BLUE_PC_MM_EPILOGUE];  // MATMULADD, MATMULGLU: what dst holds counts
 #endif
-    // Unrolled, with conditions in place of a loop to `count`: acc's indices must be constants
-    // (the `_t` of matmul_tiled.comp says what a dynamic index cost on a GPU).
-    [[unroll]] for (uint r = 0u; r < MM_R; ++r) {
-        const uint row = row0 + r * MM_WG;
-        [[unroll]] for (uint c = 0u; c < MM_BT; ++c) {
-            if (row < N && c < count) {
-                float v = acc[r][c];
-                if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dst.page].d[out_at[c] + row]);
-                page_f[dst.page].d[out_at[c] + row] = v;
-            }
+    for (uint r = 0u; r < MM_R; ++r) {
+        uint row = row0 + r * MM_WG;
+        if (row >= N) continue;
+        for (uint c = 0u; c < count; ++c) {
+            float v = acc[r][c];
+            if (epilogue != BLUE_MM_STORE) v = mmEpilogue(epilogue, v, page_f[dst.page].d[out_at[c] + row]);
+            page_f[dst.page].d[out_at[c] + row] = v;
         }
     }
 }
