@@ -450,14 +450,24 @@ TEST_CASE("cli: bluevm quantize --type q4_k_s and q3_k_l name llama.cpp's mixes;
 }
 
 // `bluevm bench --temp T` measures sampled decode (the draw with the default filters) instead of
-// greedy; the JSON says which, and a negative temperature is refused.
+// greedy; the JSON says which, and a negative temperature is refused. The batched test gives each
+// count's generation speed after the prompts and its speed with them.
 TEST_CASE("cli: bluevm bench --temp measures sampled generation") {
     Child c({binary("host/bluevm"), "bench", "-m", stories(), "-p", "8", "-n", "8", "--reps", "1",
-             "--no-ceilings", "--json", "--temp", "0.8"});
+             "--no-ceilings", "--json", "--temp", "0.8", "--instances", "1,4"});
     REQUIRE_MESSAGE(c.wait() == 0, c.err_text);
     json j = json::parse(c.out_text);
     CHECK(j["temperature"].get<double>() == doctest::Approx(0.8));
     CHECK(j["tg"]["tok_per_s"].get<double>() > 0);
+    REQUIRE(j["batched"].size() == 2);
+    for (const json& b : j["batched"]) {
+        CHECK(b["tok_per_s"].get<double>() > 0);
+        CHECK(b["with_prompt_tok_per_s"].get<double>() > 0);
+        CHECK(b["gflops"].get<double>() > 0);
+    }
+    CHECK(j["batched"][0]["instances"].get<uint32_t>() == 1);
+    CHECK(j["batched"][1]["instances"].get<uint32_t>() == 4);
+    CHECK(j["batched"][0]["ratio_to_first"].get<double>() == doctest::Approx(1.0));
     Child bad({binary("host/bluevm"), "bench", "-m", stories(), "--temp", "-1"});
     CHECK(bad.wait() != 0);
     CHECK(bad.err_text.find("--temp") != std::string::npos);

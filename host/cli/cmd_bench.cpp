@@ -96,7 +96,8 @@ Command addBenchCommand(CLI::App& app) {
                     "sample at this temperature with the default top-k 40, top-p 0.95, min-p 0.05 "
                     "(default 0: greedy, the cheapest draw)")
         ->check(CLI::Range(0.0f, 100.0f));
-    sub->add_option("--instances", a->instances, "comma-separated instance counts for the batched test, e.g. 1,4,16,64");
+    sub->add_option("--instances", a->instances, "comma-separated instance counts for the batched test, e.g. 1,4,16,64: aggregate generation "
+                    "speed after the prompts (as llama-batched-bench's S_TG), and with them");
     sub->add_option("--ctx", a->ctx, "context per instance (default: prompt + generated + 8)");
     addKvPageOptions(sub, &a->kv_page, &a->kv_pool, "the largest --instances count x ctx");
     sub->add_option("--device", a->device, "Vulkan device: index or part of its name");
@@ -208,19 +209,36 @@ Command addBenchCommand(CLI::App& app) {
             // The ceiling generation is nearer to is the one that binds it, if any does.
             j["tg"]["nearer_ceiling"] = of(used, dev_read) >= of(j["tg_gflops"].get<double>(), dev_fma) ? "read" : "fma";
         }
-        double base = 0;
+        // Each count runs twice: prompts and `gen` tokens, then the same prompts and one token.
+        // The difference is the time of the other gen - 1 generation cycles, so the generation
+        // speed reads as llama-batched-bench's S_TG does (the figure PEERS.md gives); the first
+        // run's own speed, prompts included, stays as `with_prompt_tok_per_s`.
+        double base = 0, base_with_prompt = 0;
+        const uint32_t batch_prompt = std::min(a->prompt, 32u);
         for (uint32_t n : counts) {
             e.setInstances(n);
-            auto m = measure(e, n, std::min(a->prompt, 32u), a->gen, 1, false, a->temp);
+            auto m = measure(e, n, batch_prompt, a->gen, 1, false, a->temp);
             if (!m) return fail(m.message());
-            if (n == counts.front()) base = m->tok_per_s;
-            const double gflops = flops_per_token * m->tok_per_s / 1e9;
-            j["batched"].push_back({{"instances", n}, {"tok_per_s", m->tok_per_s},
+            double gen_tps = 0;
+            if (a->gen >= 2) {
+                auto first = measure(e, n, batch_prompt, 1, 1, false, a->temp);
+                if (!first) return fail(first.message());
+                const double ms = m->ms - first->ms;
+                if (ms > 0 && m->tokens > first->tokens) gen_tps = 1000.0 * double(m->tokens - first->tokens) / ms;
+            }
+            if (n == counts.front()) {
+                base = gen_tps;
+                base_with_prompt = m->tok_per_s;
+            }
+            const double gflops = flops_per_token * gen_tps / 1e9;
+            j["batched"].push_back({{"instances", n}, {"tok_per_s", gen_tps},
+                                    {"with_prompt_tok_per_s", m->tok_per_s},
                                     {"gflops", gflops},
                                     {"fraction_of_pp_gflops", peak_gflops > 0 ? gflops / peak_gflops : 0},
                                     {"of_device_fma", dev_fma > 0 ? gflops / dev_fma : 0},
                                     {"of_native_fma", nat_fma > 0 ? gflops / nat_fma : 0},
-                                    {"ratio_to_first", base > 0 ? m->tok_per_s / base : 0},
+                                    {"ratio_to_first", base > 0 ? gen_tps / base : 0},
+                                    {"with_prompt_ratio_to_first", base_with_prompt > 0 ? m->tok_per_s / base_with_prompt : 0},
                                     {"expert_bytes_per_token", m->expert_bytes_per_row},
                                     {"expert_hit_rate", m->expert_hit_rate},
                                     {"expert_paged_bytes_per_token", m->expert_paged_per_row},
@@ -282,9 +300,11 @@ Command addBenchCommand(CLI::App& app) {
                         double(all_experts) / (1 << 20), 100.0 * tg->expert_bytes_per_row / double(all_experts));
         }
         for (const auto& b : j["batched"]) {
-            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %8.2f GFLOP/s%s  %.1f submits/1000 tokens",
+            std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %8.2f GFLOP/s%s  (with prompts %.1f tok/s x%.2f)  "
+                        "%.1f submits/1000 tokens",
                         b["instances"].get<uint32_t>(), b["tok_per_s"].get<double>(), b["ratio_to_first"].get<double>(),
                         b["gflops"].get<double>(), fractions(b["gflops"].get<double>(), dev_fma, nat_fma).c_str(),
+                        b["with_prompt_tok_per_s"].get<double>(), b["with_prompt_ratio_to_first"].get<double>(),
                         b["submits_per_1000_tokens"].get<double>());
             if (all_experts > 0) std::printf("  experts %.2f MiB/token", b["expert_bytes_per_token"].get<double>() / (1 << 20));
             if (e.stats().expert_cache_slots > 0) {
