@@ -6,7 +6,8 @@ Makes each model with our own `blue-synth` (stories260K is the real one from ../
 a fraction of the device's measured ceilings (FP32 FMA for prompts, read bandwidth for
 generation), and llama.cpp's figures for the same shapes from ../shared/PEERS.md (its native CPU
 backend and its Vulkan backend on lavapipe) with our ratio to each. Then the batched table:
-aggregate generation at 1 / 4 / 16 / 64 instances against llama.cpp's batched CPU figures.
+aggregate generation at 1 / 4 / 16 / 64 instances (after the prompts, as llama-batched-bench's
+S_TG, and with them) against llama.cpp's batched CPU figures.
 
   python3 tools/bench_table.py [--build build] [--shared ../shared] [--models /tmp/blue-bench]
                                [--rows stories260K,peer-dim256,...] [--no-batched] [--reps 2]
@@ -166,7 +167,8 @@ def main():
                 continue
             j = bench(args, model_file(args, r), ["-p", "32", "-n", "32", "--reps", "1", "--no-ceilings",
                                                   "--instances", ",".join(map(str, INSTANCES))])
-            batched[r] = [b["tok_per_s"] for b in j["batched"]]
+            batched[r] = ([b["tok_per_s"] for b in j["batched"]],
+                          [b["with_prompt_tok_per_s"] for b in j["batched"]])
     load1 = os.getloadavg()[0]
 
     fma, read = ceilings["device_fma_gflops"], ceilings["device_read_gb_per_s"]
@@ -195,15 +197,17 @@ def main():
               f"{ratio(pp, vk_pp)}, {ratio(tg, vk_tg)} |")
     if batched:
         print("\nBatched: 32 prompt + 32 generated tokens per sequence, aggregate generation tok/s at "
-              "1 / 4 / 16 / 64 instances (llama.cpp: `llama-batched-bench` sequences, CPU backend).\n")
-        print("| model | BlueVM 1 / 4 / 16 / 64 | 64 / 1 | llama.cpp CPU 1 / 4 / 16 / 64 | BlueVM / CPU at 64 |")
-        print("| --- | --- | --- | --- | --- |")
-        for r, tps in batched.items():
+              "1 / 4 / 16 / 64 instances after the prompts, as `llama-batched-bench`'s S_TG (llama.cpp: "
+              "its sequences, CPU backend); then ours with the prompts' time counted.\n")
+        print("| model | BlueVM 1 / 4 / 16 / 64 | 64 / 1 | llama.cpp CPU 1 / 4 / 16 / 64 | BlueVM / CPU at 64 "
+              "| BlueVM with prompts 1 / 4 / 16 / 64 | 64 / 1 |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r, (tps, with_prompt) in batched.items():
             peer = find_peer(peer_batched, BATCHED_LABEL[r])
-            print(f"| {r} Q4_0 | {' / '.join(fmt(t) for t in tps)} | {tps[-1] / tps[0]:.2f}× | "
+            print(f"| {r} Q4_0 | {' / '.join(fmt(t) for t in tps)} | {ratio(tps[-1], tps[0])} | "
                   f"{' / '.join(fmt(t) for t in peer) if peer else '—'} | "
-                  f"{ratio(tps[-1], peer[-1] if peer else None)} |")
-
+                  f"{ratio(tps[-1], peer[-1] if peer else None)} | "
+                  f"{' / '.join(fmt(t) for t in with_prompt)} | {ratio(with_prompt[-1], with_prompt[0])} |")
 
 if __name__ == "__main__":
     main()
