@@ -391,6 +391,7 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
             return BLUE_ERROR("BLUE_GEMM_MIN_ITEMS is '%s': it takes a count of items from 2 to 65535", env);
         }
         k.gemm_min_items = uint32_t(v);
+        k.gemm_min_items_given = true;
     }
     return k;
 }
@@ -400,12 +401,15 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
 Result<std::string> describeKernelShapes(const GpuOptions& options, const DeviceInfo& info) {
     const Result<KernelChoice> k = chooseKernels(options, info);
     if (!k) return k.status();
-    const uint32_t g = k->gemm_min_items;
+    const uint32_t g = k->gemm_min_items, gi = itemsGemmMinItems(k.value());
+    const std::string cpu_gemm =
+        gi == g ? strFormat("lanes over rows for 1-%u items, lanes over items (block types) or register tiles (F32, F16, "
+                            "BF16) for %u+", g - 1, g)
+                : strFormat("lanes over rows for 1-%u items (block types: 1-%u), register tiles (F32, F16, BF16) for "
+                            "%u+, lanes over items (block types) for %u+", g - 1, gi - 1, g, gi);
     return std::string("matmul: ") +
            (k->split_matmul ? strFormat("split K for 1-%u items, shared-memory tiles for %u+ (GPU shapes)", g - 1, g)
-                            : strFormat("lanes over rows for 1-%u items, lanes over items (block types) or register "
-                                        "tiles (F32, F16, BF16) for %u+, 16-64 lanes a workgroup by the "
-                                        "matrix's rows (CPU-driver shapes)", g - 1, g)) +
+                            : cpu_gemm + ", 16-64 lanes a workgroup by the matrix's rows (CPU-driver shapes)") +
            (k->int8_matmul ? std::string("; block types' GEMM: int8 (x quantized per 32 elements, packed integer dot "
                                          "products") +
                                  (info.int_dot_accelerated ? "" : ", not accelerated on this device") +

@@ -986,7 +986,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     // over items `_iq` after PACKX (integer SWAR: lavapipe has no fast dot
                     // product), the other types `_i`.
                     const uint32_t r = matmulRowsPerInvocation(m.tensors[ti.args[1]].dtype);
-                    const uint32_t g = kernels.gemm_min_items;
+                    const uint32_t g = kernels.gemm_min_items, gi = itemsGemmMinItems(kernels);
                     const uint64_t k = m.tensors[ti.args[1]].ne[0];
                     const PackedX& px = pages.packed_x;
                     const std::string kernel = d.pipeline;
@@ -1014,8 +1014,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     d.tile = BLUE_MATMUL_TILE;
                     std::optional<DispatchDesc> gemm;
                     if (packed) {
-                        gemm = rowGroupsGemm(d, n, g, "_iq", BLUE_MATMUL_ITEMS_ROWS,
-                                             BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE);
+                        gemm = rowGroupsGemm(d, n, gi, "_iq", BLUE_MATMUL_ITEMS_ROWS, kItemsGemmTile);
                     }
                     // On a GPU the int8 tiles for every block type; a CPU driver keeps the
                     // float `_i` for the types without a SWAR kernel (`_tq` ran at 0.37x of it).
@@ -1025,8 +1024,7 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     if (!gemm) gemm =
                         kernels.split_matmul
                             ? rowGroupsGemm(d, n, g, "_t", BLUE_MATMUL_TILED_ROWS, BLUE_MATMUL_TILED_ITEMS)
-                            : rowGroupsGemm(d, n, g, "_i", BLUE_MATMUL_ITEMS_ROWS,
-                                            BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE);
+                            : rowGroupsGemm(d, n, gi, "_i", BLUE_MATMUL_ITEMS_ROWS, kItemsGemmTile);
                     if (!gemm && !kernels.split_matmul) gemm = gemmDispatch(d, n, g);
                     if (packed) d.pipeline += "_q";
                     if (kernels.split_matmul) splitMatmul(&d, n, "_s"); else narrowMatmul(&d, n, r);

@@ -227,8 +227,10 @@ struct KernelChoice {
     // even that would cut short is refused at load.
     uint32_t loop_limit = 0;
     // Items from which a batched MATMUL runs the GEMM (`_t` or `_g`) rather than the 4-item
-    // tiles (GpuMachine: BLUE_GEMM_MIN_ITEMS in the environment, else defaultGemmMinItems).
+    // tiles (GpuMachine: BLUE_GEMM_MIN_ITEMS in the environment, else defaultGemmMinItems), and
+    // whether the environment gave it (itemsGemmMinItems).
     uint32_t gemm_min_items = BLUE_MATMUL_GEMM_TILE;
+    bool gemm_min_items_given = false;
     // The int8 GEMM (GpuOptions::int8_matmul): with GPU shapes `_tq` for every block type; with
     // CPU-driver shapes `_iq` after a PACKX of its x for the types that have one (Q4_0, Q4_K, Q5_K, Q6_K;
     // where planPackedX made the region), the other types keeping `_i`.
@@ -245,6 +247,15 @@ struct KernelChoice {
 constexpr uint32_t kGpuGemmMinItems = 65;
 inline uint32_t defaultGemmMinItems(bool split_matmul) {
     return split_matmul ? kGpuGemmMinItems : BLUE_MATMUL_GEMM_TILE;
+}
+
+// The CPU drivers' lanes-over-items GEMM (`_i`, `_iq`) fills a workgroup with 32 items; below
+// that the 4-item tiles stay unless BLUE_GEMM_MIN_ITEMS was given. At 16 instances a half-empty
+// `_i` was slower than the tiles: decode of 16 instances 1.16-1.33x faster from 32 on (peer-dim256
+// and peer-dim1024 Q4_0, lavapipe, 2026-11-28).
+constexpr uint32_t kItemsGemmTile = BLUE_MATMUL_ITEMS_LANES * BLUE_MATMUL_ITEMS_PER_LANE;
+inline uint32_t itemsGemmMinItems(const KernelChoice& k) {
+    return k.gemm_min_items_given ? k.gemm_min_items : std::max(k.gemm_min_items, kItemsGemmTile);
 }
 
 // The loop limit of a device's compiler (KernelChoice::loop_limit): 65535 for CPU drivers

@@ -150,7 +150,8 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
         device = d.out_text;
     }
     if (device.find("(CPU)") != std::string::npos) {
-        CHECK(native == "kernel shapes: matmul: lanes over rows for 1-15 items, lanes over items (block types) or register tiles (F32, F16, BF16) for 16+, 16-64 lanes a "
+        CHECK(native == "kernel shapes: matmul: lanes over rows for 1-15 items (block types: 1-31), register tiles (F32, F16, BF16) for 16+, lanes "
+                        "over items (block types) for 32+, 16-64 lanes a "
                         "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head; sampling: 8-64 "
                         "lanes up to 4096 tokens, else 8-256, the fewest whose walks fit the loop limit over the model's context");
     } else {  // a GPU (with the int8 GEMM named between them where its integer dot products are fast)
@@ -171,7 +172,8 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
     CHECK(shapes({"BLUE_GEMM_MIN_ITEMS=1"}).find("BLUE_GEMM_MIN_ITEMS is '1': it takes a count of items from 2 to 65535") !=
           std::string::npos);
     CHECK(shapes({"BLUE_DECODE_KERNEL=rows", "BLUE_ATTN_KERNEL=lanes", "BLUE_MATMUL_INT8=0"})
-              .rfind("kernel shapes: matmul: lanes over rows for 1-15 items, lanes over items (block types) or register tiles (F32, F16, BF16) for 16+, 16-64 lanes a "
+              .rfind("kernel shapes: matmul: lanes over rows for 1-15 items (block types: 1-31), register tiles (F32, F16, BF16) for 16+, lanes "
+                        "over items (block types) for 32+, 16-64 lanes a "
                      "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head",
                      0) == 0);
     CHECK(shapes({"BLUE_DECODE_KERNEL=fast"}).find("BLUE_DECODE_KERNEL is 'fast': it takes 'rows' or 'split'") !=

@@ -689,6 +689,27 @@ TEST_CASE("plan: a grid past the device limit is refused; every matrix type has 
     CHECK(Pipelines::exists("matmul_q4_0"));
     CHECK(Pipelines::exists("sequencer"));
     CHECK(Pipelines::exists("plan"));
+    // A block type on a CPU driver: the lanes-over-items `_i` from a workgroup's 32 items on (the
+    // 4-item tiles below it), where F32's `_g` starts at 16; BLUE_GEMM_MIN_ITEMS (given) moves both.
+    q.tensors[0].dtype = DType::Q4_0;
+    for (const bool given : {false, true}) {
+        CAPTURE(given);
+        KernelChoice cpu;
+        cpu.loop_limit = deviceLoopLimit(true);
+        cpu.gemm_min_items_given = given;
+        Result<std::vector<DispatchDesc>> qd = planDispatches(q, gp.value(), 65535, cpu);
+        REQUIRE_MESSAGE(qd.isOk(), qd.message());
+        REQUIRE(qd.value().size() == 6);
+        const DispatchDesc& tile = qd.value()[3];
+        const DispatchDesc& items = qd.value()[4];
+        CHECK(tile.pipeline == "matmul_q4_0@32");  // 256 rows of 4-bit blocks: 32 lanes (matmulWidth)
+        CHECK(items.pipeline == "matmul_q4_0_i");
+        const uint32_t from = given ? BLUE_MATMUL_GEMM_TILE : kItemsGemmTile;
+        CHECK(items.min_items == from);
+        CHECK(items.tile == kItemsGemmTile);
+        CHECK(tile.max_items == from - 1);
+    }
+    CHECK(kItemsGemmTile == 32);
 }
 
 }  // namespace
