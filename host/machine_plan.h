@@ -4,6 +4,7 @@
 // tested without a GPU.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <vector>

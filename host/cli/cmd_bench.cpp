@@ -299,6 +299,9 @@ Command addBenchCommand(CLI::App& app) {
                         tg->expert_bytes_per_row / (1 << 20), pp->expert_bytes_per_row / (1 << 20),
                         double(all_experts) / (1 << 20), 100.0 * tg->expert_bytes_per_row / double(all_experts));
         }
+        if (!j["batched"].empty() && a->gen < 2) {
+            std::printf("(-n 1: no generation after the prompts to time; the aggregates below are 0, see \"with prompts\")\n");
+        }
         for (const auto& b : j["batched"]) {
             std::printf("instances %-4u aggregate tg %10.1f tok/s  x%.2f  %8.2f GFLOP/s%s  (with prompts %.1f tok/s x%.2f)  "
                         "%.1f submits/1000 tokens",
