@@ -209,5 +209,6 @@ def main():
                   f"{ratio(tps[-1], peer[-1] if peer else None)} | "
                   f"{' / '.join(fmt(t) for t in with_prompt)} | {ratio(with_prompt[-1], with_prompt[0])} |")
 
+
 if __name__ == "__main__":
     main()
