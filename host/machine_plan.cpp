@@ -275,10 +275,13 @@ namespace {
 // maxPenaltyWindow at a given width.
 uint32_t penaltyWindowAt(uint32_t loop_limit, uint32_t n_vocab, uint64_t lanes) {
     if (loop_limit == 0) return UINT32_MAX;
-    // SAMPLE's other walks: about 60 over the row, 8 logits per lane an iteration (row statistics,
-    // top-k/top-p passes, top log-probabilities, the draw), a grammar's mask, up to 17 iterations
-    // per 4 tokens per lane, and the radix selects' histograms, 256 bins cleared by the lanes in
-    // each of 8 passes; then 64 of margin, as attnLoops keeps.
+    // SAMPLE's other walks: at most 60 over the row, 8 logits per lane an iteration (row
+    // statistics, the prefilter's sample and count, top-k/top-p passes, top log-probabilities, the
+    // draw: 56 on the longest path of shaders/common/sampling.glsl keepThreshold, each pass over its
+    // list of at most 1,024 logits, also 8 per lane an iteration, counted as one over the row), a
+    // grammar's mask, up to 17 iterations per 4 tokens per lane, and the radix selects'
+    // histograms, 256 bins cleared by the lanes in each of 8 passes; then 64 of margin, as
+    // attnLoops keeps.
     const uint64_t n = n_vocab;
     const uint64_t rest = 60 * ((n + 8 * lanes - 1) / (8 * lanes)) + 70 * ((n + 4 * lanes - 1) / (4 * lanes)) +
                           8 * ((256 + lanes - 1) / lanes) + 64;

@@ -341,9 +341,9 @@ TEST_CASE("device limits: the kernels' needs are read from their SPIR-V") {
     CHECK(find("rmsnorm").shared_bytes == 0u);           // a lane per item: no reduction
     // Arrays sized by the width specialization constant count at the built (widest) width. The
     // sampler (SAMPLE_WG): reduce_f, reduce_u, cand_count (256 words each), reduce_v (256 vec4), cand_v
-    // (1,024 floats), radix_hist (256 words) and seven single words (the radix select's and the
-    // draw's).
-    CHECK(find("sample").shared_bytes == 256u * 4 * 3 + 256 * 16 + 1024 * 4 + 256 * 4 + 7 * 4);
+    // (1,024 floats), radix_hist (256 words) and eight single words (the radix select's, the
+    // draw's and the listed id's).
+    CHECK(find("sample").shared_bytes == 256u * 4 * 3 + 256 * 16 + 1024 * 4 + 256 * 4 + 8 * 4);
     CHECK(find("sequencer").uses(SpvCap::kGroupNonUniformBallot));
     CHECK_FALSE(find("sequencer_noballot").uses(SpvCap::kGroupNonUniformBallot));
     for (const KernelInfo& k : kernels) {

@@ -101,22 +101,24 @@ uint searchThreshold(uint floor_key, float mass, float m, bool listed) {
     return max(t, floor_key);
 }
 
-// The key of the k-th largest logit (1 <= k <= g_n): the largest key T with at least k keys >= T,
-// in four passes (a radix select, 8 bits a pass).
+// The key of the k-th largest logit: the largest key T with at least k keys >= T, in four passes
+// (a radix select, 8 bits a pass); over the row (1 <= k <= g_n) or, `listed`, over cand_v (1 <= k
+// <= g_cand_n).
 shared uint radix_hist[256];
 shared uint radix_bin, radix_rest;
-uint kthKey(uint k) {
+uint kthKey(uint k, bool listed) {
     uint lid = gl_LocalInvocationID.x;
     uint prefix = 0u, mask = 0u;
+    uint n = listed ? g_cand_n : g_n;
     for (int shift = 24; shift >= 0; shift -= 8) {
         barrier();
         for (uint b = lid; b < 256u; b += SAMPLE_WG) radix_hist[b] = 0u;
         barrier();
-        for (uint i0 = lid; i0 < g_n; i0 += ROW_UNROLL * SAMPLE_WG) {
-            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
-                const uint i = i0 + k * SAMPLE_WG;
-                if (i < g_n) {
-                    uint key = orderKey(logit(i));
+        for (uint i0 = lid; i0 < n; i0 += ROW_UNROLL * SAMPLE_WG) {
+            [[unroll]] for (uint u = 0u; u < ROW_UNROLL; ++u) {
+                const uint i = i0 + u * SAMPLE_WG;
+                if (i < n) {
+                    uint key = orderKey(listed ? cand_v[i] : logit(i));
                     if ((key & mask) == prefix) atomicAdd(radix_hist[(key >> uint(shift)) & 255u], 1u);
                 }
             }
@@ -136,10 +138,12 @@ uint kthKey(uint k) {
     return prefix;
 }
 
-// The candidate list: the logits with key >= a threshold, in id order, when they number at most
-// SAMPLE_CANDIDATES (g_cand_n; ~0u when they do not fit): cand_v. Each invocation lists its contiguous
-// range of ids after those of the invocations before it, so the order is fixed.
-void listCandidates(uint thr) {
+// The candidate list: the logits with key >= a threshold, in id order, when they number at least
+// `least` and at most SAMPLE_CANDIDATES (g_cand_n; ~0u otherwise): cand_v. Each invocation lists
+// its contiguous range of ids after those of the invocations before it (cand_count keeps where
+// each range starts, listedId reads it back), so the order is fixed.
+uint g_list_floor;
+void listCandidates(uint thr, uint least) {
     uint lid = gl_LocalInvocationID.x;
     uint per = (g_n + SAMPLE_WG - 1u) / SAMPLE_WG;
     uint lo = min(lid * per, g_n), hi = min(lo + per, g_n);
@@ -162,7 +166,8 @@ void listCandidates(uint thr) {
         radix_rest = total;
     }
     barrier();
-    g_cand_n = radix_rest <= SAMPLE_CANDIDATES ? radix_rest : 0xFFFFFFFFu;
+    g_cand_n = radix_rest <= SAMPLE_CANDIDATES && radix_rest >= least ? radix_rest : 0xFFFFFFFFu;
+    g_list_floor = thr;
     if (g_cand_n == 0xFFFFFFFFu) return;
     uint at = cand_count[lid];
     for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
@@ -174,6 +179,38 @@ void listCandidates(uint thr) {
         }
     }
     barrier();
+}
+
+// The id of the list's entry `c` (listCandidates), found by the invocation whose range holds it
+// walking that range again; every invocation gets it. `fallback` for ~0u.
+shared uint sel_id;
+uint listedId(uint c, uint fallback) {
+    uint lid = gl_LocalInvocationID.x;
+    if (lid == 0u) sel_id = fallback;
+    barrier();
+    uint start = cand_count[lid], end = lid + 1u < SAMPLE_WG ? cand_count[lid + 1u] : g_cand_n;
+    if (c != 0xFFFFFFFFu && c >= start && c < end) {
+        uint per = (g_n + SAMPLE_WG - 1u) / SAMPLE_WG;
+        uint lo = min(lid * per, g_n), hi = min(lo + per, g_n);
+        uint left = c - start, id = fallback;
+        bool found = false;
+        for (uint i0 = lo; i0 < hi && !found; i0 += ROW_UNROLL) {
+            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                const uint i = i0 + k;
+                if (!found && i < hi && orderKey(logit(i)) >= g_list_floor) {
+                    if (left == 0u) {
+                        id = i;
+                        found = true;
+                    } else {
+                        --left;
+                    }
+                }
+            }
+        }
+        sel_id = id;
+    }
+    barrier();
+    return sel_id;
 }
 
 // Argmax (lowest index of the largest logit), its logit, and the T = 1 entropy.
@@ -220,24 +257,62 @@ RowStats rowStats() {
     return s;
 }
 
+// The prefilter: a strided sample of at most SAMPLE_CANDIDATES logits (into cand_v) and the key
+// ranked PREFILTER_RANK / stride in it: about PREFILTER_RANK of the row's keys are at or above it.
+// A guess only; listCandidates counts exactly.
+#define PREFILTER_RANK 512u
+uint sampledFloor() {
+    uint lid = gl_LocalInvocationID.x;
+    uint stride = (g_n + SAMPLE_CANDIDATES - 1u) / SAMPLE_CANDIDATES;
+    uint ns = (g_n + stride - 1u) / stride;
+    barrier();
+    for (uint i0 = lid; i0 < ns; i0 += ROW_UNROLL * SAMPLE_WG) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            const uint i = i0 + k * SAMPLE_WG;
+            if (i < ns) cand_v[i] = logit(i * stride);
+        }
+    }
+    g_cand_n = ns;
+    return kthKey(clamp(PREFILTER_RANK / stride, 1u, ns), true);
+}
+
 // The key of the smallest kept logit (0: every token is kept). z: the sum of exp(l - m) over the
-// whole row (rowStats). Top-k is a radix select; top-p searches the list of the top-k tokens, or
-// without top-k the list of the SAMPLE_CANDIDATES largest when they carry the mass it needs (a
-// flat row falls back to searching the whole row): a few passes over the row, not 64.
+// whole row (rowStats). On a large row the kept tokens are first narrowed to a list (cand_v) of
+// the few hundred largest logits (sampledFloor's guess, then one counting pass): top-k is a radix
+// select over the list, top-p searches it, and the draw walks it. Where the guess misses (a flat
+// row, many ties, a top-k past PREFILTER_MAX_K), top-k is a radix select over the row and top-p
+// searches the list of the top-k tokens, or without top-k the list of the SAMPLE_CANDIDATES
+// largest when they carry the mass it needs (else the whole row). Sets g_listed: every key >= the
+// result is listed.
+#define PREFILTER_MAX_K 256u
+bool g_listed = false;
 uint keepThreshold(float m, float z, uint top_k, float top_p, float min_p) {
     uint lid = gl_LocalInvocationID.x;
-    uint thr = 0u;
+    uint thr = 0u, floor_key = 0u;
     bool top_k_on = top_k > 0u && top_k < g_n;
-    if (top_k_on) thr = kthKey(top_k);
+    bool listed = false;
+    if (g_n > SAMPLE_CANDIDATES && (top_k_on ? top_k <= PREFILTER_MAX_K : top_p < 1.0)) {
+        floor_key = sampledFloor();
+        listCandidates(floor_key, top_k_on ? top_k : 1u);
+        listed = g_cand_n != 0xFFFFFFFFu;
+    }
+    if (top_k_on) thr = kthKey(top_k, listed);
     if (top_p < 1.0) {
-        uint floor_key = thr;
-        if (!top_k_on && g_n > SAMPLE_CANDIDATES) floor_key = kthKey(SAMPLE_CANDIDATES);
-        listCandidates(floor_key);
-        bool listed = g_cand_n != 0xFFFFFFFFu;
+        if (!listed) {
+            floor_key = thr;
+            if (!top_k_on && g_n > SAMPLE_CANDIDATES) floor_key = kthKey(SAMPLE_CANDIDATES, false);
+            listCandidates(floor_key, 1u);
+            listed = g_cand_n != 0xFFFFFFFFu;
+        }
         float kept = z;  // the mass top-p takes its share of: all, or the top-k's
         if (top_k_on && listed) {
             kept = 0.0;
-            for (uint i = lid; i < g_cand_n; i += SAMPLE_WG) kept += exp(cand_v[i] - m);
+            for (uint i0 = lid; i0 < g_cand_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+                [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                    const uint i = i0 + k * SAMPLE_WG;
+                    if (i < g_cand_n && orderKey(cand_v[i]) >= thr) kept += exp(cand_v[i] - m);
+                }
+            }
             kept = workgroupSum(kept);
         } else if (top_k_on) {
             kept = 0.0;
@@ -253,12 +328,18 @@ uint keepThreshold(float m, float z, uint top_k, float top_p, float min_p) {
         if (listed && !top_k_on) {
             // The listed tokens must carry the target mass for the answer to be among them.
             float in_list = 0.0;
-            for (uint i = lid; i < g_cand_n; i += SAMPLE_WG) in_list += exp(cand_v[i] - m);
+            for (uint i0 = lid; i0 < g_cand_n; i0 += ROW_UNROLL * SAMPLE_WG) {
+                [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                    const uint i = i0 + k * SAMPLE_WG;
+                    if (i < g_cand_n) in_list += exp(cand_v[i] - m);
+                }
+            }
             listed = workgroupSum(in_list) >= target;
         }
-        thr = searchThreshold(listed ? floor_key : thr, target, m, listed);
+        thr = searchThreshold(listed ? max(thr, floor_key) : thr, target, m, listed);
     }
     if (min_p > 0.0) thr = max(thr, orderKey(m + log(min_p)));
+    g_listed = listed;  // thr >= the list's floor whenever it is listed
     return thr;
 }
 
@@ -275,20 +356,36 @@ float weightAt(uint i, uint mode) {
     return max(0.0, w / g_total - page_f[g_qpage].d[g_qoff + i]);
 }
 
+// A listed logit's mode-0 weight (the list holds every kept token when g_listed).
+float listedWeight(uint i) {
+    float v = cand_v[i];
+    return orderKey(v) >= g_thr ? exp((v - g_m) / g_temp) : 0.0;
+}
+
 shared uint sel_owner, sel_tok;
 shared float sel_before, sel_u, sel_total;
 
-// Sum of the weights: per-invocation contiguous ranges (in id order), added in invocation order
-// by invocation 0, the order the draw walks. Every invocation gets it; reduce_f keeps the ranges'
-// sums for drawToken.
+// Sum of the weights: per-invocation contiguous ranges (in id order) of the row, or of the list
+// when it holds every kept token (mode 0, g_listed), added in invocation order by invocation 0, the
+// order the draw walks. Every invocation gets it; reduce_f keeps the ranges' sums for drawToken.
 float weightTotal(uint mode) {
     uint lid = gl_LocalInvocationID.x;
-    uint per = (g_n + SAMPLE_WG - 1u) / SAMPLE_WG;
-    uint lo = min(lid * per, g_n), hi = min(lo + per, g_n);
+    bool listed = mode == 0u && g_listed;
+    uint n = listed ? g_cand_n : g_n;
+    uint per = (n + SAMPLE_WG - 1u) / SAMPLE_WG;
+    uint lo = min(lid * per, n), hi = min(lo + per, n);
     float mine = 0.0;
-    for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
-        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
-            if (i0 + k < hi) mine += weightAt(i0 + k, mode);
+    if (listed) {
+        for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
+            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                if (i0 + k < hi) mine += listedWeight(i0 + k);
+            }
+        }
+    } else {
+        for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
+            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                if (i0 + k < hi) mine += weightAt(i0 + k, mode);
+            }
         }
     }
     barrier();
@@ -304,11 +401,14 @@ float weightTotal(uint mode) {
 }
 
 // The token where the cumulative weight (in id order) first exceeds u01 * total; call right after
-// weightTotal(mode). `fallback` when nothing is kept.
+// weightTotal(mode), which chose the row or the list. `fallback` when nothing is kept.
 uint drawToken(uint mode, float u01, float total, uint fallback) {
     uint lid = gl_LocalInvocationID.x;
-    uint per = (g_n + SAMPLE_WG - 1u) / SAMPLE_WG;
-    uint lo = min(lid * per, g_n), hi = min(lo + per, g_n);
+    bool listed = mode == 0u && g_listed;
+    uint n = listed ? g_cand_n : g_n;
+    uint per = (n + SAMPLE_WG - 1u) / SAMPLE_WG;
+    uint lo = min(lid * per, n), hi = min(lo + per, n);
+    uint none = listed ? 0xFFFFFFFFu : fallback;
     if (lid == 0u) {
         float u = u01 * total;
         float acc = 0.0;
@@ -321,22 +421,38 @@ uint drawToken(uint mode, float u01, float total, uint fallback) {
         sel_owner = owner == 0xFFFFFFFFu ? last_owner : owner;
         sel_before = owner == 0xFFFFFFFFu ? acc - reduce_f[last_owner] : acc;
         sel_u = u;
-        sel_tok = fallback;
+        sel_tok = none;
     }
     barrier();
     if (lid == sel_owner) {
         float acc = sel_before;
-        uint chosen = fallback;
+        uint chosen = none;
         bool found = false;
-        for (uint i0 = lo; i0 < hi && !found; i0 += ROW_UNROLL) {
-            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
-                const uint i = i0 + k;
-                if (!found && i < hi) {
-                    float w = weightAt(i, mode);
-                    if (!(w <= 0.0)) {  // as `continue` on w <= 0: a NaN weight is walked
-                        chosen = i;
-                        acc += w;
-                        found = acc > sel_u;
+        if (listed) {
+            for (uint i0 = lo; i0 < hi && !found; i0 += ROW_UNROLL) {
+                [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                    const uint i = i0 + k;
+                    if (!found && i < hi) {
+                        float w = listedWeight(i);
+                        if (!(w <= 0.0)) {  // as below
+                            chosen = i;
+                            acc += w;
+                            found = acc > sel_u;
+                        }
+                    }
+                }
+            }
+        } else {
+            for (uint i0 = lo; i0 < hi && !found; i0 += ROW_UNROLL) {
+                [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                    const uint i = i0 + k;
+                    if (!found && i < hi) {
+                        float w = weightAt(i, mode);
+                        if (!(w <= 0.0)) {  // as `continue` on w <= 0: a NaN weight is walked
+                            chosen = i;
+                            acc += w;
+                            found = acc > sel_u;
+                        }
                     }
                 }
             }
@@ -344,5 +460,6 @@ uint drawToken(uint mode, float u01, float total, uint fallback) {
         sel_tok = chosen;
     }
     barrier();
-    return sel_tok;
+    uint tok = sel_tok;
+    return listed ? listedId(tok, fallback) : tok;
 }
