@@ -339,8 +339,9 @@ void sampleTopCase() {
 // kernel took ceil(6000 / 256) * 6,001 = 144,000 loop iterations an invocation at 6,000 tokens,
 // past lavapipe's 65,535 (KernelChoice::loop_limit), so the window's last tokens went unpenalized
 // there.
-void samplePenaltyWindowCase(uint32_t vocab, uint32_t least_window) {
+void samplePenaltyWindowCase(uint32_t vocab, uint32_t least_window, bool sampled) {
     CAPTURE(vocab);
+    CAPTURE(sampled);
     constexpr uint32_t kWideInstances = 2;
     const uint32_t window = maxPenaltyWindow(deviceLoopLimit(true), vocab);
     REQUIRE(window > least_window);
@@ -366,7 +367,10 @@ void samplePenaltyWindowCase(uint32_t vocab, uint32_t least_window) {
     for (uint32_t i = 0; i < kWideInstances; ++i) {
         InstancePlan& p = plans[i];
         p.tokens = {i};
-        SampleConfig c{"long window", 0, 1, 0, 1.3f, 0.5f, 0.25f, 0, window};
+        // Sampled: the draw's walks (top-k 40, top-p 0.95, min-p 0.05, the prefilter's list on
+        // 32,768 tokens) after the window's.
+        SampleConfig c = sampled ? SampleConfig{"long window, sampled", 1.0f, 0.95f, 0.05f, 1.3f, 0.5f, 0.25f, 40, window}
+                                 : SampleConfig{"long window", 0, 1, 0, 1.3f, 0.5f, 0.25f, 0, window};
         p.local_words = samplingWords(c, 11 + i);
         p.local_words.back().second = window;  // BLUE_SP_HIST_LEN
         for (uint32_t h = 0; h < window; ++h) {
@@ -388,8 +392,11 @@ void samplePenaltyWindowCase(uint32_t vocab, uint32_t least_window) {
         REQUIRE(g.size() == 3);
         REQUIRE(r.size() == 3);
         // Greedy after penalties: the leader's 9 / 1.3 - 0.5 - 0.25 = 6.17 falls below the token
-        // never in the history, 7.
-        CHECK(r[0].value == lead + 300 + i);
+        // never in the history, 7. Sampled, min-p 0.05 keeps the logits from 7 + ln 0.05 = 4.0:
+        // the four leaders (the rest are 3 or less).
+        if (!sampled) CHECK(r[0].value == lead + 300 + i);
+        const uint32_t t = uint32_t(r[0].value);
+        CHECK((t == lead + 300 + i || t == lead + i || t == lead + 100 + i || t == lead + 200 + i));
         CHECK(g[0].value == r[0].value);
     }
 }
@@ -439,8 +446,10 @@ void sampleCase(uint32_t history) {
     opMeasures().push_back({"SAMPLE logprob", t.logprob.normalised(), bound});
     if (history != 0) return;
     sampleTopCase();
-    samplePenaltyWindowCase(32768, 15000);
-    samplePenaltyWindowCase(kNarrowSampleVocab, 7500);
+    for (bool sampled : {false, true}) {
+        samplePenaltyWindowCase(32768, 15000, sampled);
+        samplePenaltyWindowCase(kNarrowSampleVocab, 7500, sampled);
+    }
 }
 
 }  // namespace blue::test
