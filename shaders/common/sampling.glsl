@@ -375,17 +375,9 @@ float weightTotal(uint mode) {
     uint per = (n + SAMPLE_WG - 1u) / SAMPLE_WG;
     uint lo = min(lid * per, n), hi = min(lo + per, n);
     float mine = 0.0;
-    if (listed) {
-        for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
-            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
-                if (i0 + k < hi) mine += listedWeight(i0 + k);
-            }
-        }
-    } else {
-        for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
-            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
-                if (i0 + k < hi) mine += weightAt(i0 + k, mode);
-            }
+    for (uint i0 = lo; i0 < hi; i0 += ROW_UNROLL) {
+        [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+            if (i0 + k < hi) mine += listed ? listedWeight(i0 + k) : weightAt(i0 + k, mode);
         }
     }
     barrier();
@@ -428,31 +420,15 @@ uint drawToken(uint mode, float u01, float total, uint fallback) {
         float acc = sel_before;
         uint chosen = none;
         bool found = false;
-        if (listed) {
-            for (uint i0 = lo; i0 < hi && !found; i0 += ROW_UNROLL) {
-                [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
-                    const uint i = i0 + k;
-                    if (!found && i < hi) {
-                        float w = listedWeight(i);
-                        if (!(w <= 0.0)) {  // as below
-                            chosen = i;
-                            acc += w;
-                            found = acc > sel_u;
-                        }
-                    }
-                }
-            }
-        } else {
-            for (uint i0 = lo; i0 < hi && !found; i0 += ROW_UNROLL) {
-                [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
-                    const uint i = i0 + k;
-                    if (!found && i < hi) {
-                        float w = weightAt(i, mode);
-                        if (!(w <= 0.0)) {  // as `continue` on w <= 0: a NaN weight is walked
-                            chosen = i;
-                            acc += w;
-                            found = acc > sel_u;
-                        }
+        for (uint i0 = lo; i0 < hi && !found; i0 += ROW_UNROLL) {
+            [[unroll]] for (uint k = 0u; k < ROW_UNROLL; ++k) {
+                const uint i = i0 + k;
+                if (!found && i < hi) {
+                    float w = listed ? listedWeight(i) : weightAt(i, mode);
+                    if (!(w <= 0.0)) {  // as `continue` on w <= 0: a NaN weight is walked
+                        chosen = i;
+                        acc += w;
+                        found = acc > sel_u;
                     }
                 }
             }
