@@ -9,6 +9,7 @@
 
 #include "host/machine.h"
 #include "host/pipelines.h"
+#include "host/matmul_groups.h"
 #include "host/weight_layout.h"
 #include "vm/abi.h"
 #include "vm/isa.h"
@@ -408,7 +409,7 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
 }
 
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
-                           uint64_t vram_budget, bool stream, bool expert_cache) {
+                           uint64_t vram_budget, bool stream, bool expert_cache, bool fuse_matmuls) {
     PagePlan plan;
     plan.places.resize(m.tensors.size());
     int last[2] = {-1, -1};  // the page each tier fills now
@@ -478,9 +479,61 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 t.name.c_str(), double(p.bytes) / (1 << 20), double(page_limit) / (1 << 20));
         }
     }
+    // MATMULs over one x stacked into one dispatch (host/matmul_groups.h): each group's matrices
+    // go back to back into one page, its destinations interleaved row by row into another region.
+    // A group must fit a page unsplit; streaming copies matrix by matrix, so it stacks none.
+    std::vector<int32_t> group_of(m.tensors.size(), -1);
+    if (fuse_matmuls && !stream) {
+        for (MatmulGroup& g : findMatmulGroups(m)) {
+            uint64_t stack = 0, row = 0;
+            bool whole = true;
+            for (uint32_t t : g.weights) {
+                whole = whole && plan.places[t].pieces.empty();
+                stack += plan.places[t].bytes;
+            }
+            for (uint32_t t : g.dsts) row += plan.places[t].slice;
+            const uint64_t count = plan.places[g.dsts[0]].bytes / plan.places[g.dsts[0]].slice;
+            // The rows and one row more: the last member's view ends a row past the first's.
+            if (!whole || stack > page_limit || (count + 1) * row > page_limit) continue;
+            for (uint32_t t : g.weights) group_of[t] = int32_t(plan.matmul_groups.size());
+            for (uint32_t t : g.dsts) {
+                group_of[t] = int32_t(plan.matmul_groups.size());
+                plan.places[t].slice = row;
+                plan.places[t].bytes = count * row;
+            }
+            plan.matmul_groups.push_back(std::move(g));
+        }
+    }
+    std::vector<uint8_t> placed(m.tensors.size(), 0);
+    // The members of tensor i's stack (its group's matrices or destinations), when it has one.
+    auto stackOf = [&](uint32_t i) -> const std::vector<uint32_t>* {
+        if (group_of[i] < 0) return nullptr;
+        const MatmulGroup& g = plan.matmul_groups[size_t(group_of[i])];
+        return std::find(g.weights.begin(), g.weights.end(), i) != g.weights.end() ? &g.weights : &g.dsts;
+    };
     auto placeTensor = [&](uint32_t i, uint8_t tier) -> Status {
         TensorPlace& p = plan.places[i];
+        if (placed[i]) return Status::ok();
+        placed[i] = 1;
         p.tier = tier;
+        if (const std::vector<uint32_t>* stack = stackOf(i)) {
+            const bool matrices = m.tensors[i].cls == BLUE_TC_WEIGHT;
+            uint64_t bytes = 0;  // matrices: end to end; destinations: one view a column
+            for (uint32_t t : *stack) bytes += matrices ? plan.places[t].bytes : 0;
+            if (!matrices) bytes = plan.places[i].bytes + plan.places[i].slice;
+            uint32_t page = 0;
+            uint64_t at = 0;
+            BLUE_TRY(place(bytes, tier, &page, &at));
+            for (uint32_t t : *stack) {
+                TensorPlace& q = plan.places[t];
+                placed[t] = 1;
+                q.tier = tier;
+                q.page = page;
+                q.offset = at;
+                at += matrices ? q.bytes : tensorSliceBytes(m.tensors[t]);
+            }
+            return Status::ok();
+        }
         if (p.pieces.empty()) return place(p.bytes, tier, &p.page, &p.offset);
         for (TensorPiece& piece : p.pieces) BLUE_TRY(place(piece.bytes, tier, &piece.page, &piece.offset));
         p.page = p.pieces[0].page;
@@ -490,6 +543,12 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
     // Upper bound of the bytes a tensor adds to its tier: itself and its alignment.
     auto footprint = [&](uint32_t i) {
         const TensorPlace& p = plan.places[i];
+        if (placed[i]) return uint64_t(0);
+        if (const std::vector<uint32_t>* stack = stackOf(i)) {  // placed as one (matrices only here)
+            uint64_t n = kTensorAlign;
+            for (uint32_t t : *stack) n += placed[t] ? 0 : plan.places[t].bytes;
+            return n;
+        }
         if (p.pieces.empty()) return p.bytes + kTensorAlign;
         uint64_t n = 0;
         for (const TensorPiece& piece : p.pieces) n += piece.bytes + kTensorAlign;
@@ -553,7 +612,7 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
     // can be cached (a repacked 3-D matrix no other op reads, in one page).
     std::vector<uint8_t> cached(m.tensors.size(), 0);
     uint64_t all_weights = device;
-    for (uint32_t i : weights) all_weights += footprint(i);
+    for (uint32_t i : weights) all_weights += stackOf(i) && stackOf(i)->front() != i ? 0 : footprint(i);
     if (expert_cache && all_weights > vram_budget) {
         for (const auto& [route, list] : layer_experts) {
             bool ok = true;
@@ -789,10 +848,22 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
         uint32_t packed_tensor = UINT32_MAX, packed_mode = 0, prev_dst = UINT32_MAX;
         std::vector<TensorInstr> instrs;
         BLUE_TRY(decodeBlock(m, m.blocks[b], &instrs));
-        for (const TensorInstr& ti : instrs) {
+        // Stacked MATMULs (PagePlan::matmul_groups): the first runs for its group, the rest fold.
+        std::map<size_t, const MatmulGroup*> stacked;
+        std::vector<uint8_t> folded(instrs.size(), 0);
+        for (const MatmulGroup& g : pages.matmul_groups) {
+            for (const auto& [rb, first] : g.runs) {
+                if (rb != b) continue;
+                stacked[first] = &g;
+                for (size_t k = 1; k < g.weights.size(); ++k) folded[first + k] = 1;
+            }
+        }
+        for (size_t at = 0; at < instrs.size(); ++at) {
+            const TensorInstr& ti = instrs[at];
             const OpInfo& info = opInfo(ti.op);
             if (!isMatmul(ti.op) || prev_dst == packed_tensor) packed_tensor = UINT32_MAX;
             prev_dst = ti.args[0];
+            if (folded[at]) continue;
             DispatchDesc base;
             base.block = b;
             base.pipeline = kernelName(m, uint32_t(ti.op), ti.args);
@@ -890,6 +961,22 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     base.push[BLUE_PC_KV_CTX] = uint32_t(ctx);
                     elem_count = uint64_t(row_words) * ctx;
                 }
+            }
+            if (auto it = stacked.find(at); it != stacked.end()) {
+                // The stack: its matrices as one [K, rows] matrix, its destinations as one row
+                // (the first member's view starts it; planPages gave every member its stride).
+                const MatmulGroup& g = *it->second;
+                uint64_t rows = 0, bytes = 0;
+                for (uint32_t t : g.weights) {
+                    rows += m.tensors[t].ne[1];
+                    bytes += pages.places[t].bytes;
+                }
+                const uint32_t wat = BLUE_PC_OPERANDS + BLUE_TREF_WORDS;
+                base.push[wat + 2] = uint32_t(bytes);
+                base.push[wat + 3] = uint32_t(m.tensors[ti.args[1]].ne[0] * rows);
+                base.weight_bytes = bytes;
+                base.push[BLUE_PC_OPERANDS + 3] = uint32_t(rows);
+                elem_count = rows;
             }
             // The rest of the plan for one dispatch over `n` destination elements.
             auto emit = [&](DispatchDesc d, uint64_t n) -> Status {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "host/matmul_groups.h"
 #include "shaders/blue_config.h"
 #include "vm/abi.h"
 #include "vm/module.h"
@@ -93,6 +94,9 @@ struct PagePlan {
     uint64_t slot_bytes = 0;  // streaming: the size of each of the two device-local slots
     std::vector<ExpertCache> expert_caches;
     PackedX packed_x;
+    // MATMULs stacked into one dispatch (host/matmul_groups.h), each placed so that its stack
+    // exists: the matrices back to back, the destinations interleaved (views of one row each).
+    std::vector<MatmulGroup> matmul_groups;
     uint64_t expertStateWords() const {
         uint64_t n = 0;
         for (const ExpertCache& c : expert_caches) n += BLUE_XC_WORDS(c.experts, c.slots);
@@ -134,8 +138,13 @@ struct PagePlan {
 // first (they neither stream nor count as dense), and the budget the other weights leave holds
 // one ExpertCache per layer, every layer the same number of slots (at most E; none when less
 // than one slot per layer fits, and the experts are then read in place).
+//
+// `fuse_matmuls`: runs of MATMULs over one x (findMatmulGroups) that fit a page unsplit are
+// placed as stacks (PagePlan::matmul_groups), so that planDispatches runs each as one dispatch.
+// Not with `stream`.
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
-                           uint64_t vram_budget = 0, bool stream = false, bool expert_cache = true);
+                           uint64_t vram_budget = 0, bool stream = false, bool expert_cache = true,
+                           bool fuse_matmuls = false);
 
 // Adds the PackedX region (device-local) for the int8 GEMM of CPU drivers to `plan`: records
 // for the larger of max_rows and `instances` items and the largest K of any MATMUL over a matrix
@@ -238,6 +247,9 @@ struct KernelChoice {
     bool int8_matmul = false;
     // SAMPLE's longest history (GpuOptions::sample_history): its width (sampleWidth).
     uint32_t sample_history = 0;
+    // MATMULs over one x (a layer's Q, K and V) run as one dispatch (host/matmul_groups.h):
+    // planPages' fuse_matmuls. BLUE_MATMUL_FUSE=0 in the environment turns it off.
+    bool fuse_matmuls = true;
 };
 
 // The item count from which a batched MATMUL runs the GEMM unless BLUE_GEMM_MIN_ITEMS says

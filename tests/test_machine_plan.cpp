@@ -385,6 +385,142 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
     CHECK(gpu.value()[3].tile == BLUE_MATMUL_TILE);
 }
 
+// Q, K and V projections of one x, in two blocks (a model's forward and verify). `v_type`,
+// `k_rows` and `k_reader` vary what stacks: the matrices must share a type and have rows in whole
+// groups of 8, and the destinations be read only by ops that address them by slice.
+Module qkvModule(const std::string& v_type = "f32", uint32_t k_rows = 16, const std::string& k_reader = "tadd k, k, v") {
+    Module m = assembleOrFail(strFormat(R"(.layout regs=4 max_rows=8
+.tensor wq global f32 [64, 32]
+.tensor wk global f32 [64, %u]
+.tensor wv global %s [64, 16]
+.tensor x rows f32 [64]
+.tensor q rows f32 [32]
+.tensor k rows f32 [%u]
+.tensor v rows f32 [16]
+.tensor s rows f32 [1]
+.block forward args=0
+    matmul q, wq, x
+    matmul k, wk, x
+    matmul v, wv, x
+    %s
+.end
+.block verify args=0
+    tadd x, x, x
+    matmul q, wq, x
+    matmul k, wk, x
+    matmul v, wv, x
+.end
+halt
+)", k_rows, v_type.c_str(), k_rows, k_reader.c_str()));
+    for (uint32_t w : {0u, 1u, 2u}) m.tensors[w].cls = BLUE_TC_WEIGHT;
+    return m;
+}
+
+TEST_CASE("plan: MATMULs over one x run as one dispatch over their stacked matrices and interleaved rows") {
+    enum : uint32_t { WQ, WK, WV, X, Q, K, V };
+    Module m = qkvModule();
+    Result<PagePlan> pages = planPages(m, 4, 1u << 20, 0, false, true, true);
+    REQUIRE_MESSAGE(pages.isOk(), pages.message());
+    const PagePlan& p = pages.value();
+    REQUIRE(p.matmul_groups.size() == 1);
+    const MatmulGroup& g = p.matmul_groups[0];
+    CHECK(g.weights == std::vector<uint32_t>{WQ, WK, WV});
+    CHECK(g.dsts == std::vector<uint32_t>{Q, K, V});
+    CHECK(g.runs == std::vector<std::pair<uint32_t, uint32_t>>{{0, 0}, {1, 1}});
+    // The matrices back to back: [64, 32 + 16 + 16] in the GPU weight layout.
+    WeightLayout stacked;
+    REQUIRE(weightLayout(DType::F32, 64, 64, &stacked));
+    CHECK(p.places[WK].page == p.places[WQ].page);
+    CHECK(p.places[WV].page == p.places[WQ].page);
+    CHECK(p.places[WK].offset == p.places[WQ].offset + p.places[WQ].bytes);
+    CHECK(p.places[WV].offset == p.places[WK].offset + p.places[WK].bytes);
+    CHECK(p.places[WQ].bytes + p.places[WK].bytes + p.places[WV].bytes == stacked.bytes);
+    // The destinations as views of one row of 64 floats: q at 0, k at 32, v at 48.
+    for (uint32_t t : {Q, K, V}) {
+        CHECK(p.places[t].page == p.places[Q].page);
+        CHECK(p.places[t].slice == 64 * 4);
+        CHECK(p.places[t].bytes == 8 * 64 * 4);  // max_rows rows
+    }
+    CHECK(p.places[K].offset == p.places[Q].offset + 32 * 4);
+    CHECK(p.places[V].offset == p.places[Q].offset + 48 * 4);
+    // No other tensor inside the row's region (its rows and one more).
+    for (uint32_t t = 0; t < m.tensors.size(); ++t) {
+        if (t == Q || t == K || t == V || p.places[t].page != p.places[Q].page) continue;
+        INFO("tensor " << m.tensors[t].name);
+        const bool before = p.places[t].offset + p.places[t].bytes <= p.places[Q].offset;
+        const bool after = p.places[t].offset >= p.places[Q].offset + 9 * 64 * 4;
+        CHECK((before || after));
+    }
+
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, p, 65535);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    // Each block: the stack's single-item, 4-item and GEMM variants (and the blocks' TADDs).
+    REQUIRE(d->size() == 3 + 1 + 1 + 3);
+    for (size_t i : {0u, 1u, 2u, 5u, 6u, 7u}) {
+        const DispatchDesc& mm = d.value()[i];
+        INFO("dispatch " << i << " " << mm.pipeline);
+        CHECK(mm.pipeline.rfind("matmul_f32", 0) == 0);
+        const uint32_t* dst = mm.push.data() + BLUE_PC_OPERANDS;
+        CHECK(dst[0] == (p.places[Q].page | BLUE_TC_ROWS << 16));
+        CHECK(dst[1] == p.places[Q].offset);
+        CHECK(dst[2] == 64 * 4);
+        CHECK(dst[3] == 64);  // the stacked row's elements: the kernels' N
+        const uint32_t* w = dst + BLUE_TREF_WORDS;
+        CHECK(w[0] == (p.places[WQ].page | BLUE_TC_WEIGHT << 16));
+        CHECK(w[1] == p.places[WQ].offset);
+        CHECK(w[2] == stacked.bytes);
+        CHECK(mm.weight_offset == p.places[WQ].offset);
+        CHECK(mm.weight_bytes == stacked.bytes);
+    }
+    CHECK(d.value()[3].pipeline == "tadd");
+    CHECK(d.value()[4].pipeline == "tadd");
+    // The GPU shapes stack the same way.
+    Result<std::vector<DispatchDesc>> gpu = planDispatches(m, p, 65535, KernelChoice{true, true});
+    REQUIRE_MESSAGE(gpu.isOk(), gpu.message());
+    CHECK(gpu->size() == d->size());
+
+    // Off (planPages' default), and where streaming copies matrix by matrix: three of everything.
+    for (bool stream : {false, true}) {
+        Result<PagePlan> off = planPages(m, 4, 1u << 20, stream ? 1u << 30 : 0, stream, true, stream);
+        REQUIRE_MESSAGE(off.isOk(), off.message());
+        CHECK(off->matmul_groups.empty());
+        CHECK(off->places[K].slice == 16 * 4);
+        Result<std::vector<DispatchDesc>> three = planDispatches(m, off.value(), 65535);
+        REQUIRE(three.isOk());
+        CHECK(three->size() > d->size());
+        for (uint32_t t : {Q, K, V}) {  // each MATMUL's own dispatches, in both blocks
+            size_t own = 0;
+            for (const DispatchDesc& mm : three.value()) {
+                own += mm.push[BLUE_PC_OPERANDS + 1] == off->places[t].offset && mm.push[BLUE_PC_OPERANDS + 3] ==
+                       m.tensors[t].elements() && mm.pipeline.rfind("matmul", 0) == 0;
+            }
+            CHECK(own >= 4);
+        }
+    }
+}
+
+TEST_CASE("plan: MATMULs stack only matrices of one type in whole groups of 8 rows, into rows every reader takes by slice") {
+    auto stacks = [](const Module& m, uint64_t page_limit = 1u << 20) {
+        Result<PagePlan> pages = planPages(m, 4, page_limit, 0, false, true, true);
+        REQUIRE_MESSAGE(pages.isOk(), pages.message());
+        std::vector<size_t> sizes;
+        for (const MatmulGroup& g : pages->matmul_groups) sizes.push_back(g.weights.size());
+        // Whatever stacks, every MATMUL still gets its dispatches.
+        Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535);
+        REQUIRE_MESSAGE(d.isOk(), d.message());
+        return sizes;
+    };
+    CHECK(stacks(qkvModule()) == std::vector<size_t>{3});
+    CHECK(stacks(qkvModule("f16")) == std::vector<size_t>{2});  // V's type differs: Q and K
+    CHECK(stacks(qkvModule("f32", 12, "tscale k, k, 2.0")).empty());  // K's 12 rows: neither pair
+    CHECK(stacks(qkvModule("f32", 16, "tsum s, k")).empty());     // TSUM reads k as a whole row
+    CHECK(stacks(qkvModule("f32", 16, "tsum s, v")) == std::vector<size_t>{2});
+    // A page that cannot hold the stack's matrices (each fits alone): unstacked, still planned.
+    WeightLayout q;
+    REQUIRE(weightLayout(DType::F32, 64, 32, &q));
+    CHECK(stacks(qkvModule(), q.bytes + 512).empty());
+}
+
 TEST_CASE("pipelines: a kernel's name may ask for a width (@W) and an attention head size (#Q)") {
     auto k = splitKernelWidth("attn_f16_split#16");
     REQUIRE(k);

@@ -234,8 +234,23 @@ void matmulCase(DType t) {
         om.step(Op::MATMULGLU, {silu, w, x, BLUE_GLU_SILU});
         om.step(Op::TSCALE, {gelu, y, std::bit_cast<uint32_t>(0.5f)});
         om.step(Op::MATMULGLU, {gelu, w, x, BLUE_GLU_GELU});
+        // Three MATMULs over x stacked into one dispatch (host/matmul_groups.h: matrices of 24, 8
+        // and 16 rows back to back, the results views of one interleaved row), one view then read
+        // by TADD through its stride.
+        std::vector<uint32_t> stack;
+        for (uint32_t r : {24u, 8u, 16u}) {
+            const std::string rs = std::to_string(r);
+            const uint32_t ws = om.data("ws" + rs, BLUE_TC_WEIGHT, t, {k, r}, om.random(size_t(k) * r, -1, 1));
+            stack.push_back(om.tensor("z" + rs, BLUE_TC_ROWS, DType::F32, {r}));
+            om.step(Op::MATMUL, {stack.back(), ws, x});
+        }
+        const uint32_t twice = om.tensor("z8_twice", BLUE_TC_ROWS, DType::F32, {8});
+        om.step(Op::TADD, {twice, stack[1], stack[1]});
         std::vector<InstancePlan> plans = raggedPlans(om, run.rows, run.starts);
         Module m = om.build(plans);
+        Result<PagePlan> stacked = planPages(m, uint32_t(plans.size()), 1u << 20, 0, false, true, true);
+        REQUIRE_MESSAGE(stacked.isOk(), stacked.message());
+        CHECK(stacked->matmul_groups.size() == 1);
         auto both = runOnBoth(m, uint32_t(plans.size()), nullptr, 0,
                               [&](GpuOptions& o) {
                                   o.decode_kernel = run.decode;
@@ -279,6 +294,8 @@ void matmulCase(DType t) {
         // times the gated value (up to 5), and the gated value's own: a few 1e-4 of max |ref|.
         check(silu, items, 10, name + " gating (MATMULGLU silu)");
         check(gelu, items, 10, name + " gating (MATMULGLU gelu)");
+        for (uint32_t z : stack) check(z, items, 1, name + " stacked (" + m.tensors[z].name + ")");
+        check(twice, items, 2, name + " stacked, read through its view (TADD)");
     }
 }
 
