@@ -491,7 +491,8 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 whole = whole && plan.places[t].pieces.empty();
                 stack += plan.places[t].bytes;
             }
-            for (uint32_t t : g.dsts) row += plan.places[t].slice;
+            // (Several groups may share destinations, laid out alike: every layer writes q, k, v.)
+            for (uint32_t t : g.dsts) row += (tensorSliceBytes(m.tensors[t]) + 15) / 16 * 16;
             const uint64_t count = plan.places[g.dsts[0]].bytes / plan.places[g.dsts[0]].slice;
             // The rows and one row more: the last member's view ends a row past the first's.
             if (!whole || stack > page_limit || (count + 1) * row > page_limit) continue;

@@ -388,7 +388,10 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
 // Q, K and V projections of one x, in two blocks (a model's forward and verify). `v_type`,
 // `k_rows` and `k_reader` vary what stacks: the matrices must share a type and have rows in whole
 // groups of 8, and the destinations be read only by ops that address them by slice.
-Module qkvModule(const std::string& v_type = "f32", uint32_t k_rows = 16, const std::string& k_reader = "tadd k, k, v") {
+// `layers` 2: the second block runs another layer's matrices (wq2, wk2, wv2) into the same q, k, v.
+Module qkvModule(const std::string& v_type = "f32", uint32_t k_rows = 16, const std::string& k_reader = "tadd k, k, v",
+                 uint32_t layers = 1) {
+    const char* l = layers == 2 ? "2" : "";
     Module m = assembleOrFail(strFormat(R"(.layout regs=4 max_rows=8
 .tensor wq global f32 [64, 32]
 .tensor wk global f32 [64, %u]
@@ -398,6 +401,9 @@ Module qkvModule(const std::string& v_type = "f32", uint32_t k_rows = 16, const 
 .tensor k rows f32 [%u]
 .tensor v rows f32 [16]
 .tensor s rows f32 [1]
+.tensor wq2 global f32 [64, 32]
+.tensor wk2 global f32 [64, %u]
+.tensor wv2 global %s [64, 16]
 .block forward args=0
     matmul q, wq, x
     matmul k, wk, x
@@ -406,13 +412,13 @@ Module qkvModule(const std::string& v_type = "f32", uint32_t k_rows = 16, const 
 .end
 .block verify args=0
     tadd x, x, x
-    matmul q, wq, x
-    matmul k, wk, x
-    matmul v, wv, x
+    matmul q, wq%s, x
+    matmul k, wk%s, x
+    matmul v, wv%s, x
 .end
 halt
-)", k_rows, v_type.c_str(), k_rows, k_reader.c_str()));
-    for (uint32_t w : {0u, 1u, 2u}) m.tensors[w].cls = BLUE_TC_WEIGHT;
+)", k_rows, v_type.c_str(), k_rows, k_rows, v_type.c_str(), k_reader.c_str(), l, l, l));
+    for (uint32_t w : {0u, 1u, 2u, 8u, 9u, 10u}) m.tensors[w].cls = BLUE_TC_WEIGHT;
     return m;
 }
 
@@ -479,6 +485,14 @@ TEST_CASE("plan: MATMULs over one x run as one dispatch over their stacked matri
     REQUIRE_MESSAGE(gpu.isOk(), gpu.message());
     CHECK(gpu->size() == d->size());
 
+    // Two layers' stacks writing the same q, k and v: one row layout for both.
+    Result<PagePlan> two = planPages(qkvModule("f32", 16, "tadd k, k, v", 2), 4, 1u << 20, 0, false, true, true);
+    REQUIRE_MESSAGE(two.isOk(), two.message());
+    CHECK(two->matmul_groups.size() == 2);
+    for (uint32_t t : {Q, K, V}) {
+        CHECK(two->places[t].slice == 64 * 4);
+        CHECK(two->places[t].offset - two->places[Q].offset == p.places[t].offset - p.places[Q].offset);
+    }
     // Off (planPages' default), and where streaming copies matrix by matrix: three of everything.
     for (bool stream : {false, true}) {
         Result<PagePlan> off = planPages(m, 4, 1u << 20, stream ? 1u << 30 : 0, stream, true, stream);
