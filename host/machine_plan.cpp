@@ -491,13 +491,13 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 whole = whole && plan.places[t].pieces.empty();
                 stack += plan.places[t].bytes;
             }
-            // (Several groups may share destinations, laid out alike: every layer writes q, k, v.)
-            for (uint32_t t : g.dsts) row += (tensorSliceBytes(m.tensors[t]) + 15) / 16 * 16;
-            const uint64_t count = plan.places[g.dsts[0]].bytes / plan.places[g.dsts[0]].slice;
+            // (Groups may share a row, laid out alike: every layer writes q, k and v.)
+            for (uint32_t t : g.row) row += (tensorSliceBytes(m.tensors[t]) + 15) / 16 * 16;
+            const uint64_t count = plan.places[g.row[0]].bytes / plan.places[g.row[0]].slice;
             // The rows and one row more: the last member's view ends a row past the first's.
             if (!whole || stack > page_limit || (count + 1) * row > page_limit) continue;
             for (uint32_t t : g.weights) group_of[t] = int32_t(plan.matmul_groups.size());
-            for (uint32_t t : g.dsts) {
+            for (uint32_t t : g.row) {
                 group_of[t] = int32_t(plan.matmul_groups.size());
                 plan.places[t].slice = row;
                 plan.places[t].bytes = count * row;
@@ -506,11 +506,11 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
         }
     }
     std::vector<uint8_t> placed(m.tensors.size(), 0);
-    // The members of tensor i's stack (its group's matrices or destinations), when it has one.
+    // The members of tensor i's stack (its group's matrices or destinations' row), when it has one.
     auto stackOf = [&](uint32_t i) -> const std::vector<uint32_t>* {
         if (group_of[i] < 0) return nullptr;
         const MatmulGroup& g = plan.matmul_groups[size_t(group_of[i])];
-        return std::find(g.weights.begin(), g.weights.end(), i) != g.weights.end() ? &g.weights : &g.dsts;
+        return std::find(g.weights.begin(), g.weights.end(), i) != g.weights.end() ? &g.weights : &g.row;
     };
     auto placeTensor = [&](uint32_t i, uint8_t tier) -> Status {
         TensorPlace& p = plan.places[i];

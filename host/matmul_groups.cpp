@@ -67,14 +67,15 @@ std::vector<MatmulGroup> findMatmulGroups(const Module& m) {
             }
         }
     }
-    std::vector<MatmulGroup> groups;
-    groups.reserve(m.tensors.size());  // row_of points into it
-    std::map<uint32_t, size_t> stack_of;  // matrix -> its group
-    std::map<uint32_t, const std::vector<uint32_t>*> row_of;  // destination -> the row it is a view of
+    // Every run that stacks: the longest from each MATMUL of one x that is not already in one.
+    struct Run {
+        MatmulGroup g;
+        uint32_t block, first;
+    };
+    std::vector<Run> runs;
     for (uint32_t b = 0; b < blocks.size(); ++b) {
         const std::vector<TensorInstr>& in = blocks[b];
         for (uint32_t i = 0; i < in.size();) {
-            // The longest run from i that stacks: plain MATMULs over one x.
             uint32_t end = i;
             MatmulGroup g;
             while (end < in.size() && in[end].op == Op::MATMUL && in[end].args[2] == in[i].args[2]) {
@@ -89,34 +90,61 @@ std::vector<MatmulGroup> findMatmulGroups(const Module& m) {
                 g.dsts.push_back(d);
                 ++end;
             }
-            if (g.weights.size() < 2) {
-                i = std::max(end, i + 1);
-                continue;
-            }
-            // A stack's matrices belong to it alone; the same stack in another block runs as
-            // that group (a model's forward, verify and score). Destinations may be shared by
-            // several stacks (every layer writes the same q, k and v), laid out the same way.
-            // A run that clashes is left unfused: its members stay valid tensors of their own.
-            std::set<size_t> stacks;
-            for (uint32_t t : g.weights) {
-                if (auto it = stack_of.find(t); it != stack_of.end()) stacks.insert(it->second);
-            }
-            bool rows_agree = true;
-            for (uint32_t t : g.dsts) {
-                if (auto it = row_of.find(t); it != row_of.end()) rows_agree &= *it->second == g.dsts;
-            }
-            if (stacks.empty() && rows_agree) {
-                for (uint32_t t : g.weights) stack_of[t] = groups.size();
-                g.runs.emplace_back(b, i);
-                groups.push_back(std::move(g));
-                for (uint32_t t : groups.back().dsts) row_of.emplace(t, &groups.back().dsts);
-            } else if (stacks.size() == 1 && groups[*stacks.begin()].weights == g.weights &&
-                       groups[*stacks.begin()].dsts == g.dsts) {
-                groups[*stacks.begin()].runs.emplace_back(b, i);
-            }
-            i = end;
+            if (g.weights.size() >= 2) runs.push_back({std::move(g), b, i});
+            i = std::max(end, i + 1);
         }
     }
+    // Rows: destinations written by several runs (every layer writes the same q, k and v) share
+    // one row layout, the longest run's first; a run whose destinations are not consecutive in
+    // order in the row it would share (a layer whose V matrix has another type stacks only Q and K:
+    // a part of the row) is left unfused. A stack's matrices belong to it alone; the same stack
+    // in another block (a model's forward, verify and score) runs as that group. A run left
+    // unfused runs as before: its members stay valid tensors of their own.
+    std::stable_sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.g.dsts.size() > b.g.dsts.size(); });
+    std::vector<std::vector<uint32_t>> rows;
+    rows.reserve(runs.size());
+    std::map<uint32_t, size_t> row_of;    // destination -> its row
+    std::map<uint32_t, size_t> stack_of;  // matrix -> its group
+    std::vector<MatmulGroup> groups;
+    for (Run& r : runs) {
+        std::set<size_t> shared;
+        for (uint32_t t : r.g.dsts) {
+            if (auto it = row_of.find(t); it != row_of.end()) shared.insert(it->second);
+        }
+        size_t row = rows.size();
+        if (shared.size() > 1) continue;
+        if (shared.size() == 1) {
+            row = *shared.begin();
+            const std::vector<uint32_t>& have = rows[row];
+            const auto at = std::find(have.begin(), have.end(), r.g.dsts[0]);
+            if (at == have.end() || size_t(have.end() - at) < r.g.dsts.size() ||
+                !std::equal(r.g.dsts.begin(), r.g.dsts.end(), at)) {
+                continue;
+            }
+        }
+        std::set<size_t> stacks;
+        for (uint32_t t : r.g.weights) {
+            if (auto it = stack_of.find(t); it != stack_of.end()) stacks.insert(it->second);
+        }
+        if (!stacks.empty()) {
+            MatmulGroup& same = groups[*stacks.begin()];
+            if (stacks.size() == 1 && same.weights == r.g.weights && same.dsts == r.g.dsts) {
+                same.runs.emplace_back(r.block, r.first);
+            }
+            continue;
+        }
+        if (row == rows.size()) {
+            rows.push_back(r.g.dsts);
+            for (uint32_t t : r.g.dsts) row_of[t] = row;
+        }
+        for (uint32_t t : r.g.weights) stack_of[t] = groups.size();
+        r.g.row = rows[row];
+        r.g.runs.emplace_back(r.block, r.first);
+        groups.push_back(std::move(r.g));
+    }
+    // In module order (blocks, then instructions), as the runs were found.
+    std::sort(groups.begin(), groups.end(), [](const MatmulGroup& a, const MatmulGroup& b) { return a.runs[0] < b.runs[0]; });
+    for (MatmulGroup& g : groups) std::sort(g.runs.begin(), g.runs.end());
     return groups;
 }
 

@@ -26,6 +26,9 @@ namespace blue {
 struct MatmulGroup {
     std::vector<uint32_t> weights;  // the members' matrices, in instruction order
     std::vector<uint32_t> dsts;     // their destinations
+    // The destinations' row: dsts, or a longer row of which they are consecutive members (a layer
+    // whose V has another type stacks Q and K into the row other layers' Q, K and V share).
+    std::vector<uint32_t> row;
     // Where the group runs: (block, index of its first MATMUL among the block's tensor
     // instructions). One stack may run in several blocks (a model's forward, verify and score).
     std::vector<std::pair<uint32_t, uint32_t>> runs;
@@ -36,7 +39,9 @@ struct MatmulGroup {
 // in whole groups of 8 and appear in no other group, and whose destinations are F32 tensors of one
 // class (ROWS or INSTANCE), distinct from x, written or read only by ops whose kernels address them
 // by slice (the MATMULs, ROPE, ROPEQK, KVSTORE, KVSTOREP, ATTN, ATTNX, ATTNP, TADD, TMUL, TSCALE,
-// RMSNORM). Placement may still decline a group (planPages: it must fit a page, unsplit).
+// RMSNORM). Runs that share destinations share their row layout; a run that does not fit the
+// row it would share is left out. Placement may still decline a group (planPages: it must fit a
+// page, unsplit).
 std::vector<MatmulGroup> findMatmulGroups(const Module& m);
 
 }  // namespace blue

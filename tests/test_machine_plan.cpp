@@ -388,10 +388,12 @@ TEST_CASE("plan: each tensor instruction becomes a dispatch with its operands in
 // Q, K and V projections of one x, in two blocks (a model's forward and verify). `v_type`,
 // `k_rows` and `k_reader` vary what stacks: the matrices must share a type and have rows in whole
 // groups of 8, and the destinations be read only by ops that address them by slice.
-// `layers` 2: the second block runs another layer's matrices (wq2, wk2, wv2) into the same q, k, v.
+// `layers` 2: the second block runs another layer's matrices (wq2, wk2, wv2 of `v2_type`) into
+// the same q, k, v.
 Module qkvModule(const std::string& v_type = "f32", uint32_t k_rows = 16, const std::string& k_reader = "tadd k, k, v",
-                 uint32_t layers = 1) {
+                 uint32_t layers = 1, std::string v2_type = "") {
     const char* l = layers == 2 ? "2" : "";
+    if (v2_type.empty()) v2_type = v_type;
     Module m = assembleOrFail(strFormat(R"(.layout regs=4 max_rows=8
 .tensor wq global f32 [64, 32]
 .tensor wk global f32 [64, %u]
@@ -417,7 +419,7 @@ Module qkvModule(const std::string& v_type = "f32", uint32_t k_rows = 16, const 
     matmul v, wv%s, x
 .end
 halt
-)", k_rows, v_type.c_str(), k_rows, k_rows, v_type.c_str(), k_reader.c_str(), l, l, l));
+)", k_rows, v_type.c_str(), k_rows, k_rows, v2_type.c_str(), k_reader.c_str(), l, l, l));
     for (uint32_t w : {0u, 1u, 2u, 8u, 9u, 10u}) m.tensors[w].cls = BLUE_TC_WEIGHT;
     return m;
 }
@@ -493,6 +495,27 @@ TEST_CASE("plan: MATMULs over one x run as one dispatch over their stacked matri
         CHECK(two->places[t].slice == 64 * 4);
         CHECK(two->places[t].offset - two->places[Q].offset == p.places[t].offset - p.places[Q].offset);
     }
+    // A layer whose V has another type stacks Q and K into the row the other layer's Q, K and V
+    // share, and runs V alone into its view there.
+    Module mixed = qkvModule("f32", 16, "tadd k, k, v", 2, "f16");
+    Result<PagePlan> part = planPages(mixed, 4, 1u << 20, 0, false, true, true);
+    REQUIRE_MESSAGE(part.isOk(), part.message());
+    REQUIRE(part->matmul_groups.size() == 2);
+    CHECK(part->matmul_groups[1].weights == std::vector<uint32_t>{8, 9});
+    CHECK(part->matmul_groups[1].row == std::vector<uint32_t>{Q, K, V});
+    for (uint32_t t : {Q, K, V}) CHECK(part->places[t].slice == 64 * 4);
+    Result<std::vector<DispatchDesc>> pd = planDispatches(mixed, part.value(), 65535);
+    REQUIRE_MESSAGE(pd.isOk(), pd.message());
+    size_t pair = 0, alone = 0;
+    for (const DispatchDesc& mm : pd.value()) {
+        if (mm.block != 1 || mm.pipeline.rfind("matmul", 0) != 0) continue;
+        const uint32_t* dst = mm.push.data() + BLUE_PC_OPERANDS;
+        CHECK(dst[2] == 64 * 4);
+        pair += dst[1] == part->places[Q].offset && dst[3] == 48;
+        alone += dst[1] == part->places[V].offset && dst[3] == 16;
+    }
+    CHECK(pair >= 2);
+    CHECK(alone >= 2);
     // Off (planPages' default), and where streaming copies matrix by matrix: three of everything.
     for (bool stream : {false, true}) {
         Result<PagePlan> off = planPages(m, 4, 1u << 20, stream ? 1u << 30 : 0, stream, true, stream);
