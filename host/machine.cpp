@@ -383,9 +383,9 @@ Result<KernelChoice> chooseKernels(const GpuOptions& options, const DeviceInfo& 
                           "(VK_KHR_shader_integer_dot_product, shaderIntegerDotProduct), which device %s does not offer",
                           info.name.c_str());
     }
-    Result<bool> fuse = envChoice("BLUE_MATMUL_FUSE", "0", "1", true);
+    Result<bool> fuse = envChoice("BLUE_FUSE", "0", "1", true);
     if (!fuse) return fuse.status();
-    k.fuse_matmuls = fuse.value();
+    k.fuse = fuse.value();
     k.gemm_min_items = defaultGemmMinItems(k.split_matmul);
     if (const char* env = std::getenv("BLUE_GEMM_MIN_ITEMS"); env && *env) {
         char* end = nullptr;
@@ -424,7 +424,7 @@ Result<std::string> describeKernelShapes(const GpuOptions& options, const Device
                            : std::string("")) +
            "; attention: " + (k->split_attn ? "a workgroup per head" : "a lane per head") +
            (k->loop_limit != 0 ? strFormat("; sampling: 8-64 lanes up to %u tokens, else 8-256, the fewest whose walks fit the loop limit over the model's context", kNarrowSampleVocab) : "") +
-           (k->fuse_matmuls ? "; matmuls over one x (a layer's Q, K and V): one dispatch" : "");
+           (k->fuse ? "; fused: matmuls over one x (a layer's Q, K and V) as one, RoPE with the KV store" : "");
 }
 
 Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& pipelines,
@@ -449,7 +449,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
     const KernelChoice kernels = chosen.value();
     // The int8 kernels of CPU drivers (Q4_0, Q4_K, Q5_K, Q6_K) read x packed once per input (planPackedX).
     const bool packed_x = kernels.int8_matmul && !kernels.split_matmul;
-    Result<PagePlan> pages = planPages(m, options.instances, page_limit, 0, false, true, kernels.fuse_matmuls);
+    Result<PagePlan> pages = planPages(m, options.instances, page_limit, 0, false, true, kernels.fuse);
     if (!pages) return pages.status();
     if (packed_x) BLUE_TRY(planPackedX(m, options.instances, page_limit, &pages.value()));
     impl->pages = std::move(pages.value());
@@ -476,7 +476,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
         const bool stream = options.host_weights == HW::STREAM ||
                             (options.host_weights == HW::AUTO && dev.hasHostOnlyMemory());
         pages = planPages(m, options.instances, page_limit, options.vram_budget - control, stream,
-                          options.expert_cache, kernels.fuse_matmuls);
+                          options.expert_cache, kernels.fuse);
         if (!pages) return pages.status();
         if (!pages->expert_caches.empty()) {
             // Expert caches add state words and copy dispatches to the control buffer: plan
@@ -489,7 +489,7 @@ Result<std::unique_ptr<GpuMachine>> GpuMachine::create(Device& dev, Pipelines& p
                                   double(control + words * 4) / (1 << 20), double(options.vram_budget) / (1 << 20));
             }
             pages = planPages(m, options.instances, page_limit, options.vram_budget - control - words * 4,
-                              stream, options.expert_cache, kernels.fuse_matmuls);
+                              stream, options.expert_cache, kernels.fuse);
             if (!pages) return pages.status();
         }
         if (packed_x) BLUE_TRY(planPackedX(m, options.instances, page_limit, &pages.value()));

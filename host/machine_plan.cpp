@@ -836,6 +836,26 @@ std::string kernelName(const Module& m, uint32_t op, const std::vector<uint32_t>
     return base;
 }
 
+namespace {
+
+// The `ropekv_*` kernel for a ROPEQK and the KVSTORE after it (KernelChoice::fuse), or "" when
+// they stay two dispatches: the store must take ROPEQK's k at ROPEQK's position, and its v must
+// be laid out as k (same class, elements and stride, as the kernel reads it with k's), distinct
+// from q and k; F16 caches only with adjacent pairs (mode 0: a rotated pair is one cache word).
+std::string ropeKvKernel(const Module& m, const PagePlan& pages, const TensorInstr& rope, const TensorInstr& store) {
+    if (rope.op != Op::ROPEQK || store.op != Op::KVSTORE) return "";
+    const uint32_t q = rope.args[0], k = rope.args[1], v = store.args[2], kc = store.args[1], vc = store.args[3];
+    if (store.args[0] != k || store.args[4] != rope.args[3] || v == q || v == k) return "";
+    const TensorDecl &kd = m.tensors[k], &vd = m.tensors[v];
+    if (vd.cls != kd.cls || vd.elements() != kd.elements() || pages.places[v].slice != pages.places[k].slice) return "";
+    const DType cache = m.tensors[kc].dtype;
+    if (m.tensors[vc].dtype != cache || (cache == DType::F16 && rope.args[6] != 0)) return "";
+    const std::string kernel = "ropekv_" + lower(dtypeName(cache));
+    return Pipelines::exists(kernel) ? kernel : "";
+}
+
+}  // namespace
+
 Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan& pages,
                                                  uint32_t max_groups_x, const KernelChoice& kernels) {
     std::vector<DispatchDesc> out;
@@ -962,6 +982,29 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                     base.push[BLUE_PC_KV_CTX] = uint32_t(ctx);
                     elem_count = uint64_t(row_words) * ctx;
                 }
+            }
+            // ROPEQK with the KVSTORE after it: one dispatch (rope.comp ROPE_KV), its words after
+            // ROPEQK's the caches' references and v's page and offset; the store folds.
+            const std::string rope_kv =
+                kernels.fuse && at + 1 < instrs.size() ? ropeKvKernel(m, pages, ti, instrs[at + 1]) : "";
+            if (!rope_kv.empty()) {
+                const TensorInstr& store = instrs[at + 1];
+                folded[at + 1] = 1;
+                base.pipeline = rope_kv;
+                for (const auto& [at_word, operand] : {std::pair{BLUE_PC_ROPEKV_KC, 1}, std::pair{BLUE_PC_ROPEKV_VC, 3}}) {
+                    const uint32_t t = store.args[size_t(operand)];
+                    base.push[at_word] = pages.places[t].page | m.tensors[t].cls << 16;
+                    base.push[at_word + 1] = uint32_t(pages.places[t].offset);
+                    base.push[at_word + 2] = uint32_t(pages.places[t].slice);
+                    base.push[at_word + 3] = uint32_t(m.tensors[t].elements());
+                }
+                const uint32_t v = store.args[2];
+                base.push[BLUE_PC_ROPEKV_V] = pages.places[v].page | m.tensors[v].cls << 16;
+                base.push[BLUE_PC_ROPEKV_V + 1] = uint32_t(pages.places[v].offset);
+                // After the rotations' invocations (elem_count, above), one per BLUE_KV_WORDS of v.
+                const uint64_t words = m.tensors[store.args[1]].dtype == DType::F16 ? m.tensors[v].elements() / 2
+                                                                                    : m.tensors[v].elements();
+                elem_count += (words + BLUE_KV_WORDS - 1) / BLUE_KV_WORDS;
             }
             if (auto it = stacked.find(at); it != stacked.end()) {
                 // The stack: its matrices as one [K, rows] matrix, its destinations as one row

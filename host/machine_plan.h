@@ -247,9 +247,11 @@ struct KernelChoice {
     bool int8_matmul = false;
     // SAMPLE's longest history (GpuOptions::sample_history): its width (sampleWidth).
     uint32_t sample_history = 0;
-    // MATMULs over one x (a layer's Q, K and V) run as one dispatch (host/matmul_groups.h):
-    // planPages' fuse_matmuls. BLUE_MATMUL_FUSE=0 in the environment turns it off.
-    bool fuse_matmuls = true;
+    // Dispatches the plan makes one (GpuMachine: on unless BLUE_FUSE=0 in the environment):
+    // MATMULs over one x (a layer's Q, K and V, host/matmul_groups.h: planPages' fuse_matmuls,
+    // which places them for it), and a ROPEQK with the KVSTORE after it (`ropekv_*`, where the KV
+    // store's k is ROPEQK's and its v is laid out as k; F16 caches only with adjacent pairs).
+    bool fuse = false;
 };
 
 // The item count from which a batched MATMUL runs the GEMM unless BLUE_GEMM_MIN_ITEMS says

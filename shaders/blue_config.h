@@ -141,6 +141,12 @@
 // MATMUL `_b1q`, `_q`, `_iq` and PACKX: the packed x's reference {page | class << 16, byte offset, bytes per
 // item, K}; an item's record is at offset + item * bytes.
 #define BLUE_PC_MM_XQ 24
+// `ropekv_*` (ROPEQK and the KVSTORE after it, made one dispatch by the plan): after ROPEQK's
+// operand words, the K cache's reference, the V cache's, and v's page | class << 16 and offset
+// (v's stride and elements are k's: the plan fuses only then).
+#define BLUE_PC_ROPEKV_KC 22
+#define BLUE_PC_ROPEKV_VC 26
+#define BLUE_PC_ROPEKV_V 30
 // KVCOPY: 32-bit words of one cache row, and the context (rows of a cache, and of a store's slot).
 #define BLUE_PC_KV_ROW_WORDS 20
 #define BLUE_PC_KV_CTX 21

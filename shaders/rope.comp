@@ -4,6 +4,13 @@
 // Mode 0 pairs (2i, 2i+1), mode 2 (neox) pairs (i, i + n_rot/2); dims past n_rot are copied.
 // Each pair is read and written by one invocation only, so dst may be the source. ROPEQK
 // (ROPE_QK): operands 0 and 1 are q and k, each rotated in place.
+// `ropekv_*` (ROPE_KV, with ROPE_QK): ROPEQK and the KVSTORE after it in one dispatch, which the
+// plan makes of the two (host/machine_plan.cpp): k's rotated pairs also go into the K cache at the
+// row's position (dropped past the context, as KVSTORE does), and invocations after the rotations'
+// copy v's row into the V cache. Its push words after ROPEQK's: the K cache's reference at
+// BLUE_PC_ROPEKV_KC, the V cache's at BLUE_PC_ROPEKV_VC, and v's page | class and offset at
+// BLUE_PC_ROPEKV_V (its stride and elements are k's). CACHE_F16 (adjacent pairs only): a pair is
+// one cache word.
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
 
@@ -27,6 +34,67 @@ void rotateHeads(TRef dst, TRef src, uint item, uint h0, uint h1, uint i0, uint 
     }
 }
 
+#ifdef ROPE_KV
+// The row's position in the caches, or ~0u past their context.
+uint cacheRow(TRef k, TRef kc, uint item, uint arg) {
+    const uint pos = blockArg(itemInstance(item), arg) + itemRowLocal(item);
+    return pos < kc.n / k.n ? pos : ~0u;
+}
+
+// As rotateHeads on k in place, each rotated (or copied) pair also written into the K cache's row.
+void rotateStoreHeads(TRef k, TRef kc, uint item, uint row, uint h0, uint h1, uint i0, uint i1, bool rotate, float c, float s) {
+    uint head = pc.w[BLUE_PC_OPERANDS + 13u];
+    uint so = sliceOffset(k, item) / 4u;
+#ifdef CACHE_F16
+    uint co = sliceOffset(kc, item) / 4u + row * (k.n / 2u);
+#else
+    uint co = sliceOffset(kc, item) / 4u + row * k.n;
+#endif
+    for (uint h = h0; h < h1; ++h) {
+        uint at = h * head;
+        float x0 = page_f[k.page].d[so + at + i0], x1 = page_f[k.page].d[so + at + i1];
+        if (rotate) {
+            float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+            x0 = y0;
+            x1 = y1;
+        }
+        page_f[k.page].d[so + at + i0] = x0;
+        page_f[k.page].d[so + at + i1] = x1;
+        if (row == ~0u) continue;
+#ifdef CACHE_F16
+        page_u[kc.page].d[co + (at + i0) / 2u] = packHalf2x16(vec2(x0, x1));  // i1 = i0 + 1, i0 even
+#else
+        page_f[kc.page].d[co + at + i0] = x0;
+        page_f[kc.page].d[co + at + i1] = x1;
+#endif
+    }
+}
+
+// Invocation x past the rotations': BLUE_KV_WORDS words of v's row into the V cache (as KVSTORE).
+void storeV(TRef k, TRef vc, uint item, uint row, uint x) {
+    TRef v = k;
+    v.page = pc.w[BLUE_PC_ROPEKV_V] & 0xFFFFu;
+    v.cls = pc.w[BLUE_PC_ROPEKV_V] >> 16;
+    v.offset = pc.w[BLUE_PC_ROPEKV_V + 1u];
+#ifdef CACHE_F16
+    const uint count = k.n / 2u;
+#else
+    const uint count = k.n;
+#endif
+    const uint w0 = x * BLUE_KV_WORDS;
+    if (w0 >= count || row == ~0u) return;
+    const uint w1 = min(w0 + BLUE_KV_WORDS, count);
+    const uint s = sliceOffset(v, item) / 4u, at = sliceOffset(vc, item) / 4u + row * count;
+    for (uint w = w0; w < w1; ++w) {
+#ifdef CACHE_F16
+        page_u[vc.page].d[at + w] = packHalf2x16(vec2(page_f[v.page].d[s + 2u * w], page_f[v.page].d[s + 2u * w + 1u]));
+#else
+        page_f[vc.page].d[at + w] = page_f[v.page].d[s + w];
+#endif
+    }
+}
+#endif
+
 // Invocation x of an item: frequency j = x % (head / 2) of the x / (head / 2)-th chunk of
 // BLUE_ROPE_HEADS heads (ROPEQK: q's heads, then k's). The angle's pow, cos and sin are computed
 // once for the chunk: they depend on the position and j only.
@@ -48,6 +116,15 @@ void main() {
     uint heads = qh + b.n / head;
 #else
     uint heads = qh;
+#endif
+#ifdef ROPE_KV
+    const TRef kc = tref(BLUE_PC_ROPEKV_KC), vc = tref(BLUE_PC_ROPEKV_VC);
+    const uint row = cacheRow(b, kc, item, arg);
+    const uint rotations = half_head * ((heads + BLUE_ROPE_HEADS - 1u) / BLUE_ROPE_HEADS);
+    if (elemIndex() >= rotations) {
+        storeV(b, vc, item, row, elemIndex() - rotations);
+        return;
+    }
 #endif
     if (h0 >= heads) return;
     uint h1 = min(h0 + BLUE_ROPE_HEADS, heads);
@@ -72,7 +149,11 @@ void main() {
 #ifdef ROPE_QK
     // q's heads, then k's: two loops, so each reads one tensor (its page uniform in the call).
     rotateHeads(a, a, item, h0, min(h1, qh), i0, i1, rotate, c, s);
+#ifdef ROPE_KV
+    rotateStoreHeads(b, kc, item, row, max(h0, qh) - qh, max(h1, qh) - qh, i0, i1, rotate, c, s);
+#else
     rotateHeads(b, b, item, max(h0, qh) - qh, max(h1, qh) - qh, i0, i1, rotate, c, s);
+#endif
 #else
     rotateHeads(a, b, item, h0, h1, i0, i1, rotate, c, s);
 #endif

@@ -154,7 +154,7 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
                         "over items (block types) for 32+, 16-64 lanes a "
                         "workgroup by the matrix's rows (CPU-driver shapes); attention: a lane per head; sampling: 8-64 "
                         "lanes up to 4096 tokens, else 8-256, the fewest whose walks fit the loop limit over the model's context; "
-                        "matmuls over one x (a layer's Q, K and V): one dispatch");
+                        "fused: matmuls over one x (a layer's Q, K and V) as one, RoPE with the KV store");
     } else {  // a GPU (with the int8 GEMM named between them where its integer dot products are fast)
         CHECK(native.rfind("kernel shapes: matmul: split K for 1-64 items, shared-memory tiles for 65+ (GPU shapes); ", 0) == 0);
         CHECK(native.find("attention: a workgroup per head") != std::string::npos);
@@ -185,10 +185,11 @@ TEST_CASE("cli: bluevm devices names the kernel shapes, which BLUE_DECODE_KERNEL
           std::string::npos);
     CHECK(shapes({"BLUE_MATMUL_INT8=0"}).find("int8") == std::string::npos);
     CHECK(shapes({"BLUE_MATMUL_INT8=yes"}).find("BLUE_MATMUL_INT8 is 'yes': it takes '0' or '1'") != std::string::npos);
-    // MATMULs over one x stacked into one dispatch (host/matmul_groups.h): on unless turned off.
-    CHECK(native.find("; matmuls over one x (a layer's Q, K and V): one dispatch") != std::string::npos);
-    CHECK(shapes({"BLUE_MATMUL_FUSE=0"}).find("matmuls over one x") == std::string::npos);
-    CHECK(shapes({"BLUE_MATMUL_FUSE=on"}).find("BLUE_MATMUL_FUSE is 'on': it takes '0' or '1'") != std::string::npos);
+    // Dispatches the plan makes one (Q, K and V stacked, RoPE with the KV store): on unless turned off.
+    CHECK(native.find("; fused: matmuls over one x (a layer's Q, K and V) as one, RoPE with the KV store") !=
+          std::string::npos);
+    CHECK(shapes({"BLUE_FUSE=0"}).find("fused") == std::string::npos);
+    CHECK(shapes({"BLUE_FUSE=on"}).find("BLUE_FUSE is 'on': it takes '0' or '1'") != std::string::npos);
     Child refused({"/usr/bin/env", "BLUE_ATTN_KERNEL=wide", binary("host/bluevm"), "generate", "--model", stories(),
                    "-n", "1"});
     CHECK(refused.wait() == 1);
@@ -212,8 +213,9 @@ std::string sixteenPrompts(const std::string& dir) {
 // kernels and with the GPU shapes kept on split-K tiles for every batch (BLUE_GEMM_MIN_ITEMS
 // 65535), and with the rows kernels on Q4_0 and IQ4_NL weights, a Q4_0 mix with a Q6_K output
 // matrix and Q4_K_M and Q5_K_M mixes, the int8 mode included (Q4_0 and the mixes). Run here
-// with GPU shapes on whatever device runs the tests. Q, K and V stacked into one matmul or run as
-// three (BLUE_MATMUL_FUSE=0) give the same bytes too.
+// with GPU shapes on whatever device runs the tests. The plan's fused dispatches (Q, K and V
+// stacked into one matmul, RoPE with the KV store) or the ops one by one (BLUE_FUSE=0) give the
+// same bytes too.
 TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities whatever shares a cycle") {
     TempDir dir("blue_invariance");
     const std::string prompts = sixteenPrompts(dir.path);
@@ -236,9 +238,9 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         CHECK(std::count(together.begin(), together.end(), '\n') == 16);
         CHECK(together.find("\"logprob\"") != std::string::npos);
         CHECK(together == alone);
-        // Q, K and V as one stacked matmul or three: every row summed alike, the same bytes.
+        // Fused or one by one: every row summed alike, every pair rotated alike, the same bytes.
         std::vector<std::string> unstacked = env;
-        unstacked.push_back("BLUE_MATMUL_FUSE=0");
+        unstacked.push_back("BLUE_FUSE=0");
         CHECK(run(unstacked, "16") == together);
     }
     // Quantized (stories260K's 64-wide matrices in Q4_0 and IQ4_NL), the rows kernels too: the
@@ -268,9 +270,9 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=0"};
         const std::string together = run(rows, "16", model);
         CHECK(together == run(rows, "1", model));
-        if (type == "q4_0") {  // stacked or not (the lanes-over-items GEMM, Q4_0 and Q6_K): the same bytes
+        if (type == "q4_0") {  // fused or not (the lanes-over-items GEMM, Q4_0 and Q6_K): the same bytes
             std::vector<std::string> unstacked = rows;
-            unstacked.push_back("BLUE_MATMUL_FUSE=0");
+            unstacked.push_back("BLUE_FUSE=0");
             CHECK(run(unstacked, "16", model) == together);
         }
         if (int8) CHECK(run(rows_int8, "16", model) == run(rows_int8, "1", model));

@@ -494,7 +494,10 @@ void runOpCase(Op op) {
             ropeqkCase();
             return;
         case Op::KVSTORE:
-            for (DType t : kernelTypes("kvstore", kCacheTypes)) kvstoreCase(t);
+            for (DType t : kernelTypes("kvstore", kCacheTypes)) {
+                kvstoreCase(t);
+                ropekvCase(t);  // ROPEQK and KVSTORE as one dispatch
+            }
             return;
         case Op::ATTN:
             for (DType t : kernelTypes("attn", kCacheTypes)) attnCase(t);

@@ -32,6 +32,7 @@ std::string lowerName(DType t);
 void ropeCase();                // test_ops_gpu_llm.cpp
 void ropeqkCase();              // test_ops_gpu_llm.cpp
 void kvstoreCase(DType cache);  // test_ops_gpu_llm.cpp
+void ropekvCase(DType cache);   // test_ops_gpu_llm.cpp
 void kvcopyCase(DType cache);   // test_ops_gpu_llm.cpp
 void attnCase(DType cache);     // test_ops_gpu_llm.cpp
 void attnxCase(DType cache);    // test_ops_gpu_llm.cpp

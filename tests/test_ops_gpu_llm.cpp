@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 
+#include "host/machine_plan.h"
 #include "tests/test_ops_gpu.h"
 #include "vm/abi.h"
 
@@ -99,6 +100,55 @@ void kvstoreCase(DType cache) {
     const std::string name = "KVSTORE " + lowerName(cache);
     expectClose(*both, kc, 0, bound, name + " K cache");
     expectClose(*both, vc, 0, bound, name + " V cache");
+}
+
+// ROPEQK then a KVSTORE of its k: one `ropekv_*` dispatch (the plan's fusion, KernelChoice::fuse)
+// where the store's v is laid out as k and, into F16 caches, the pairs are adjacent; neox pairs into
+// F16 caches stay two dispatches. Against the reference's ROPEQK then KVSTORE: q and k within
+// ROPE's bound, the K cache that and KVSTORE's conversion, the V cache KVSTORE's. Positions 300,
+// 301, 1030 and 1031 are past the caches' 300 and dropped (instance 2 stores nothing).
+void ropekvCase(DType cache) {
+    constexpr uint32_t kCtx = 300;
+    OpModule om(64, 8, kTokens + 8, 0x80A0 + uint32_t(cache));
+    uint32_t q = om.rowsInput("q", 192, -2, 2), k = om.rowsInput("k", 64, -2, 2), v = om.rowsInput("v", 64, -2, 2);
+    uint32_t q2 = om.rowsInput("q2", 192, -2, 2), k2 = om.rowsInput("k2", 64, -2, 2);
+    uint32_t v2 = om.rowsInput("v2", 64, -2, 2);
+    uint32_t ffw = om.data("ff", BLUE_TC_WEIGHT, DType::F32, {16}, om.random(16, 1.0f, 8.0f));
+    std::vector<uint32_t> caches;
+    for (const char* name : {"kc", "vc", "kc2", "vc2"}) caches.push_back(om.tensor(name, BLUE_TC_INSTANCE, cache, {64, kCtx}));
+    const uint32_t kNone = 0xFFFFFFFFu, pos = BLUE_FA_POS;
+    om.step(Op::ROPEQK, {q, k, kNone, pos, 16, 12, 0, bits(10000.0f), bits(1.0f)});
+    om.step(Op::KVSTORE, {k, caches[0], v, caches[1], pos});
+    om.step(Op::ROPEQK, {q2, k2, ffw, pos, 64, 32, 2, bits(1e6f), bits(0.25f)});
+    om.step(Op::KVSTORE, {k2, caches[2], v2, caches[3], pos});
+    std::vector<InstancePlan> plans = raggedPlans(om, {1, 3, 2}, {7, 299, 1030});
+    Module m = om.build(plans);
+    // Fused: both pairs into F32 caches, the adjacent one only into F16.
+    const std::string kernel = "ropekv_" + lowerName(cache);
+    KernelChoice fuse;
+    fuse.fuse = true;
+    Result<PagePlan> pages = planPages(m, uint32_t(plans.size()), 1u << 20);
+    REQUIRE_MESSAGE(pages.isOk(), pages.message());
+    Result<std::vector<DispatchDesc>> d = planDispatches(m, pages.value(), 65535, fuse);
+    REQUIRE_MESSAGE(d.isOk(), d.message());
+    size_t fused = 0, stores = 0;
+    for (const DispatchDesc& x : d.value()) {
+        fused += x.pipeline == kernel;
+        stores += x.pipeline.rfind("kvstore", 0) == 0;
+    }
+    CHECK(fused == (cache == DType::F32 ? 2u : 1u));
+    CHECK(stores == (cache == DType::F32 ? 0u : 1u));
+    kernelsRun().insert(kernel);
+    auto both = runOnBoth(m, uint32_t(plans.size()));
+    if (!both) return;
+    const uint32_t rows = totalRows(plans);
+    const std::string name = "ROPEQK+KVSTORE " + lowerName(cache);
+    const double conversion = cache == DType::F32 ? 0.0 : 1e-3;
+    for (uint32_t t : {q, k, q2, k2}) expectClose(*both, t, rows, 2e-3, name + " " + m.tensors[t].name);
+    expectClose(*both, caches[0], 0, 2e-3 + conversion, name + " K cache, adjacent pairs");
+    expectClose(*both, caches[1], 0, conversion, name + " V cache");
+    expectClose(*both, caches[2], 0, 2e-3 + conversion, name + " K cache, neox pairs");
+    expectClose(*both, caches[3], 0, conversion, name + " V cache (neox pairs' store)");
 }
 
 // KVCOPY both ways: the caches loaded from a seeded store, then saved into a second one. The
