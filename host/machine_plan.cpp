@@ -841,7 +841,8 @@ namespace {
 // The `ropekv_*` kernel for a ROPEQK and the KVSTORE after it (KernelChoice::fuse), or "" when
 // they stay two dispatches: the store must take ROPEQK's k at ROPEQK's position, and its v must
 // be laid out as k (same class, elements and stride, as the kernel reads it with k's), distinct
-// from q and k; F16 caches only with adjacent pairs (mode 0: a rotated pair is one cache word).
+// from q and k. Into F16 caches with neox pairs an invocation takes two frequencies, so that it
+// writes whole cache words: the head and the rotated dims must be multiples of 4.
 std::string ropeKvKernel(const Module& m, const PagePlan& pages, const TensorInstr& rope, const TensorInstr& store) {
     if (rope.op != Op::ROPEQK || store.op != Op::KVSTORE) return "";
     const uint32_t q = rope.args[0], k = rope.args[1], v = store.args[2], kc = store.args[1], vc = store.args[3];
@@ -849,7 +850,8 @@ std::string ropeKvKernel(const Module& m, const PagePlan& pages, const TensorIns
     const TensorDecl &kd = m.tensors[k], &vd = m.tensors[v];
     if (vd.cls != kd.cls || vd.elements() != kd.elements() || pages.places[v].slice != pages.places[k].slice) return "";
     const DType cache = m.tensors[kc].dtype;
-    if (m.tensors[vc].dtype != cache || (cache == DType::F16 && rope.args[6] != 0)) return "";
+    const bool paired = cache == DType::F16 && rope.args[6] != 0;
+    if (m.tensors[vc].dtype != cache || (paired && (rope.args[4] % 4 != 0 || rope.args[5] % 4 != 0))) return "";
     const std::string kernel = "ropekv_" + lower(dtypeName(cache));
     return Pipelines::exists(kernel) ? kernel : "";
 }
@@ -1001,9 +1003,11 @@ Result<std::vector<DispatchDesc>> planDispatches(const Module& m, const PagePlan
                 const uint32_t v = store.args[2];
                 base.push[BLUE_PC_ROPEKV_V] = pages.places[v].page | m.tensors[v].cls << 16;
                 base.push[BLUE_PC_ROPEKV_V + 1] = uint32_t(pages.places[v].offset);
-                // After the rotations' invocations (elem_count, above), one per BLUE_KV_WORDS of v.
-                const uint64_t words = m.tensors[store.args[1]].dtype == DType::F16 ? m.tensors[v].elements() / 2
-                                                                                    : m.tensors[v].elements();
+                // After the rotations' invocations (elem_count, above; half as many with neox pairs
+                // into F16 caches: two frequencies each), one per BLUE_KV_WORDS of v.
+                const bool f16 = m.tensors[store.args[1]].dtype == DType::F16;
+                if (f16 && ti.args[6] != 0) elem_count /= 2;
+                const uint64_t words = f16 ? m.tensors[v].elements() / 2 : m.tensors[v].elements();
                 elem_count += (words + BLUE_KV_WORDS - 1) / BLUE_KV_WORDS;
             }
             if (auto it = stacked.find(at); it != stacked.end()) {

@@ -9,8 +9,8 @@
 // row's position (dropped past the context, as KVSTORE does), and invocations after the rotations'
 // copy v's row into the V cache. Its push words after ROPEQK's: the K cache's reference at
 // BLUE_PC_ROPEKV_KC, the V cache's at BLUE_PC_ROPEKV_VC, and v's page | class and offset at
-// BLUE_PC_ROPEKV_V (its stride and elements are k's). CACHE_F16 (adjacent pairs only): a pair is
-// one cache word.
+// BLUE_PC_ROPEKV_V (its stride and elements are k's). CACHE_F16: an adjacent pair is one cache
+// word; with neox pairs an invocation owns two frequencies (rotateStorePairs).
 #include "common/tensor.glsl"
 #include "common/bytes.glsl"
 
@@ -70,6 +70,37 @@ void rotateStoreHeads(TRef k, TRef kc, uint item, uint row, uint h0, uint h1, ui
     }
 }
 
+#ifdef CACHE_F16
+// Neox pairs into an F16 cache: the invocation owns frequencies j and j + 1 (pairs a and b), so
+// both halves of every cache word it writes are its own: rotated pairs (j, j + n_rot/2) and
+// (j + 1, j + 1 + n_rot/2) make the words of dims j, j + 1 and of their partners; copied pairs
+// are adjacent, a word each.
+void rotateStorePairs(TRef k, TRef kc, uint item, uint row, uint h0, uint h1, uvec4 dims, bool rotate, vec4 cs) {
+    uint head = pc.w[BLUE_PC_OPERANDS + 13u];
+    uint so = sliceOffset(k, item) / 4u, co = sliceOffset(kc, item) / 4u + row * (k.n / 2u);
+    for (uint h = h0; h < h1; ++h) {
+        uint at = h * head;
+        vec4 x = vec4(page_f[k.page].d[so + at + dims.x], page_f[k.page].d[so + at + dims.y],
+                      page_f[k.page].d[so + at + dims.z], page_f[k.page].d[so + at + dims.w]);
+        if (rotate) {
+            x = vec4(x.x * cs.x - x.y * cs.y, x.x * cs.y + x.y * cs.x, x.z * cs.z - x.w * cs.w, x.z * cs.w + x.w * cs.z);
+        }
+        page_f[k.page].d[so + at + dims.x] = x.x;
+        page_f[k.page].d[so + at + dims.y] = x.y;
+        page_f[k.page].d[so + at + dims.z] = x.z;
+        page_f[k.page].d[so + at + dims.w] = x.w;
+        if (row == ~0u) continue;
+        if (rotate) {  // a's and b's first dims share a word, as do their partners
+            page_u[kc.page].d[co + (at + dims.x) / 2u] = packHalf2x16(x.xz);
+            page_u[kc.page].d[co + (at + dims.y) / 2u] = packHalf2x16(x.yw);
+        } else {
+            page_u[kc.page].d[co + (at + dims.x) / 2u] = packHalf2x16(x.xy);
+            page_u[kc.page].d[co + (at + dims.z) / 2u] = packHalf2x16(x.zw);
+        }
+    }
+}
+#endif
+
 // Invocation x past the rotations': BLUE_KV_WORDS words of v's row into the V cache (as KVSTORE).
 void storeV(TRef k, TRef vc, uint item, uint row, uint x) {
     TRef v = k;
@@ -95,6 +126,28 @@ void storeV(TRef k, TRef vc, uint item, uint row, uint x) {
 }
 #endif
 
+// Frequency j's dims within a head: mode 0 (2j, 2j+1), neox (j, j + n_rot/2); past n_rot, copied
+// pairs (2j, 2j+1) and (n_rot + 2(j - n_rot/2), +1).
+void pairDims(uint j, uint mode, uint n_rot, out uint i0, out uint i1) {
+    const uint half_rot = n_rot / 2u;
+    if (mode == 0u || j >= half_rot) {
+        i0 = j < half_rot || mode == 0u ? 2u * j : n_rot + 2u * (j - half_rot);
+        i1 = i0 + 1u;
+    } else {
+        i0 = j;
+        i1 = j + half_rot;
+    }
+}
+
+// Frequency j's rotation at the item's position: cos and sin of pos * scale * base^(-2j/n_rot) / ff[j].
+void angle(uint j, uint item, uint arg, uint n_rot, float base, float scale, TRef ff, out float c, out float s) {
+    float pos = float(blockArg(itemInstance(item), arg) + itemRowLocal(item));
+    float theta = pos * scale * pow(base, -2.0 * float(j) / float(n_rot));
+    if (ff.page != 0xFFFFu) theta /= page_f[ff.page].d[sliceOffset(ff, item) / 4u + j];
+    c = cos(theta);
+    s = sin(theta);
+}
+
 // Invocation x of an item: frequency j = x % (head / 2) of the x / (head / 2)-th chunk of
 // BLUE_ROPE_HEADS heads (ROPEQK: q's heads, then k's). The angle's pow, cos and sin are computed
 // once for the chunk: they depend on the position and j only.
@@ -109,8 +162,15 @@ void main() {
     float base = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 16u]);
     float scale = uintBitsToFloat(pc.w[BLUE_PC_OPERANDS + 17u]);
     uint half_head = head / 2u, half_rot = n_rot / 2u;
-    uint j = elemIndex() % half_head;
-    uint h0 = elemIndex() / half_head * BLUE_ROPE_HEADS;
+#if defined(ROPE_KV) && defined(CACHE_F16)
+    // Neox pairs into an F16 cache: two frequencies an invocation (rotateStorePairs).
+    const bool paired = mode != 0u;
+#else
+    const bool paired = false;
+#endif
+    const uint per_chunk = paired ? half_head / 2u : half_head;
+    uint j = elemIndex() % per_chunk * (paired ? 2u : 1u);
+    uint h0 = elemIndex() / per_chunk * BLUE_ROPE_HEADS;
     uint qh = a.n / head;
 #ifdef ROPE_QK
     uint heads = qh + b.n / head;
@@ -120,7 +180,7 @@ void main() {
 #ifdef ROPE_KV
     const TRef kc = tref(BLUE_PC_ROPEKV_KC), vc = tref(BLUE_PC_ROPEKV_VC);
     const uint row = cacheRow(b, kc, item, arg);
-    const uint rotations = half_head * ((heads + BLUE_ROPE_HEADS - 1u) / BLUE_ROPE_HEADS);
+    const uint rotations = per_chunk * ((heads + BLUE_ROPE_HEADS - 1u) / BLUE_ROPE_HEADS);
     if (elemIndex() >= rotations) {
         storeV(b, vc, item, row, elemIndex() - rotations);
         return;
@@ -131,21 +191,22 @@ void main() {
     // The pair's dims within a head: mode 0 (2j, 2j+1), neox (j, j + n_rot/2); past n_rot copied.
     bool rotate = j < half_rot;
     uint i0, i1;
-    if (mode == 0u || !rotate) {
-        i0 = rotate ? 2u * j : (mode == 0u ? 2u * j : n_rot + 2u * (j - half_rot));
-        i1 = i0 + 1u;
-    } else {
-        i0 = j;
-        i1 = j + half_rot;
-    }
+    pairDims(j, mode, n_rot, i0, i1);
     float c = 1.0, s = 0.0;
-    if (rotate) {
-        float pos = float(blockArg(itemInstance(item), arg) + itemRowLocal(item));
-        float theta = pos * scale * pow(base, -2.0 * float(j) / float(n_rot));
-        if (ff.page != 0xFFFFu) theta /= page_f[ff.page].d[sliceOffset(ff, item) / 4u + j];
-        c = cos(theta);
-        s = sin(theta);
+    if (rotate) angle(j, item, arg, n_rot, base, scale, ff, c, s);
+#if defined(ROPE_KV) && defined(CACHE_F16)
+    if (paired) {  // and frequency j + 1, on the same side of n_rot / 2 (the plan: n_rot % 4 == 0)
+        uint i2, i3;
+        pairDims(j + 1u, mode, n_rot, i2, i3);
+        float c1 = 1.0, s1 = 0.0;
+        if (rotate) angle(j + 1u, item, arg, n_rot, base, scale, ff, c1, s1);
+        rotateHeads(a, a, item, h0, min(h1, qh), i0, i1, rotate, c, s);
+        rotateHeads(a, a, item, h0, min(h1, qh), i2, i3, rotate, c1, s1);
+        rotateStorePairs(b, kc, item, row, max(h0, qh) - qh, max(h1, qh) - qh, uvec4(i0, i1, i2, i3), rotate,
+                         vec4(c, s, c1, s1));
+        return;
     }
+#endif
 #ifdef ROPE_QK
     // q's heads, then k's: two loops, so each reads one tensor (its page uniform in the call).
     rotateHeads(a, a, item, h0, min(h1, qh), i0, i1, rotate, c, s);

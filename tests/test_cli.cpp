@@ -277,6 +277,18 @@ TEST_CASE("cli: batch-invariant kernel choices give the same log-probabilities w
         }
         if (int8) CHECK(run(rows_int8, "16", model) == run(rows_int8, "1", model));
     }
+    // qwen2 (Q/K/V biases read through the stacked views; neox RoPE into the F16 caches, two
+    // frequencies an invocation): fused or not, the same bytes.
+    {
+        const std::string model = dir.path + "/qwen2.gguf";
+        Child synth({binary("tools/synth/blue-synth"), "--preset", "qwen2-0.5b", "--layers", "2", "--dim", "256",
+                     "--heads", "4", "--vocab", "300", "-t", "q4_0", "-o", model});
+        REQUIRE_MESSAGE(synth.wait() == 0, synth.err_text);
+        const std::vector<std::string> rows = {"BLUE_DECODE_KERNEL=rows", "BLUE_GEMM_MIN_ITEMS=16", "BLUE_MATMUL_INT8=0"};
+        std::vector<std::string> unfused = rows;
+        unfused.push_back("BLUE_FUSE=0");
+        CHECK(run(unfused, "16", model) == run(rows, "16", model));
+    }
     // The GPU default, a tiled GEMM from 65 items, sums a prompt's rows in another order than
     // the split-K tiles: said, not asserted (it may agree on some device).
     const std::string tiled = run({"BLUE_DECODE_KERNEL=split", "BLUE_GEMM_MIN_ITEMS=16"}, "16");
