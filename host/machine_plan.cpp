@@ -408,6 +408,13 @@ Result<ControlLayout> planControl(const Module& m, const GpuOptions& options, ui
     return c;
 }
 
+namespace {
+
+// A slice of a tensor other than a repacked matrix, padded so kernels read it in whole texels.
+uint64_t paddedSlice(const TensorDecl& t) { return (tensorSliceBytes(t) + 15) / 16 * 16; }
+
+}  // namespace
+
 Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_limit,
                            uint64_t vram_budget, bool stream, bool expert_cache, bool fuse_matmuls) {
     PagePlan plan;
@@ -449,7 +456,7 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
             p.slice = wl.bytes;
             if (t.ndim == 3) count = t.ne[2];
         } else {
-            p.slice = (tensorSliceBytes(t) + 15) / 16 * 16;
+            p.slice = paddedSlice(t);
         }
         p.bytes = p.slice * count;
         if (p.bytes > page_limit && p.repacked && t.ndim == 2) {
@@ -492,7 +499,7 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 stack += plan.places[t].bytes;
             }
             // (Groups may share a row, laid out alike: every layer writes q, k and v.)
-            for (uint32_t t : g.row) row += (tensorSliceBytes(m.tensors[t]) + 15) / 16 * 16;
+            for (uint32_t t : g.row) row += paddedSlice(m.tensors[t]);
             const uint64_t count = plan.places[g.row[0]].bytes / plan.places[g.row[0]].slice;
             // The rows and one row more: the last member's view ends a row past the first's.
             if (!whole || stack > page_limit || (count + 1) * row > page_limit) continue;
@@ -519,9 +526,13 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
         p.tier = tier;
         if (const std::vector<uint32_t>* stack = stackOf(i)) {
             const bool matrices = m.tensors[i].cls == BLUE_TC_WEIGHT;
-            uint64_t bytes = 0;  // matrices: end to end; destinations: one view a column
-            for (uint32_t t : *stack) bytes += matrices ? plan.places[t].bytes : 0;
-            if (!matrices) bytes = plan.places[i].bytes + plan.places[i].slice;
+            // Matrices end to end; destinations: their rows and one more (the last view ends a
+            // row past the first's).
+            uint64_t bytes = plan.places[i].bytes + plan.places[i].slice;
+            if (matrices) {
+                bytes = 0;
+                for (uint32_t t : *stack) bytes += plan.places[t].bytes;
+            }
             uint32_t page = 0;
             uint64_t at = 0;
             BLUE_TRY(place(bytes, tier, &page, &at));
@@ -531,7 +542,7 @@ Result<PagePlan> planPages(const Module& m, uint32_t instances, uint64_t page_li
                 q.tier = tier;
                 q.page = page;
                 q.offset = at;
-                at += matrices ? q.bytes : tensorSliceBytes(m.tensors[t]);
+                at += matrices ? q.bytes : paddedSlice(m.tensors[t]);
             }
             return Status::ok();
         }

@@ -250,7 +250,8 @@ struct KernelChoice {
     // Dispatches the plan makes one (GpuMachine: on unless BLUE_FUSE=0 in the environment):
     // MATMULs over one x (a layer's Q, K and V, host/matmul_groups.h: planPages' fuse_matmuls,
     // which places them for it), and a ROPEQK with the KVSTORE after it (`ropekv_*`, where the KV
-    // store's k is ROPEQK's and its v is laid out as k; F16 caches only with adjacent pairs).
+    // store's k is ROPEQK's and its v is laid out as k; into F16 caches with neox pairs when the
+    // head and rotated dims are multiples of 4).
     bool fuse = false;
 };
 
